@@ -1,0 +1,53 @@
+# Set-up, tests and benchmarks on a fresh machine. `make test` is what CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+JOBS ?= $(shell nproc)
+CPP_BUILD := build/cpp
+TORCH_VERSION := 2.13.0
+
+.PHONY: build venv system-deps python-package cpp test test-cpp test-python bench clean
+
+build: python-package cpp
+
+# Debian's GoogleTest and Google Benchmark, when we may install them and they are missing.
+system-deps:
+	@if [ ! -f /usr/include/gtest/gtest.h ] || [ ! -f /usr/include/benchmark/benchmark.h ]; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev libbenchmark-dev; \
+	  else echo "warning: libgtest-dev/libbenchmark-dev missing and not root: C++ tests are skipped"; fi; \
+	fi
+
+# torch first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(VENV)/.stamp-deps:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.20" numpy pytest
+	touch $@
+
+venv: $(VENV)/.stamp-deps
+
+python-package: venv
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+
+cpp: system-deps venv
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake -S . -B $(CPP_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -Dpybind11_DIR=$$($(PY) -m pybind11 --cmakedir) >/dev/null
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake --build $(CPP_BUILD) -j $(JOBS)
+
+test: build test-cpp test-python
+
+test-cpp:
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ctest --test-dir $(CPP_BUILD) --output-on-failure --timeout 600
+
+test-python:
+	$(PY) -m pytest tests/python -q
+
+bench: build
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,121 @@
+// The group-free collectives world: one setup per process, then collectives on any group.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "gfdit/group.h"
+#include "gfdit/store.h"
+#include "gfdit/types.h"
+
+namespace gfdit {
+
+// NOTE [group-free collectives]
+// World::create is the only step that communicates to set up: every rank maps every peer's shared
+// region once. Afterwards a Group is a plain list of ranks and a collective synchronises only on the
+// edges (ordered rank pairs) it uses, through per-edge sequence numbers. Any mix of overlapping groups
+// is correct and deadlock-free as long as every pair of ranks meets the collective instances they share
+// in the same order. The protocol itself is described at NOTE [edge sequence numbers] in
+// src/collectives/edge.h.
+
+/// Settings of a world; zero means "choose a default".
+struct WorldOptions {
+  /// Bound on every wait of a collective.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  /// Bytes of this rank's symmetric heap (tensors that collectives send without staging).
+  size_t heap_bytes = size_t{64} << 20;
+  /// Bytes of one staging slot: larger messages are chunked into slots and pipelined.
+  size_t slot_bytes = 0;
+  /// Number of staging slots in this rank's outbound ring.
+  size_t num_slots = 0;
+  /// How long a wait spins before it blocks, in microseconds (negative: automatic).
+  int spin_us = -1;
+  /// Prefix of the store keys, so several worlds can share a store.
+  std::string key_prefix = "gfdit";
+};
+
+/// Counters of what a world did (for tests and benchmarks).
+struct WorldStats {
+  uint64_t messages_sent = 0;      ///< edge messages published
+  uint64_t zero_copy_sends = 0;    ///< messages read by the peer straight from the sender's heap
+  uint64_t staged_bytes = 0;       ///< bytes copied into staging
+  uint64_t blocking_waits = 0;     ///< waits that gave up spinning and blocked
+};
+
+/// One rank's view of the world: its region, every peer's region, and the collectives.
+class World {
+ public:
+  /// Rendezvous with the other ranks through `store` and map every region. Collective over all ranks.
+  static std::unique_ptr<World> create(int rank, int world_size, Store& store, const WorldOptions& options = {});
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  /// This process's rank.
+  int rank() const;
+  /// Number of ranks.
+  int size() const;
+  /// Options in force (defaults filled in).
+  const WorldOptions& options() const;
+  /// Changes the bound on waits.
+  void setTimeout(std::chrono::milliseconds timeout);
+  /// A group of the given ranks (local, see Group::create).
+  Group newGroup(const int* ranks, int num_ranks) const;
+  /// All ranks in order.
+  Group worldGroup() const;
+  /// Counters since creation.
+  WorldStats stats() const;
+
+  /// Allocates `bytes` from this rank's symmetric heap (256-byte aligned); throws when full.
+  void* heapAlloc(size_t bytes);
+  /// Returns a block from heapAlloc.
+  void heapFree(void* ptr);
+  /// Whether [ptr, ptr+bytes) lies in this rank's heap.
+  bool inHeap(const void* ptr, size_t bytes) const;
+  /// Offset of ptr from the start of the heap (same offset names the symmetric block on every rank).
+  size_t heapOffset(const void* ptr) const;
+  /// Bytes of the heap in use.
+  size_t heapUsed() const;
+
+  /// out[i] = member i's `in` (bytes_per_rank each), in group order.
+  void allGather(const Group& group, const void* in, void* out, size_t bytes_per_rank);
+  /// General all-gather: member i's `in` lands in outs[i]; views may be strided and sizes may differ.
+  void allGatherV(const Group& group, const BufferView& in, const BufferView* outs);
+  /// Block i of `in` goes to member i; block j of `out` comes from member j.
+  void allToAll(const Group& group, const void* in, void* out, size_t bytes_per_rank);
+  /// General all-to-all: ins[i] goes to member i, outs[j] comes from member j; views may be strided.
+  void allToAllV(const Group& group, const BufferView* ins, const BufferView* outs);
+  /// out = op over members of block selfIdx of `in` (count_per_rank elements each).
+  void reduceScatter(const Group& group, const void* in, void* out, size_t count_per_rank, DType dtype,
+                     ReduceOp op);
+  /// data = op over members of data, identical bits on every member.
+  void allReduce(const Group& group, void* data, size_t count, DType dtype, ReduceOp op);
+  /// data of global rank root is copied to every member.
+  void broadcast(const Group& group, void* data, size_t bytes, int root_rank);
+  /// Point-to-point send to global rank dst (matched by one recv there).
+  void send(const void* data, size_t bytes, int dst_rank);
+  /// Point-to-point receive from global rank src.
+  void recv(void* data, size_t bytes, int src_rank);
+  /// Returns once every member has entered the barrier.
+  void barrier(const Group& group);
+
+  /// One-sided: copies `bytes` from src into the peer's heap at `remote_heap_offset`, then signals the
+  /// peer. The caller makes sure the destination is free (as with NVSHMEM put-with-signal).
+  void putWithSignal(int peer, const void* src, size_t bytes, size_t remote_heap_offset);
+  /// Waits until `count` more puts from `peer` have landed in this rank's heap.
+  void waitSignal(int peer, uint64_t count = 1);
+
+  struct Impl;
+
+ private:
+  explicit World(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Version string of the library.
+const char* version();
+
+}  // namespace gfdit

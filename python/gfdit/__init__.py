@@ -1,0 +1,69 @@
+"""gfdit: a serving runtime for Diffusion Transformers on group-free collectives.
+
+The collectives mirror ``torch.distributed``: ``gfdit.init``, ``gfdit.new_group``, ``gfdit.all_reduce``, ...
+"""
+
+from gfdit._C import Error, InvalidUsage, RemoteError, Timeout
+from gfdit._C import build_info as _build_info
+from gfdit.comm import (
+    Group,
+    World,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all_4d,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    destroy,
+    empty,
+    get_rank,
+    get_world,
+    get_world_size,
+    init,
+    is_heap_tensor,
+    is_initialized,
+    new_group,
+    put_with_signal,
+    recv,
+    reduce_scatter_tensor,
+    send,
+    wait_signal,
+)
+
+__version__ = "0.1.0"
+
+
+def build_info() -> dict:
+    """What this build was compiled with: CUDA and NVSHMEM support and versions, backends."""
+    return dict(_build_info())
+
+
+__all__ = [
+    "Error",
+    "Group",
+    "InvalidUsage",
+    "RemoteError",
+    "Timeout",
+    "World",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_to_all_4d",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "build_info",
+    "destroy",
+    "empty",
+    "get_rank",
+    "get_world",
+    "get_world_size",
+    "init",
+    "is_heap_tensor",
+    "is_initialized",
+    "new_group",
+    "put_with_signal",
+    "recv",
+    "reduce_scatter_tensor",
+    "send",
+    "wait_signal",
+]

@@ -1,0 +1,473 @@
+"""Group-free collectives on torch tensors.
+
+Names and argument order follow ``torch.distributed``. Tensors are checked here, once, and cross into the
+C++ core as (address, bytes); the core never sees torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+from typing import Any, Sequence
+
+import torch
+
+from gfdit import _C
+from gfdit._C import InvalidUsage
+
+_DTYPES = {
+    torch.float32: _C.DType.float32,
+    torch.float16: _C.DType.float16,
+    torch.bfloat16: _C.DType.bfloat16,
+    torch.int32: _C.DType.int32,
+    torch.int64: _C.DType.int64,
+    torch.uint8: _C.DType.uint8,
+}
+
+_OPS = {"sum": _C.ReduceOp.sum, "max": _C.ReduceOp.max, "min": _C.ReduceOp.min, "prod": _C.ReduceOp.prod}
+
+_DEFAULT_HEAP_BYTES = 256 << 20
+
+View = tuple  # (address, rows, row_bytes, stride)
+
+
+def _reduce_op(op: Any) -> Any:
+    if isinstance(op, str):
+        try:
+            return _OPS[op.lower()]
+        except KeyError:
+            raise InvalidUsage(f"gfdit: unsupported reduce op {op!r}; use 'sum', 'max', 'min' or 'prod'") from None
+    import torch.distributed as dist
+
+    for name, torch_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN),
+                           ("prod", dist.ReduceOp.PRODUCT)):
+        if op == torch_op:
+            return _OPS[name]
+    raise InvalidUsage(f"gfdit: unsupported reduce op {op!r}; use 'sum', 'max', 'min' or 'prod'")
+
+
+def _check(t: Any, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InvalidUsage(f"gfdit: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise InvalidUsage(f"gfdit: {name} is on {t.device}; the CPU shared-memory backend needs CPU tensors")
+    if t.dtype not in _DTYPES:
+        raise InvalidUsage(
+            f"gfdit: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16, int32, int64, uint8")
+    if not t.is_contiguous():
+        raise InvalidUsage(f"gfdit: {name} is not contiguous; call .contiguous() first")
+    return t
+
+
+def _same_dtype(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    if a.dtype != b.dtype:
+        raise InvalidUsage(f"gfdit: {what}: output dtype {a.dtype} differs from input dtype {b.dtype}")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _contig(t: torch.Tensor) -> View:
+    n = _nbytes(t)
+    return (t.data_ptr(), 1, n, n)
+
+
+class Group:
+    """An ordered list of member ranks. Forming one is local: no communication, no allocation."""
+
+    __slots__ = ("_world", "_g")
+
+    def __init__(self, world: "World", g: Any) -> None:
+        self._world = world
+        self._g = g
+
+    @property
+    def ranks(self) -> list[int]:
+        """Global ranks of the members, in group order."""
+        return self._g.ranks
+
+    def size(self) -> int:
+        """Number of members."""
+        return self._g.size()
+
+    def rank(self) -> int:
+        """Index of the calling rank in the group."""
+        return self._g.rank()
+
+    def __len__(self) -> int:
+        return self._g.size()
+
+    def __repr__(self) -> str:
+        return f"gfdit.Group({self._g.ranks})"
+
+    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        self._world.all_gather_into_tensor(out, inp, group=self)
+
+    def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor,
+                          output_split_sizes: Sequence[int] | None = None,
+                          input_split_sizes: Sequence[int] | None = None) -> None:
+        self._world.all_to_all_single(out, inp, output_split_sizes, input_split_sizes, group=self)
+
+    def all_to_all_4d(self, out: torch.Tensor, inp: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1,
+                      seq_splits: Sequence[int] | None = None) -> None:
+        self._world.all_to_all_4d(out, inp, scatter_dim, gather_dim, group=self, seq_splits=seq_splits)
+
+    def reduce_scatter_tensor(self, out: torch.Tensor, inp: torch.Tensor, op: Any = "sum") -> None:
+        self._world.reduce_scatter_tensor(out, inp, op, group=self)
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> None:
+        self._world.all_reduce(tensor, op, group=self)
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        self._world.broadcast(tensor, src, group=self)
+
+    def barrier(self) -> None:
+        self._world.barrier(group=self)
+
+
+class World:
+    """One rank's handle on the group-free collectives world (see ``gfdit.init`` for the default one)."""
+
+    def __init__(self, rank: int, world_size: int, store: Any, timeout: float | datetime.timedelta = 300.0,
+                 heap_bytes: int | None = None, slot_bytes: int = 0, num_slots: int = 0, spin_us: int = -1,
+                 key_prefix: str = "gfdit") -> None:
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        if heap_bytes is None:
+            heap_bytes = int(os.environ.get("GFDIT_HEAP_BYTES", _DEFAULT_HEAP_BYTES))
+        if not (isinstance(rank, int) and isinstance(world_size, int)):
+            raise InvalidUsage("gfdit: rank and world_size must be integers")
+        self._w = _C.World.create(rank, world_size, store, float(timeout), int(heap_bytes), int(slot_bytes),
+                                  int(num_slots), int(spin_us), key_prefix)
+        self._whole = Group(self, self._w.world_group())
+        self.rank = rank
+        self.world_size = world_size
+
+    # ---- groups ----
+
+    def new_group(self, ranks: Sequence[int]) -> Group:
+        """A group of the given global ranks, in the given order (not sorted, unlike torch)."""
+        return Group(self, self._w.new_group(ranks))
+
+    def _group(self, group: Group | None) -> Group:
+        if group is None:
+            return self._whole
+        if not isinstance(group, Group) or group._world is not self:
+            raise InvalidUsage("gfdit: group was not formed by this world (use gfdit.new_group)")
+        return group
+
+    # ---- heap ----
+
+    def empty(self, shape: Sequence[int] | int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A tensor in this rank's symmetric heap: collectives send it without staging."""
+        if isinstance(shape, int):
+            shape = (shape,)
+        shape = tuple(int(s) for s in shape)
+        if dtype not in _DTYPES:
+            raise InvalidUsage(f"gfdit: unsupported dtype {dtype}")
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        block = self._w.heap_alloc(max(nbytes, 1))
+        raw = torch.frombuffer(block, dtype=torch.uint8)  # holds `block`, which frees on release
+        return raw[:nbytes].view(dtype).view(shape)
+
+    def is_heap_tensor(self, t: torch.Tensor) -> bool:
+        """Whether t's bytes lie in this rank's symmetric heap."""
+        return _nbytes(t) > 0 and self._w.in_heap(t.data_ptr(), _nbytes(t))
+
+    # ---- collectives ----
+
+    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor, group: Group | None = None) -> None:
+        g = self._group(group)
+        _check(out, "out")
+        _check(inp, "inp")
+        _same_dtype(out, inp, "all_gather_into_tensor")
+        n = g.size()
+        if out.numel() != n * inp.numel():
+            raise InvalidUsage(f"gfdit: all_gather_into_tensor: out has {out.numel()} elements, expected "
+                               f"{n} x {inp.numel()} for a group of {n}")
+        self._w.all_gather(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp))
+
+    def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor,
+                          output_split_sizes: Sequence[int] | None = None,
+                          input_split_sizes: Sequence[int] | None = None, group: Group | None = None) -> None:
+        g = self._group(group)
+        _check(out, "out")
+        _check(inp, "inp")
+        _same_dtype(out, inp, "all_to_all_single")
+        n = g.size()
+        if output_split_sizes is None and input_split_sizes is None:
+            if inp.numel() % n != 0 or out.numel() != inp.numel():
+                raise InvalidUsage(f"gfdit: all_to_all_single: input ({inp.numel()} elements) and output "
+                                   f"({out.numel()}) must be equal and divisible by the group size {n}")
+            self._w.all_to_all(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp) // n)
+            return
+        ins = self._split_views(inp, input_split_sizes, n, "input")
+        outs = self._split_views(out, output_split_sizes, n, "output")
+        self._w.all_to_all_v(g._g, ins, outs)
+
+    @staticmethod
+    def _split_views(t: torch.Tensor, splits: Sequence[int] | None, n: int, what: str) -> list[View]:
+        if t.dim() == 0:
+            raise InvalidUsage(f"gfdit: all_to_all_single: {what} must have at least one dimension")
+        rows = t.shape[0]
+        if splits is None:
+            if rows % n != 0:
+                raise InvalidUsage(f"gfdit: all_to_all_single: {what} dim 0 ({rows}) is not divisible by {n}")
+            splits = [rows // n] * n
+        splits = [int(s) for s in splits]
+        if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != rows:
+            raise InvalidUsage(f"gfdit: all_to_all_single: {what}_split_sizes {splits} must be {n} non-negative "
+                               f"sizes summing to dim 0 ({rows})")
+        row_bytes = _nbytes(t) // rows if rows else 0
+        base = t.data_ptr()
+        views = []
+        off = 0
+        for s in splits:
+            b = s * row_bytes
+            views.append((base + off, 1, b, b))
+            off += b
+        return views
+
+    def all_to_all_4d(self, out: torch.Tensor, inp: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1,
+                      group: Group | None = None, seq_splits: Sequence[int] | None = None) -> None:
+        """Ulysses all-to-all on [B, S, H, D] tensors.
+
+        scatter_dim=2, gather_dim=1: inp [B, S_local, H, D] -> out [B, S, H/n, D] (heads scattered, sequence
+        gathered; member j's shard lands at its sequence offset). scatter_dim=1, gather_dim=2: the reverse.
+        ``seq_splits`` gives each member's S_local when shards are uneven (default: equal).
+        """
+        g = self._group(group)
+        _check(out, "out")
+        _check(inp, "inp")
+        _same_dtype(out, inp, "all_to_all_4d")
+        if inp.dim() != 4 or out.dim() != 4:
+            raise InvalidUsage("gfdit: all_to_all_4d needs 4-D [B, S, H, D] tensors")
+        n, me = g.size(), g.rank()
+        es = inp.element_size()
+        if (scatter_dim, gather_dim) == (2, 1):
+            b, s_local, h, d = inp.shape
+            if h % n != 0:
+                raise InvalidUsage(f"gfdit: all_to_all_4d: {h} heads are not divisible by the group size {n}")
+            splits = self._seq_splits(seq_splits, n, me, s_local)
+            s_total, hn = sum(splits), h // n
+            if tuple(out.shape) != (b, s_total, hn, d):
+                raise InvalidUsage(f"gfdit: all_to_all_4d: out has shape {tuple(out.shape)}, expected "
+                                   f"{(b, s_total, hn, d)}")
+            head_bytes = hn * d * es
+            ins = [_view(inp.data_ptr() + j * head_bytes, b * s_local, head_bytes, h * d * es) for j in range(n)]
+            offs = _offsets(splits)
+            outs = [_view(out.data_ptr() + offs[j] * head_bytes, b, splits[j] * head_bytes, s_total * head_bytes)
+                    for j in range(n)]
+        elif (scatter_dim, gather_dim) == (1, 2):
+            b, s_total, hn, d = inp.shape
+            splits = self._seq_splits(seq_splits, n, me, None, s_total)
+            h = hn * n
+            if tuple(out.shape) != (b, splits[me], h, d):
+                raise InvalidUsage(f"gfdit: all_to_all_4d: out has shape {tuple(out.shape)}, expected "
+                                   f"{(b, splits[me], h, d)}")
+            head_bytes = hn * d * es
+            offs = _offsets(splits)
+            ins = [_view(inp.data_ptr() + offs[j] * head_bytes, b, splits[j] * head_bytes, s_total * head_bytes)
+                   for j in range(n)]
+            outs = [_view(out.data_ptr() + j * head_bytes, b * splits[me], head_bytes, h * d * es) for j in range(n)]
+        else:
+            raise InvalidUsage("gfdit: all_to_all_4d supports (scatter_dim, gather_dim) = (2, 1) or (1, 2)")
+        self._w.all_to_all_v(g._g, ins, outs)
+
+    @staticmethod
+    def _seq_splits(seq_splits: Sequence[int] | None, n: int, me: int, s_local: int | None,
+                    s_total: int | None = None) -> list[int]:
+        if seq_splits is None:
+            if s_local is not None:
+                return [s_local] * n
+            if s_total % n != 0:
+                raise InvalidUsage(f"gfdit: all_to_all_4d: sequence {s_total} is not divisible by {n}; "
+                                   "pass seq_splits")
+            return [s_total // n] * n
+        splits = [int(s) for s in seq_splits]
+        if len(splits) != n or any(s < 0 for s in splits):
+            raise InvalidUsage(f"gfdit: all_to_all_4d: seq_splits {splits} must have {n} non-negative sizes")
+        if s_local is not None and splits[me] != s_local:
+            raise InvalidUsage(f"gfdit: all_to_all_4d: seq_splits[{me}] = {splits[me]} but inp has {s_local}")
+        if s_total is not None and sum(splits) != s_total:
+            raise InvalidUsage(f"gfdit: all_to_all_4d: seq_splits sum to {sum(splits)}, inp has {s_total}")
+        return splits
+
+    def reduce_scatter_tensor(self, out: torch.Tensor, inp: torch.Tensor, op: Any = "sum",
+                              group: Group | None = None) -> None:
+        g = self._group(group)
+        _check(out, "out")
+        _check(inp, "inp")
+        _same_dtype(out, inp, "reduce_scatter_tensor")
+        n = g.size()
+        if inp.numel() != n * out.numel():
+            raise InvalidUsage(f"gfdit: reduce_scatter_tensor: inp has {inp.numel()} elements, expected "
+                               f"{n} x {out.numel()} for a group of {n}")
+        self._w.reduce_scatter(g._g, inp.data_ptr(), out.data_ptr(), out.numel(), _DTYPES[out.dtype],
+                               _reduce_op(op))
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = "sum", group: Group | None = None) -> None:
+        g = self._group(group)
+        _check(tensor, "tensor")
+        self._w.all_reduce(g._g, tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], _reduce_op(op))
+
+    def broadcast(self, tensor: torch.Tensor, src: int, group: Group | None = None) -> None:
+        g = self._group(group)
+        _check(tensor, "tensor")
+        if g._g.index_of(int(src)) < 0:
+            raise InvalidUsage(f"gfdit: broadcast source {src} is not in group {g.ranks}")
+        self._w.broadcast(g._g, tensor.data_ptr(), _nbytes(tensor), int(src))
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        _check(tensor, "tensor")
+        self._w.send(tensor.data_ptr(), _nbytes(tensor), int(dst))
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        _check(tensor, "tensor")
+        self._w.recv(tensor.data_ptr(), _nbytes(tensor), int(src))
+
+    def barrier(self, group: Group | None = None) -> None:
+        self._w.barrier(self._group(group)._g)
+
+    def put_with_signal(self, src: torch.Tensor, dst: torch.Tensor, peer: int) -> None:
+        """Writes src into `peer`'s heap at the offset of the local heap tensor dst, then signals the peer."""
+        _check(src, "src")
+        _check(dst, "dst")
+        if not self.is_heap_tensor(dst):
+            raise InvalidUsage("gfdit: put_with_signal: dst must be a heap tensor (gfdit.empty); its heap offset "
+                               "names the destination on the peer")
+        if _nbytes(src) > _nbytes(dst):
+            raise InvalidUsage(f"gfdit: put_with_signal: src has {_nbytes(src)} bytes, dst only {_nbytes(dst)}")
+        self._w.put_with_signal(int(peer), src.data_ptr(), _nbytes(src), self._w.heap_offset(dst.data_ptr()))
+
+    def wait_signal(self, peer: int, count: int = 1) -> None:
+        """Waits until `count` more puts from `peer` have landed."""
+        self._w.wait_signal(int(peer), int(count))
+
+    def stats(self) -> Any:
+        return self._w.stats()
+
+
+def _view(addr: int, rows: int, row_bytes: int, stride: int) -> View:
+    if rows <= 1 or stride == row_bytes:
+        total = rows * row_bytes
+        return (addr, 1, total, total)
+    return (addr, rows, row_bytes, stride)
+
+
+def _offsets(splits: Sequence[int]) -> list[int]:
+    offs, acc = [], 0
+    for s in splits:
+        offs.append(acc)
+        acc += s
+    return offs
+
+
+# ---- the default world, as torch.distributed has a default process group ----
+
+_world: World | None = None
+
+
+def init(rank: int | None = None, world_size: int | None = None, store: Any = None,
+         timeout: float | datetime.timedelta = 300.0, heap_bytes: int | None = None, **options: Any) -> World:
+    """Joins the default world. Without a store, reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun
+    sets them) and opens a torch.distributed.TCPStore."""
+    global _world
+    if _world is not None:
+        raise InvalidUsage("gfdit: already initialised; call gfdit.destroy() first")
+    if rank is None:
+        rank = int(os.environ["RANK"])
+    if world_size is None:
+        world_size = int(os.environ["WORLD_SIZE"])
+    if store is None:
+        import torch.distributed as dist
+
+        secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world_size,
+                              rank == 0, timeout=datetime.timedelta(seconds=secs))
+    _world = World(rank, world_size, store, timeout=timeout, heap_bytes=heap_bytes, **options)
+    return _world
+
+
+def destroy() -> None:
+    """Leaves the default world. Heap tensors keep their memory mapped until they are freed."""
+    global _world
+    _world = None
+
+
+def is_initialized() -> bool:
+    return _world is not None
+
+
+def get_world() -> World:
+    if _world is None:
+        raise InvalidUsage("gfdit: not initialised; call gfdit.init(rank, world_size, store) first")
+    return _world
+
+
+def get_rank() -> int:
+    return get_world().rank
+
+
+def get_world_size() -> int:
+    return get_world().world_size
+
+
+def new_group(ranks: Sequence[int]) -> Group:
+    return get_world().new_group(ranks)
+
+
+def empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return get_world().empty(shape, dtype)
+
+
+def is_heap_tensor(t: torch.Tensor) -> bool:
+    return get_world().is_heap_tensor(t)
+
+
+def all_gather_into_tensor(out: torch.Tensor, inp: torch.Tensor, group: Group | None = None) -> None:
+    get_world().all_gather_into_tensor(out, inp, group=group)
+
+
+def all_to_all_single(out: torch.Tensor, inp: torch.Tensor, output_split_sizes: Sequence[int] | None = None,
+                      input_split_sizes: Sequence[int] | None = None, group: Group | None = None) -> None:
+    get_world().all_to_all_single(out, inp, output_split_sizes, input_split_sizes, group=group)
+
+
+def all_to_all_4d(out: torch.Tensor, inp: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1,
+                  group: Group | None = None, seq_splits: Sequence[int] | None = None) -> None:
+    get_world().all_to_all_4d(out, inp, scatter_dim, gather_dim, group=group, seq_splits=seq_splits)
+
+
+def reduce_scatter_tensor(out: torch.Tensor, inp: torch.Tensor, op: Any = "sum", group: Group | None = None) -> None:
+    get_world().reduce_scatter_tensor(out, inp, op, group=group)
+
+
+def all_reduce(tensor: torch.Tensor, op: Any = "sum", group: Group | None = None) -> None:
+    get_world().all_reduce(tensor, op, group=group)
+
+
+def broadcast(tensor: torch.Tensor, src: int, group: Group | None = None) -> None:
+    get_world().broadcast(tensor, src, group=group)
+
+
+def send(tensor: torch.Tensor, dst: int) -> None:
+    get_world().send(tensor, dst)
+
+
+def recv(tensor: torch.Tensor, src: int) -> None:
+    get_world().recv(tensor, src)
+
+
+def barrier(group: Group | None = None) -> None:
+    get_world().barrier(group=group)
+
+
+def put_with_signal(src: torch.Tensor, dst: torch.Tensor, peer: int) -> None:
+    get_world().put_with_signal(src, dst, peer)
+
+
+def wait_signal(peer: int, count: int = 1) -> None:
+    get_world().wait_signal(peer, count)

@@ -1,0 +1,9 @@
+// gfdit._C: the C++ core, bound thinly.
+#include "bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "gfdit C++ core: group-free collectives";
+  gfdit::python::register_errors(m);
+  gfdit::python::register_world(m);
+  gfdit::python::register_build_info(m);
+}

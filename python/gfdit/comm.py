@@ -198,9 +198,12 @@ class World:
         _same_dtype(out, inp, "all_to_all_single")
         n = g.size()
         if output_split_sizes is None and input_split_sizes is None:
-            if inp.numel() % n != 0 or out.numel() != inp.numel():
-                raise InvalidUsage(f"gfdit: all_to_all_single: input ({inp.numel()} elements) and output "
-                                   f"({out.numel()}) must be equal and divisible by the group size {n}")
+            if inp.dim() == 0 or out.dim() == 0:
+                raise InvalidUsage("gfdit: all_to_all_single: tensors must have at least one dimension")
+            if inp.shape[0] % n != 0 or out.shape[0] % n != 0 or out.numel() != inp.numel():
+                raise InvalidUsage(f"gfdit: all_to_all_single: input {tuple(inp.shape)} and output "
+                                   f"{tuple(out.shape)} must hold as many elements, dim 0 divisible by the "
+                                   f"group size {n}")
             self._w.all_to_all(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp) // n)
             return
         ins = self._split_views(inp, input_split_sizes, n, "input")

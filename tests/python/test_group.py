@@ -1,0 +1,182 @@
+"""Group descriptors, world state and build info in a single-rank world, in the pytest process itself."""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gfdit
+
+
+def _store():
+    timeout = datetime.timedelta(seconds=30)
+    return dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout, wait_for_workers=False)
+
+
+@pytest.fixture
+def world1():
+    assert not gfdit.is_initialized()
+    store = _store()
+    gfdit.init(0, 1, store, timeout=5.0)
+    try:
+        yield store
+    finally:
+        gfdit.destroy()
+    assert not gfdit.is_initialized()
+
+
+@pytest.mark.timeout(60)
+def test_world_state(world1):
+    assert gfdit.is_initialized()
+    assert gfdit.get_rank() == 0
+    assert gfdit.get_world_size() == 1
+
+
+@pytest.mark.timeout(60)
+def test_init_destroy_twice():
+    for _ in range(2):
+        gfdit.init(0, 1, _store(), timeout=5.0, heap_bytes=8 << 20)
+        assert gfdit.is_initialized()
+        t = torch.randn(5)
+        ref = t.clone()
+        gfdit.all_reduce(t)
+        assert torch.equal(t, ref)
+        gfdit.destroy()
+        assert not gfdit.is_initialized()
+
+
+@pytest.mark.timeout(60)
+def test_new_group_descriptor(world1):
+    g = gfdit.new_group([0])
+    assert list(g.ranks) == [0]
+    assert g.size() == 1
+    assert g.rank() == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "ranks", [[], [0, 0], [1], [0, 1], [-1], [0, -1], [64], [0, 1000]], ids=lambda r: str(r).replace(" ", "")
+)
+def test_new_group_validation(world1, ranks):
+    with pytest.raises(gfdit.InvalidUsage) as info:
+        gfdit.new_group(ranks)
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, gfdit.Error)
+    assert str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_exception_hierarchy():
+    assert issubclass(gfdit.InvalidUsage, gfdit.Error)
+    assert issubclass(gfdit.InvalidUsage, ValueError)
+    assert issubclass(gfdit.Timeout, gfdit.Error)
+    assert issubclass(gfdit.Timeout, TimeoutError)
+    assert issubclass(gfdit.RemoteError, gfdit.Timeout)
+    assert issubclass(gfdit.Error, Exception)
+
+
+@pytest.mark.timeout(60)
+def test_new_group_is_cheap(world1):
+    """Forming a group is local and about a microsecond in C++; through Python allow tens of microseconds."""
+    for _ in range(1000):
+        gfdit.new_group([0])
+    per_call = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(2000):
+            gfdit.new_group([0])
+        per_call.append((time.perf_counter() - start) / 2000)
+    best = min(per_call)
+    median = statistics.median(per_call)
+    print(f"\nnew_group: best {best * 1e6:.2f} us, median {median * 1e6:.2f} us per call")
+    assert best < 50e-6, f"new_group takes {best * 1e6:.1f} us per call"
+
+
+@pytest.mark.timeout(60)
+def test_group_methods_single_rank(world1):
+    g = gfdit.new_group([0])
+    x = torch.randn(4, 3)
+    out = torch.empty(4, 3)
+    g.all_gather_into_tensor(out, x)
+    assert torch.equal(out, x)
+    out = torch.empty(4, 3)
+    g.all_to_all_single(out, x)
+    assert torch.equal(out, x)
+    out = torch.empty(4, 3)
+    g.all_to_all_single(out, x, output_split_sizes=[4], input_split_sizes=[4])
+    assert torch.equal(out, x)
+    out = torch.empty(4, 3)
+    g.reduce_scatter_tensor(out, x, op="max")
+    assert torch.equal(out, x)
+    t = x.clone()
+    g.all_reduce(t, op="sum")
+    assert torch.equal(t, x)
+    t = x.clone()
+    g.all_reduce(t, op=dist.ReduceOp.MIN)
+    assert torch.equal(t, x)
+    t = x.clone()
+    g.broadcast(t, 0)
+    assert torch.equal(t, x)
+    g.barrier()
+    x4 = torch.randn(2, 3, 4, 5)
+    out4 = torch.empty(2, 3, 4, 5)
+    g.all_to_all_4d(out4, x4, scatter_dim=2, gather_dim=1)
+    assert torch.equal(out4, x4)
+    # Module functions with group=None mean the whole (one-rank) world.
+    out = torch.empty(4, 3)
+    gfdit.all_gather_into_tensor(out, x)
+    assert torch.equal(out, x)
+    gfdit.barrier()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64,
+                                   torch.uint8])
+def test_heap_tensor(world1, dtype):
+    x = gfdit.empty((16, 8), dtype=dtype)
+    assert isinstance(x, torch.Tensor)
+    assert tuple(x.shape) == (16, 8) and x.dtype == dtype and x.is_contiguous()
+    assert gfdit.is_heap_tensor(x)
+    assert gfdit.is_heap_tensor(x[3])  # a view inside the heap
+    assert not gfdit.is_heap_tensor(torch.empty(16, 8, dtype=dtype))
+    ref = torch.randint(1, 100, (16, 8)).to(dtype)
+    x.copy_(ref)
+    y = gfdit.empty((16, 8), dtype=dtype)
+    assert x.data_ptr() != y.data_ptr()
+    y.fill_(1)
+    assert torch.equal(x, ref)  # blocks do not overlap
+    out = gfdit.empty((16, 8), dtype=dtype)
+    gfdit.all_gather_into_tensor(out, x)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.timeout(60)
+def test_heap_is_reused_after_free(world1):
+    """Freed heap tensors give their space back: allocating far more than the heap in total works."""
+    for _ in range(64):
+        x = gfdit.empty((4 << 20,), dtype=torch.uint8)
+        x.fill_(3)
+        del x
+
+
+@pytest.mark.timeout(60)
+def test_build_info():
+    info = gfdit.build_info()
+    assert isinstance(info, dict)
+    assert isinstance(info["cuda"], bool)
+    assert isinstance(info["nvshmem"], bool)
+    assert isinstance(info["version"], str) and info["version"]
+
+
+@pytest.mark.timeout(60)
+def test_collective_before_init_is_refused():
+    assert not gfdit.is_initialized()
+    with pytest.raises(gfdit.Error):
+        gfdit.all_reduce(torch.randn(3))
+    with pytest.raises(gfdit.Error):
+        gfdit.new_group([0])

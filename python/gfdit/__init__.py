@@ -30,6 +30,10 @@ from gfdit.comm import (
     wait_signal,
 )
 
+from gfdit import attention  # noqa: E402  (the package: gfdit.attention.attention(q, k, v, ...))
+from gfdit.attention import ParallelSpec  # noqa: E402
+from gfdit.topology import Topology  # noqa: E402
+
 __version__ = "0.1.0"
 
 
@@ -40,6 +44,9 @@ def build_info() -> dict:
 
 __all__ = [
     "Error",
+    "ParallelSpec",
+    "Topology",
+    "attention",
     "Group",
     "InvalidUsage",
     "RemoteError",

@@ -1,0 +1,23 @@
+"""Sequence-parallel attention: Ulysses, Ring, USP (both placements) and Torus on group-free collectives.
+
+``attention(q, k, v, group=g, spec=ParallelSpec(ulysses=u, ring=r, mode="usp"|"torus",
+placement="ulysses-low"|"ring-low"|"auto"))`` returns this member's shard of exact attention over the
+sequence split across the group; see ``gfdit.attention.core`` for the protocol and
+``gfdit.attention.torus`` for the Torus pipeline.
+"""
+
+from gfdit.attention.core import attention, ring_attention
+from gfdit.attention.local import PartialMerger, block_attention
+from gfdit.attention.spec import GridLayout, ParallelSpec, resolve_placement
+from gfdit.topology import Topology
+
+__all__ = [
+    "GridLayout",
+    "ParallelSpec",
+    "PartialMerger",
+    "Topology",
+    "attention",
+    "block_attention",
+    "resolve_placement",
+    "ring_attention",
+]

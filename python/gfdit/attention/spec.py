@@ -1,0 +1,128 @@
+"""The parallel layout of one attention call: ``ulysses x ring`` members, the algorithm and the placement."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from gfdit._C import InvalidUsage
+from gfdit.topology import Topology
+
+MODES = ("usp", "torus")
+PLACEMENTS = ("ulysses-low", "ring-low", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelSpec:
+    """How a group of ``ulysses * ring`` members splits one attention.
+
+    mode: "usp" (Ulysses all-to-all along one axis of the member grid, Ring along the other) or "torus"
+    (the same grid, with the Ulysses all-to-all chunked by heads and pipelined against the ring; see
+    ``gfdit.attention.torus``). placement: "ulysses-low" puts Ulysses among consecutive group members
+    (member index = ring_idx * ulysses + ulysses_idx), "ring-low" the reverse, "auto" puts Ring on the axis
+    whose members share a node and Ulysses on the axis that crosses nodes (see ``resolve_placement``).
+    torus_chunks: head groups of the Torus pipeline (None: as many as the per-member heads allow, at most 4).
+    """
+
+    ulysses: int = 1
+    ring: int = 1
+    mode: str = "usp"
+    placement: str = "auto"
+    torus_chunks: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ulysses", "ring"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidUsage(f"gfdit: ParallelSpec.{name} must be a positive integer, got {v!r}")
+        if self.mode not in MODES:
+            raise InvalidUsage(f"gfdit: ParallelSpec.mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.placement not in PLACEMENTS:
+            raise InvalidUsage(f"gfdit: ParallelSpec.placement {self.placement!r} is not one of "
+                               f"{', '.join(PLACEMENTS)}")
+        if self.torus_chunks is not None and (isinstance(self.torus_chunks, bool) or not isinstance(
+                self.torus_chunks, int) or self.torus_chunks < 1):
+            raise InvalidUsage(f"gfdit: ParallelSpec.torus_chunks must be a positive integer or None, got "
+                               f"{self.torus_chunks!r}")
+
+    @property
+    def degree(self) -> int:
+        """Members the spec needs: ulysses * ring."""
+        return self.ulysses * self.ring
+
+
+@dataclasses.dataclass(frozen=True)
+class GridLayout:
+    """One member's view of the ``ulysses x ring`` grid of a group (all indices are group indices)."""
+
+    ulysses: int
+    ring: int
+    placement: str  # "ulysses-low" | "ring-low" (resolved)
+    ulysses_idx: int
+    ring_idx: int
+    ulysses_members: tuple[int, ...]  # group indices of this member's Ulysses group, in Ulysses order
+    ring_members: tuple[int, ...]  # group indices of this member's Ring group, in ring order
+
+    @staticmethod
+    def index(placement: str, ulysses: int, ring: int, ulysses_idx: int, ring_idx: int) -> int:
+        if placement == "ulysses-low":
+            return ring_idx * ulysses + ulysses_idx
+        return ulysses_idx * ring + ring_idx
+
+    @staticmethod
+    def coords(placement: str, ulysses: int, ring: int, member: int) -> tuple[int, int]:
+        """(ulysses_idx, ring_idx) of a group member."""
+        if placement == "ulysses-low":
+            return member % ulysses, member // ulysses
+        return member // ring, member % ring
+
+    @classmethod
+    def build(cls, ulysses: int, ring: int, placement: str, member: int) -> "GridLayout":
+        ui, ri = cls.coords(placement, ulysses, ring, member)
+        return cls(
+            ulysses=ulysses,
+            ring=ring,
+            placement=placement,
+            ulysses_idx=ui,
+            ring_idx=ri,
+            ulysses_members=tuple(cls.index(placement, ulysses, ring, x, ri) for x in range(ulysses)),
+            ring_members=tuple(cls.index(placement, ulysses, ring, ui, y) for y in range(ring)),
+        )
+
+    @classmethod
+    def groups(cls, ulysses: int, ring: int, placement: str) -> tuple[list[list[int]], list[list[int]]]:
+        """All Ulysses groups and all Ring groups of the grid, as lists of group indices."""
+        uls = [[cls.index(placement, ulysses, ring, x, y) for x in range(ulysses)] for y in range(ring)]
+        rings = [[cls.index(placement, ulysses, ring, x, y) for y in range(ring)] for x in range(ulysses)]
+        return uls, rings
+
+
+def resolve_placement(spec: ParallelSpec, group_ranks: Sequence[int], topology: Topology | None) -> str:
+    """The concrete placement of ``spec`` on a group whose members are ``group_ranks`` (global ranks).
+
+    "auto" puts Ring on the axis whose groups stay inside one node and Ulysses on the axis that crosses
+    nodes (SwiftFusion's placement: the ring's many point-to-point steps use fast intra-node links, the
+    one all-to-all crosses the slow ones). When both or neither axis keeps its ring groups inside nodes,
+    the placement whose ring groups span fewer nodes wins; a tie (e.g. everything on one node) gives
+    "ulysses-low", the usual USP choice.
+    """
+    if spec.placement != "auto":
+        return spec.placement
+    u, r = spec.ulysses, spec.ring
+    if u == 1 or r == 1 or topology is None:
+        return "ulysses-low"
+    if max(group_ranks) >= topology.world_size:
+        raise InvalidUsage(f"gfdit: topology covers {topology.world_size} ranks but the group has rank "
+                           f"{max(group_ranks)}")
+
+    def cost(placement: str) -> tuple[int, int]:
+        uls, rings = GridLayout.groups(u, r, placement)
+        ring_nodes = sum(len({topology.node_of(group_ranks[i]) for i in g}) - 1 for g in rings)
+        ulysses_nodes = sum(len({topology.node_of(group_ranks[i]) for i in g}) - 1 for g in uls)
+        # First: ring groups crossing nodes (bad); second: Ulysses groups *not* crossing is neutral.
+        return ring_nodes, -ulysses_nodes
+
+    ul, rl = cost("ulysses-low"), cost("ring-low")
+    if rl < ul:
+        return "ring-low"
+    return "ulysses-low"

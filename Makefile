@@ -7,6 +7,8 @@ PIP := $(PY) -m pip
 JOBS ?= $(shell nproc)
 CPP_BUILD := build/cpp
 TORCH_VERSION := 2.13.0
+# diffusers builds Wan and Qwen-Image transformers from configs (random weights, no download).
+MODEL_DEPS := diffusers==0.42.1 transformers==5.24.0
 
 .PHONY: build venv system-deps python-package cpp test test-cpp test-python bench clean
 
@@ -26,6 +28,7 @@ $(VENV)/.stamp-deps:
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.20" numpy pytest
+	$(PIP) install -q torch==$(TORCH_VERSION) $(MODEL_DEPS)
 	touch $@
 
 venv: $(VENV)/.stamp-deps

@@ -31,6 +31,7 @@ from gfdit.comm import (
 )
 
 from gfdit import attention  # noqa: E402  (the package: gfdit.attention.attention(q, k, v, ...))
+from gfdit import models  # noqa: E402  (diffusers is imported only when a model is wrapped)
 from gfdit.attention import ParallelSpec  # noqa: E402
 from gfdit.topology import Topology  # noqa: E402
 
@@ -47,6 +48,7 @@ __all__ = [
     "ParallelSpec",
     "Topology",
     "attention",
+    "models",
     "Group",
     "InvalidUsage",
     "RemoteError",

@@ -1,0 +1,13 @@
+"""Sequence-parallel adapters for diffusers DiT transformers (Wan 2.x, Qwen-Image).
+
+``gfdit.models.parallelize(transformer)`` wraps a ``WanTransformer3DModel`` or
+``QwenImageTransformer2DModel`` (weights shared); calling the wrapper with the model's own arguments plus
+``group=`` and ``spec=`` runs it with the token sequence split across the group and returns the plain
+model's output. ``gfdit.models.tiny`` builds tiny seeded models for tests. Importing this package does not
+import diffusers.
+"""
+
+from gfdit.models.core import ModelAdapter, ParallelTransformer, parallelize
+from gfdit.models.sharding import SequenceShards, even_splits
+
+__all__ = ["ModelAdapter", "ParallelTransformer", "SequenceShards", "even_splits", "parallelize"]

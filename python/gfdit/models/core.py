@@ -1,0 +1,160 @@
+"""``parallelize(transformer)``: run a diffusers DiT transformer sequence-parallel on a gfdit group.
+
+NOTE [parallel call]
+A call ``wrapper(*model_args, group=g, spec=s, **model_kwargs)`` runs the model's *own* forward with a few
+temporary changes, undone when the call returns or raises:
+1. Arguments indexed by token position (e.g. control residuals) are cut before the call (adapter.prepare).
+2. Forward hooks cut the rotary tables where the model computes them and the hidden states where they
+   enter the first block (NOTE [sequence shards]); everything before the blocks (patch embedding,
+   condition embedders, text projection) runs on every member in full, as in the plain model.
+3. The self-/joint-attention processors of the blocks are replaced by ones that call gfdit.attention on
+   this call's group and spec; cross-attention to replicated text stays local (its queries are sharded,
+   its keys are whole, so it is exact as is).
+4. A forward hook on the output projection gathers the sequence, so the model's unpatchify and its return
+   value are exactly what the plain model returns, on every member.
+The weights are the model's own (nothing is copied), so the plain model and the wrapper may be used in
+turns; one model runs at most one parallel call at a time. Group and spec are per call.
+All argument checks that can fail are local and depend only on arguments every member passes alike, so
+bad input raises the same gfdit.InvalidUsage on every member before any collective starts.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+
+from gfdit import comm
+from gfdit._C import InvalidUsage
+from gfdit.attention.spec import ParallelSpec
+from gfdit.models.sharding import SequenceShards
+
+Undo = Callable[[], None]
+
+
+class ModelAdapter:
+    """What gfdit needs to know about one family of diffusers transformers (see NOTE [parallel call])."""
+
+    name = "model"
+
+    @staticmethod
+    def matches(model: Any) -> bool:
+        raise NotImplementedError
+
+    def heads(self, model: torch.nn.Module) -> int:
+        raise NotImplementedError
+
+    def prepare(self, model: torch.nn.Module, bound: inspect.BoundArguments, shards: SequenceShards) -> None:
+        """Checks the call's arguments and cuts the token-indexed ones (in bound.arguments)."""
+
+    def install(self, model: torch.nn.Module, shards: SequenceShards) -> list[Undo]:
+        """Installs this call's hooks and processors; returns what undoes them."""
+        raise NotImplementedError
+
+
+def _adapters() -> list[type[ModelAdapter]]:
+    from gfdit.models.qwenimage import QwenImageAdapter
+    from gfdit.models.wan import WanAdapter
+
+    return [WanAdapter, QwenImageAdapter]
+
+
+SUPPORTED = ("diffusers.WanTransformer3DModel", "diffusers.QwenImageTransformer2DModel")
+
+
+def swap_processor(attn: torch.nn.Module, processor: Any) -> Undo:
+    """Replaces attn.processor for one call; returns what puts the original back."""
+    old = attn.processor
+    attn.processor = processor
+
+    def undo() -> None:
+        attn.processor = old
+
+    return undo
+
+
+def hook(handle: Any) -> Undo:
+    """A torch hook handle as an Undo."""
+    return handle.remove
+
+
+class ParallelTransformer(torch.nn.Module):
+    """A diffusers transformer that runs sequence-parallel over a gfdit group, call by call.
+
+    ``wrapper(*args, group=None, spec=None, **kwargs)`` takes the model's own forward arguments and returns
+    what the model returns (the whole output, on every member of the group). group: a gfdit Group (None:
+    the world); spec: a gfdit.ParallelSpec with ulysses * ring == len(group) (None: Ulysses over the whole
+    group). Every member of the group calls it with the same arguments. See NOTE [parallel call].
+    """
+
+    def __init__(self, transformer: torch.nn.Module, adapter: ModelAdapter) -> None:
+        super().__init__()
+        self.module = transformer  # shared, not copied: registered as a child for .to(), .eval(), ...
+        self._adapter = adapter
+        self._signature = inspect.signature(transformer.forward)
+
+    @property
+    def config(self) -> Any:
+        return self.module.config
+
+    def forward(self, *args: Any, group: comm.Group | None = None, spec: ParallelSpec | None = None,
+                **kwargs: Any) -> Any:
+        world = comm.get_world()
+        g = world._group(group)
+        spec = self._check_spec(spec, g)
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidUsage(f"gfdit.models: bad arguments for {type(self.module).__name__}.forward: "
+                               f"{exc}") from None
+        shards = SequenceShards(world, g, spec)
+        self._adapter.prepare(self.module, bound, shards)
+        if self.module.__dict__.get("_gfdit_parallel_call", False):
+            raise InvalidUsage("gfdit.models: this model is already running a parallel call (one at a time)")
+        undo: list[Undo] = []
+        self.module.__dict__["_gfdit_parallel_call"] = True
+        try:
+            undo = self._adapter.install(self.module, shards)
+            out = self.module(*bound.args, **bound.kwargs)
+        finally:
+            for u in reversed(undo):
+                u()
+            self.module.__dict__["_gfdit_parallel_call"] = False
+        return out
+
+    def _check_spec(self, spec: ParallelSpec | None, g: comm.Group) -> ParallelSpec:
+        n = g.size()
+        if spec is None:
+            spec = ParallelSpec(ulysses=n, ring=1, mode="usp", placement="ulysses-low")
+        if not isinstance(spec, ParallelSpec):
+            raise InvalidUsage(f"gfdit.models: spec must be a gfdit.ParallelSpec, got {type(spec).__name__}")
+        if spec.degree != n:
+            raise InvalidUsage(f"gfdit.models: spec ulysses={spec.ulysses} x ring={spec.ring} = "
+                               f"{spec.degree} members, but the group {g.ranks} has {n}")
+        heads = self._adapter.heads(self.module)
+        if heads % spec.ulysses != 0:
+            raise InvalidUsage(f"gfdit.models: the {self._adapter.name} model has {heads} attention heads, "
+                               f"not divisible by the Ulysses degree {spec.ulysses}")
+        if spec.mode == "torus" and n > 1:
+            from gfdit.attention.torus import check_torus
+
+            check_torus(spec, heads)
+        return spec
+
+    def extra_repr(self) -> str:
+        return f"adapter={self._adapter.name}"
+
+
+def parallelize(transformer: Any) -> ParallelTransformer:
+    """Wraps a diffusers WanTransformer3DModel or QwenImageTransformer2DModel for sequence-parallel calls.
+
+    The weights are shared with ``transformer`` (nothing is copied). Other models raise gfdit.InvalidUsage.
+    """
+    if isinstance(transformer, ParallelTransformer):
+        return transformer
+    for cls in _adapters():
+        if cls.matches(transformer):
+            return ParallelTransformer(transformer, cls())
+    raise InvalidUsage(f"gfdit.models.parallelize: unsupported model {type(transformer).__module__}."
+                       f"{type(transformer).__name__}; supported: {', '.join(SUPPORTED)}")

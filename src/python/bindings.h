@@ -9,6 +9,7 @@ namespace python {
 void register_errors(pybind11::module_& m);
 void register_world(pybind11::module_& m);
 void register_build_info(pybind11::module_& m);
+void register_runtime(pybind11::module_& m);
 
 }  // namespace python
 }  // namespace gfdit

@@ -24,6 +24,7 @@ enum class TaskKind : uint32_t {
   kDecode = 4,    ///< decode the latent (on ranks[0]) and report the output
   kFree = 5,      ///< drop the request's state on this rank
   kShutdown = 6,  ///< leave the loop
+  kReinit = 7,    ///< re-create the collectives world among the workers in the payload (after a death)
 };
 
 /// Parallel layout of a step: ulysses x ring over the group, USP or Torus.
@@ -118,6 +119,10 @@ class QueueSet {
   int numWorkers() const { return num_workers_; }
   ShmQueue& dispatch(int worker) { return dispatch_[worker]; }
   ShmQueue& completion() { return completion_; }
+  /// A counter the engine bumps to abort every collective its workers are blocked in (World::watchAbort).
+  uint64_t* abortWord();
+  /// Bumps the abort counter.
+  void requestAbort();
 
  private:
   QueueSet() = default;

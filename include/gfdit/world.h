@@ -68,6 +68,9 @@ class World {
   Group worldGroup() const;
   /// Counters since creation.
   WorldStats stats() const;
+  /// Makes every wait fail with Error(kRemoteError) once *word differs from its value now (an engine
+  /// aborting its workers' collectives to recover from a failure). The word must outlive the world.
+  void watchAbort(const uint64_t* word);
 
   /// Allocates `bytes` from this rank's symmetric heap (256-byte aligned); throws when full.
   void* heapAlloc(size_t bytes);

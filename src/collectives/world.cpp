@@ -206,6 +206,14 @@ struct World::Impl {
 
   bool broken = false;
   std::string broken_reason;
+  const uint64_t* abort_word = nullptr;
+  uint64_t abort_base = 0;
+
+  void checkAbort() {
+    if (abort_word != nullptr && __atomic_load_n(abort_word, __ATOMIC_ACQUIRE) != abort_base) {
+      fail(ErrorCode::kRemoteError, "gfdit: rank " + std::to_string(rank) + ": collective aborted by the engine");
+    }
+  }
   WorldStats stats;
 
   ~Impl() {
@@ -570,6 +578,7 @@ struct World::Impl {
   // Runs the plan to completion: every send published (zero-copy ones acknowledged), every receive
   // consumed. Waits only when nothing can move; see NOTE [doorbell].
   void run(const Group& g) {
+    checkAbort();
     int n = g.size(), me = g.selfIdx();
     for (int j = 0; j < n; ++j) {
       if (j != me) ++instance[g.rankAt(j)];
@@ -621,6 +630,7 @@ struct World::Impl {
       }
       if (now - last_progress > timeout) failTimeout(g, now - last_progress);
       if (now - last_liveness > std::chrono::milliseconds(100)) {
+        checkAbort();
         checkPeersAlive(g);
         last_liveness = now;
       }
@@ -908,6 +918,10 @@ Group World::newGroup(const int* ranks, int num_ranks) const {
 }
 Group World::worldGroup() const { return Group::whole(impl_->size, impl_->rank); }
 WorldStats World::stats() const { return impl_->stats; }
+void World::watchAbort(const uint64_t* word) {
+  impl_->abort_word = word;
+  impl_->abort_base = word != nullptr ? __atomic_load_n(word, __ATOMIC_ACQUIRE) : 0;
+}
 
 void* World::heapAlloc(size_t bytes) { return impl_->heapAlloc(bytes); }
 void World::heapFree(void* ptr) { impl_->heapFree(ptr); }
@@ -1211,6 +1225,7 @@ void World::waitSignal(int peer, uint64_t count) {
       m.fail(ErrorCode::kTimeout, os.str());
     }
     if (now - last_liveness > std::chrono::milliseconds(100)) {
+      m.checkAbort();
       if (!processAlive(m.regions[peer].pid)) {
         m.fail(ErrorCode::kRemoteError, "gfdit: rank " + std::to_string(peer) + " (pid " +
                                             std::to_string(m.regions[peer].pid) + ") has died; rank " +

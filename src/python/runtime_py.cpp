@@ -58,7 +58,8 @@ void register_runtime(py::module_& m) {
       .value("MIGRATE", TaskKind::kMigrate)
       .value("DECODE", TaskKind::kDecode)
       .value("FREE", TaskKind::kFree)
-      .value("SHUTDOWN", TaskKind::kShutdown);
+      .value("SHUTDOWN", TaskKind::kShutdown)
+      .value("REINIT", TaskKind::kReinit);
 
   py::enum_<RequestState>(r, "RequestState")
       .value("QUEUED", RequestState::kQueued)
@@ -176,7 +177,10 @@ void register_runtime(py::module_& m) {
             return c;
           },
           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
-      .def("pending_tasks", [](QueueSet& q, int w) { return q.dispatch(w).size(); });
+      .def("pending_tasks", [](QueueSet& q, int w) { return q.dispatch(w).size(); })
+      .def("request_abort", &QueueSet::requestAbort,
+           "Makes the collectives of every world watching this set fail (see World.watch_abort).")
+      .def("abort_address", [](QueueSet& q) { return reinterpret_cast<uintptr_t>(q.abortWord()); });
 
   py::class_<Transition>(r, "Transition")
       .def_readonly("state", &Transition::state)

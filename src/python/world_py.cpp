@@ -137,6 +137,10 @@ void register_world(py::module_& m) {
            })
       .def("stats", &World::stats)
       .def(
+          "watch_abort",
+          [](World& w, uintptr_t address) { w.watchAbort(reinterpret_cast<const uint64_t*>(address)); },
+          "Waits fail once the 64-bit word at `address` changes (the runtime's abort counter).")
+      .def(
           "new_group",
           [](const World& w, const std::vector<int>& ranks) {
             return w.newGroup(ranks.data(), static_cast<int>(ranks.size()));

@@ -200,6 +200,7 @@ struct SetHeader {
   uint64_t total_bytes;
   uint64_t dispatch_bytes;  // footprint of one dispatch queue
   uint64_t completion_offset;
+  alignas(64) uint64_t abort_epoch;  // see QueueSet::abortWord
 };
 
 std::string randomName() {
@@ -278,6 +279,10 @@ std::unique_ptr<QueueSet> QueueSet::attach(const std::string& name) {
   set->completion_ = ShmQueue::attach(static_cast<uint8_t*>(p) + h->completion_offset);
   return set;
 }
+
+uint64_t* QueueSet::abortWord() { return &static_cast<SetHeader*>(base_)->abort_epoch; }
+
+void QueueSet::requestAbort() { __atomic_fetch_add(abortWord(), uint64_t{1}, __ATOMIC_SEQ_CST); }
 
 void QueueSet::unlinkName() {
   if (owner_ && !name_.empty()) {

@@ -11,3 +11,19 @@ from gfdit.models.core import ModelAdapter, ParallelTransformer, parallelize
 from gfdit.models.sharding import SequenceShards, even_splits
 
 __all__ = ["ModelAdapter", "ParallelTransformer", "SequenceShards", "even_splits", "parallelize"]
+
+# Staged models (encode -> denoise steps -> decode) for the runtime; see gfdit.models.staged.
+from gfdit.models.staged import (
+    Conditioning,
+    DenoiseState,
+    StageDefaults,
+    StagedModel,
+    load,
+    migrate,
+    pack_state,
+    state_digest,
+    unpack_state,
+)
+
+__all__ += ["Conditioning", "DenoiseState", "StageDefaults", "StagedModel", "load", "migrate", "pack_state",
+            "state_digest", "unpack_state"]

@@ -1,0 +1,467 @@
+"""Staged models: a request as encode -> denoise step 0 .. N-1 -> decode, movable between any two steps.
+
+``gfdit.models.load(name, path=None)`` returns a ``StagedModel``: "tiny-wan" / "tiny-qwen-image" (seeded
+random weights, tokenizer and text encoder built in code, nothing downloaded) or "wan2.2" / "wan2.1" /
+"qwen-image" from a local diffusers folder (``path=``, ``from_pretrained(local_files_only=True)``).
+
+A trajectory::
+
+    model = gfdit.models.load("tiny-wan")
+    cond = model.encode("a cat", negative_prompt=None)             # text encoder, on one rank
+    shape = model.latent_shape(height=32, width=48, num_frames=9)  # VAE-latent [1, C, F, H, W]
+    state = model.initial_state(cond, model.init_latent(seed, shape))
+    for k in range(state.num_steps):
+        state = model.denoise_step(state, k, group=g, spec=s)      # every member of g: same state after
+    video = model.decode(state)                                    # float32 [3, F, H, W] in [0, 1]
+
+NOTE [portable denoise state]
+A ``DenoiseState`` is everything step k needs and nothing that depends on which process ran the earlier
+steps: the latent (float32, in the transformer's layout), the text conditioning (positive and, with
+guidance, negative embeddings), the whole sigma / timestep schedule (computed once from
+num_inference_steps, and the latent size where the schedule shifts with it), the index of the next step,
+the guidance scale and the VAE-latent grid. Flow-matching Euler is a pure function of (latent, sigma_k,
+sigma_{k+1}, velocity), so no scheduler object carries state from step to step. After ``denoise_step``
+every member of the group holds the bit-identical state: the parallel transformer returns the same
+gathered output on every member and the guidance and Euler update are the same local arithmetic on it.
+Hence shrinking a group moves nothing, and growing one is ``migrate(state, group, src)``: two broadcasts
+(a fixed-size int64 header that says the shapes, then one byte payload) from one holder to the group.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any
+
+import torch
+
+from gfdit import comm
+from gfdit._C import InvalidUsage
+from gfdit.attention.spec import ParallelSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class StageDefaults:
+    """A model's default request: what serving systems use for the real models, tiny sizes for tiny ones."""
+
+    height: int
+    width: int
+    num_frames: int  # 1 for image models
+    num_inference_steps: int
+    guidance_scale: float
+    max_sequence_length: int
+
+
+@dataclasses.dataclass
+class Conditioning:
+    """Output of ``encode``: text embeddings [1, L, D] (negative: None when guidance is off)."""
+
+    prompt_embeds: torch.Tensor
+    negative_prompt_embeds: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class DenoiseState:
+    """One request between two denoising steps; see NOTE [portable denoise state].
+
+    latent: float32, the transformer's layout (Wan [1, C, F, H, W]; Qwen-Image packed [1, H/2 * W/2, 4C]).
+    sigmas: float32 [N + 1], sigmas[N] = 0; timesteps: float32 [N], the scheduler's t (sigma * 1000).
+    step_idx: the next step to run (N when denoising is done). grid: the VAE latent (frames, height, width).
+    """
+
+    latent: torch.Tensor
+    prompt_embeds: torch.Tensor
+    negative_prompt_embeds: torch.Tensor | None
+    sigmas: torch.Tensor
+    timesteps: torch.Tensor
+    step_idx: int
+    guidance_scale: float
+    grid: tuple[int, int, int]
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.timesteps.numel())
+
+    @property
+    def done(self) -> bool:
+        return self.step_idx >= self.num_steps
+
+    @property
+    def do_cfg(self) -> bool:
+        return self.guidance_scale > 1.0
+
+
+# ---------------------------------------------------------------------------------------------- flow matching
+def euler_step(latent: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor,
+               velocity: torch.Tensor) -> torch.Tensor:
+    """Flow-matching Euler, as diffusers' FlowMatchEulerDiscreteScheduler.step: x + (s' - s) v, in float32."""
+    return (latent.float() + (sigma_next - sigma) * velocity.float()).to(latent.dtype)
+
+
+def flow_match_schedule(scheduler_config: dict, num_inference_steps: int, *, sigmas: Any = None,
+                        mu: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sigmas [N + 1], timesteps [N]) of a FlowMatchEulerDiscreteScheduler with this config, float32.
+
+    A fresh scheduler object per call: the schedule is a pure function of the config, N and mu.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    sched = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config)
+    kwargs: dict[str, Any] = {}
+    if sigmas is not None:
+        kwargs["sigmas"] = sigmas
+    if mu is not None:
+        kwargs["mu"] = mu
+    sched.set_timesteps(num_inference_steps, device="cpu", **kwargs)
+    return sched.sigmas.detach().float().clone(), sched.timesteps.detach().float().clone()
+
+
+# ---------------------------------------------------------------------------------------------- the interface
+class StagedModel(abc.ABC):
+    """A diffusion model cut into stages a runtime may place on different groups of ranks.
+
+    Stages: ``encode`` (text encoder), ``init_latent`` + ``initial_state``, ``denoise_step`` (one step on a
+    group, sequence-parallel) and ``decode`` (VAE). Every stage is deterministic: the same prompt, seed and
+    options give the same output whatever groups ran the steps (up to float rounding of the layouts).
+    Weights are replicated: every worker loads the whole model. Requests have batch size 1.
+    """
+
+    name: str = "model"
+    defaults: StageDefaults
+    is_video: bool = False
+
+    # -- stages ------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def encode(self, prompt: str, negative_prompt: str | None = None, **opts: Any) -> Conditioning:
+        """Text conditioning of one request (deterministic). The negative prompt is encoded when guidance
+        is on (opts ``guidance_scale``, default ``defaults.guidance_scale``, > 1). Opts:
+        max_sequence_length, guidance_scale."""
+
+    @abc.abstractmethod
+    def latent_shape(self, *, height: int | None = None, width: int | None = None,
+                     num_frames: int | None = None) -> tuple[int, ...]:
+        """The VAE-latent shape [1, C, F, H, W] of a request of this size (None: the model's default);
+        sizes the model cannot patch raise gfdit.InvalidUsage."""
+
+    @abc.abstractmethod
+    def init_latent(self, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """The initial noise for ``seed`` (a CPU torch.Generator; float32), in the transformer's layout."""
+
+    @abc.abstractmethod
+    def schedule(self, num_inference_steps: int,
+                 grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sigmas [N + 1], timesteps [N]), float32, for a latent of this (frames, height, width) grid."""
+
+    @abc.abstractmethod
+    def denoise_step(self, state: DenoiseState, step_idx: int, group: comm.Group | None = None,
+                     spec: ParallelSpec | None = None) -> DenoiseState:
+        """Runs step ``step_idx`` (must be ``state.step_idx``) on ``group`` with ``spec``; returns the next
+        state (the input is not modified). Every member of the group calls it with the same state and gets
+        the same result. group None: the gfdit world if initialised, else a plain local call."""
+
+    @abc.abstractmethod
+    def vae_latent(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
+        """The latent of a state in the VAE's layout [1, C, F, H, W] (a tensor already so is returned)."""
+
+    @abc.abstractmethod
+    def decode(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
+        """VAE decode of a finished state (or a VAE-layout latent [1, C, F, H, W]): float32 in [0, 1],
+        [3, H, W] for images, [3, F, H, W] for video."""
+
+    # -- shared helpers ----------------------------------------------------------------------------------
+    def initial_state(self, conditioning: Conditioning, latent: torch.Tensor, *,
+                      num_inference_steps: int | None = None, guidance_scale: float | None = None,
+                      grid: tuple[int, int, int] | None = None) -> DenoiseState:
+        """The state before step 0. latent: from ``init_latent`` (its grid is derived from the shape unless
+        given). Guidance > 1 needs a negative embedding in the conditioning."""
+        steps = self.defaults.num_inference_steps if num_inference_steps is None else num_inference_steps
+        scale = self.defaults.guidance_scale if guidance_scale is None else float(guidance_scale)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise InvalidUsage(f"gfdit.models: num_inference_steps must be a positive integer, got {steps!r}")
+        if scale > 1.0 and conditioning.negative_prompt_embeds is None:
+            raise InvalidUsage(f"gfdit.models: guidance_scale {scale} > 1 needs negative_prompt_embeds; "
+                               "encode with the same guidance_scale")
+        grid = self._grid_of(latent) if grid is None else tuple(int(x) for x in grid)
+        sigmas, timesteps = self.schedule(steps, grid)
+        neg = conditioning.negative_prompt_embeds if scale > 1.0 else None
+        return DenoiseState(latent=latent.float().contiguous(), prompt_embeds=conditioning.prompt_embeds,
+                            negative_prompt_embeds=neg, sigmas=sigmas, timesteps=timesteps, step_idx=0,
+                            guidance_scale=scale, grid=grid)
+
+    def _grid_of(self, latent: torch.Tensor) -> tuple[int, int, int]:
+        if latent.dim() != 5:
+            raise InvalidUsage(f"gfdit.models: cannot derive the latent grid from shape "
+                               f"{tuple(latent.shape)}; pass grid=")
+        return tuple(int(x) for x in latent.shape[2:])  # type: ignore[return-value]
+
+    def sequence_length(self, grid: tuple[int, int, int]) -> int:
+        """Image/video tokens the transformer sees for a latent grid (for cost models)."""
+        f, h, w = grid
+        pt, ph, pw = self.patch_size
+        return (f // pt) * (h // ph) * (w // pw)
+
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+
+    def generate(self, prompt: str, *, seed: int = 0, negative_prompt: str | None = None,
+                 height: int | None = None, width: int | None = None, num_frames: int | None = None,
+                 num_inference_steps: int | None = None, guidance_scale: float | None = None,
+                 group: comm.Group | None = None, spec: ParallelSpec | None = None) -> torch.Tensor:
+        """The whole trajectory on one group (a convenience and a reference)."""
+        cond = self.encode(prompt, negative_prompt, guidance_scale=guidance_scale)
+        shape = self.latent_shape(height=height, width=width, num_frames=num_frames)
+        state = self.initial_state(cond, self.init_latent(seed, shape), grid=tuple(shape[2:]),
+                                   num_inference_steps=num_inference_steps, guidance_scale=guidance_scale)
+        for k in range(state.num_steps):
+            state = self.denoise_step(state, k, group=group, spec=spec)
+        return self.decode(state)
+
+    def migrate(self, state: DenoiseState | None, group: comm.Group | None, src: int) -> DenoiseState:
+        """See ``gfdit.models.staged.migrate``."""
+        return migrate(state, group, src)
+
+    @staticmethod
+    def check_step(state: DenoiseState, step_idx: int) -> None:
+        if not isinstance(state, DenoiseState):
+            raise InvalidUsage(f"gfdit.models: denoise_step needs a DenoiseState, got {type(state).__name__}")
+        if step_idx != state.step_idx:
+            raise InvalidUsage(f"gfdit.models: step {step_idx} asked, but the state is before step "
+                               f"{state.step_idx} of {state.num_steps}")
+        if state.done:
+            raise InvalidUsage(f"gfdit.models: the state has finished all {state.num_steps} steps")
+
+    @staticmethod
+    def parallel_call(model: torch.nn.Module, wrapper: torch.nn.Module, group: comm.Group | None,
+                      spec: ParallelSpec | None, **kwargs: Any) -> torch.Tensor:
+        """The transformer's output: the plain model when group is None and gfdit is not initialised,
+        else the parallel wrapper on the group (the world for None)."""
+        if group is None and not comm.is_initialized():
+            if spec is not None and spec.degree != 1:
+                raise InvalidUsage("gfdit.models: a parallel spec needs gfdit.init and a group")
+            return model(**kwargs, return_dict=False)[0]
+        return wrapper(**kwargs, return_dict=False, group=group, spec=spec)[0]
+
+
+# ----------------------------------------------------------------------------------- packing and migration
+# NOTE [state header]
+# int64[HEADER_LEN]: MAGIC, VERSION, status (0 ok; 1 the source had no state), step_idx, guidance_scale
+# (float64 bits), grid f, h, w, then per tensor of STATE_TENSORS: dtype code (-1: None), ndim, 6 dims.
+# The payload is the tensors' bytes, contiguous, in STATE_TENSORS order.
+STATE_TENSORS = ("latent", "prompt_embeds", "negative_prompt_embeds", "sigmas", "timesteps")
+HEADER_LEN = 64
+MAGIC = 0x6766646974  # "gfdit"
+VERSION = 1
+_MAX_DIMS = 6
+_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3, torch.int64: 4,
+          torch.uint8: 5}
+_DTYPES = {v: k for k, v in _CODES.items()}
+
+
+def _f64_bits(x: float) -> int:
+    return int(torch.tensor([x], dtype=torch.float64).view(torch.int64).item())
+
+
+def _bits_f64(x: int) -> float:
+    return float(torch.tensor([x], dtype=torch.int64).view(torch.float64).item())
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def pack_state(state: DenoiseState) -> tuple[torch.Tensor, torch.Tensor]:
+    """(header int64[HEADER_LEN], payload uint8[...]) of a state; see NOTE [state header]."""
+    if not isinstance(state, DenoiseState):
+        raise InvalidUsage(f"gfdit.models: pack_state needs a DenoiseState, got {type(state).__name__}")
+    header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+    head = [MAGIC, VERSION, 0, state.step_idx, _f64_bits(state.guidance_scale), *state.grid]
+    parts = []
+    for name in STATE_TENSORS:
+        t = getattr(state, name)
+        if t is None:
+            head += [-1, 0] + [0] * _MAX_DIMS
+            continue
+        if t.dtype not in _CODES or t.dim() > _MAX_DIMS:
+            raise InvalidUsage(f"gfdit.models: state tensor {name} ({t.dtype}, {t.dim()} dims) cannot "
+                               "migrate")
+        head += [_CODES[t.dtype], t.dim()] + list(t.shape) + [0] * (_MAX_DIMS - t.dim())
+        parts.append(_bytes(t))
+    header[:len(head)] = torch.tensor(head, dtype=torch.int64)
+    payload = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
+    return header, payload
+
+
+def _layout(header: torch.Tensor) -> list[tuple[torch.dtype, tuple[int, ...]] | None]:
+    h = header.tolist()
+    if h[0] != MAGIC or h[1] != VERSION:
+        raise InvalidUsage("gfdit.models: not a gfdit state header (magic or version mismatch)")
+    out = []
+    pos = 8
+    for _ in STATE_TENSORS:
+        code, ndim = h[pos], h[pos + 1]
+        out.append(None if code < 0 else (_DTYPES[code], tuple(h[pos + 2:pos + 2 + ndim])))
+        pos += 2 + _MAX_DIMS
+    return out
+
+
+def payload_bytes(header: torch.Tensor) -> int:
+    """Bytes of the payload that goes with a header."""
+    total = 0
+    for item in _layout(header):
+        if item is not None:
+            dtype, shape = item
+            total += torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+    return total
+
+
+def unpack_state(header: torch.Tensor, payload: torch.Tensor) -> DenoiseState:
+    """The state that ``pack_state`` packed (tensors are copies, on the CPU)."""
+    h = header.tolist()
+    layout = _layout(header)
+    if payload.numel() != payload_bytes(header):
+        raise InvalidUsage(f"gfdit.models: state payload has {payload.numel()} bytes, the header says "
+                           f"{payload_bytes(header)}")
+    tensors: dict[str, torch.Tensor | None] = {}
+    offset = 0
+    for name, item in zip(STATE_TENSORS, layout):
+        if item is None:
+            tensors[name] = None
+            continue
+        dtype, shape = item
+        n = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+        tensors[name] = payload[offset:offset + n].clone().view(dtype).reshape(shape)
+        offset += n
+    return DenoiseState(step_idx=int(h[3]), guidance_scale=_bits_f64(h[4]),
+                        grid=(int(h[5]), int(h[6]), int(h[7])), **tensors)  # type: ignore[arg-type]
+
+
+def state_digest(state: DenoiseState) -> str:
+    """sha256 of the packed state: equal digests on two ranks mean bit-identical states."""
+    header, payload = pack_state(state)
+    return hashlib.sha256(header.numpy().tobytes() + payload.numpy().tobytes()).hexdigest()
+
+
+def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> DenoiseState:
+    """Gives every member of ``group`` the state that global rank ``src`` holds; returns it on every member.
+
+    Every member calls it; only ``src`` needs a state (the others pass None or anything). Two gfdit
+    broadcasts on the group: the fixed-size header (shapes, dtypes, step, guidance, grid; NOTE [state
+    header]), then the payload. Call it on [holder, *new members]: members that already hold the state need
+    not take part. On ``src`` the given state is returned as is; elsewhere a fresh CPU copy. If ``src`` has
+    no state, every member raises gfdit.InvalidUsage (after the header, so nobody waits for a payload).
+    """
+    world = comm.get_world()
+    g = world._group(group)
+    if int(src) not in g.ranks:
+        raise InvalidUsage(f"gfdit.models: migrate source {src} is not in group {g.ranks}")
+    me = world.rank
+    if me == src:
+        if isinstance(state, DenoiseState):
+            header, payload = pack_state(state)
+        else:
+            header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+            header[:3] = torch.tensor([MAGIC, VERSION, 1])
+            payload = None
+    else:
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+    world.broadcast(header, src, group=g)
+    if int(header[2]) != 0:
+        raise InvalidUsage(f"gfdit.models: migrate source rank {src} holds no DenoiseState")
+    if me != src:
+        payload = torch.empty(payload_bytes(header), dtype=torch.uint8)
+    assert payload is not None
+    if payload.numel():
+        world.broadcast(payload, src, group=g)
+    if me == src:
+        return state  # type: ignore[return-value]
+    return unpack_state(header, payload)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+_MODELS = ("tiny-wan", "tiny-qwen-image", "wan2.2", "wan2.1", "qwen-image")
+GFDIT_CONFIG = "gfdit.json"  # written by save_pretrained of a staged model: its name and defaults
+
+
+def read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def check_folder(name: str, path: Any, components: tuple[str, ...]) -> str:
+    """The folder as a str, or gfdit.InvalidUsage saying what is missing."""
+    if path is None:
+        raise InvalidUsage(f"gfdit.models.load: {name!r} needs path= (a local diffusers folder); nothing is "
+                           "downloaded")
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise InvalidUsage(f"gfdit.models.load: {name!r}: path {path!r} is not a folder")
+    if not os.path.isfile(os.path.join(path, "model_index.json")):
+        raise InvalidUsage(f"gfdit.models.load: {name!r}: {path!r} has no model_index.json; expected a "
+                           "diffusers pipeline folder (save_pretrained, or a downloaded *-Diffusers "
+                           "repository)")
+    missing = [c for c in components if not os.path.isdir(os.path.join(path, c))]
+    if missing:
+        raise InvalidUsage(f"gfdit.models.load: {name!r}: {path!r} lacks the component folder(s) "
+                           f"{', '.join(missing)}")
+    return path
+
+
+def load_diffusers_model(cls: Any, path: str, subfolder: str, dtype: torch.dtype | None = None) -> Any:
+    """``cls.from_pretrained(path, subfolder=..., local_files_only=True)``; without ``accelerate`` (which
+    diffusers needs for models with fp32-pinned modules, such as Wan's transformer) the same from the config
+    and the safetensors files, with the pinned modules kept in float32."""
+    import importlib.util
+
+    kwargs: dict[str, Any] = {"subfolder": subfolder, "local_files_only": True}
+    if dtype is not None:
+        kwargs["torch_dtype"] = dtype
+    if importlib.util.find_spec("accelerate") is not None or not getattr(cls, "_keep_in_fp32_modules", None):
+        return cls.from_pretrained(path, **kwargs)
+    from safetensors.torch import load_file
+
+    folder = os.path.join(path, subfolder)
+    config = cls.load_config(folder, local_files_only=True)
+    index = os.path.join(folder, "diffusion_pytorch_model.safetensors.index.json")
+    if os.path.isfile(index):
+        files = sorted(set(read_json(index)["weight_map"].values()))
+    else:
+        files = ["diffusion_pytorch_model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        full = os.path.join(folder, f)
+        if not os.path.isfile(full):
+            raise OSError(f"{full} is missing (only safetensors weights load without accelerate)")
+        state.update(load_file(full))
+    model = cls.from_config(config)
+    model.load_state_dict(state, strict=True)
+    if dtype is not None:
+        model.to(dtype)
+        keep = cls._keep_in_fp32_modules
+        for name, module in model.named_modules():
+            if any(k in name for k in keep):
+                module.float()
+    return model.eval()
+
+
+def load(name: str, path: str | os.PathLike | None = None, *, seed: int = 0, dtype: torch.dtype | None = None,
+         device: str | torch.device = "cpu") -> StagedModel:
+    """A staged model by name.
+
+    "tiny-wan", "tiny-qwen-image": tiny float32 models with weights drawn from ``seed`` (tokenizer and text
+    encoder built in code); with ``path`` they load from a folder that ``save_pretrained`` wrote.
+    "wan2.2", "wan2.1" (Wan text-to-video; a second expert ``transformer_2`` is used when the folder has
+    one) and "qwen-image": from the local diffusers folder ``path``. dtype: of the transformer and text
+    encoder when loading (default: as stored); the VAE stays float32 and latents are always float32.
+    Unknown names, a missing path or an incomplete folder raise gfdit.InvalidUsage.
+    """
+    if not isinstance(name, str) or name not in _MODELS:
+        raise InvalidUsage(f"gfdit.models.load: unknown model {name!r}; known: {', '.join(_MODELS)}")
+    if name in ("tiny-wan", "wan2.2", "wan2.1"):
+        from gfdit.models import wan_pipeline as mod
+    else:
+        from gfdit.models import qwen_pipeline as mod  # type: ignore[no-redef]
+    if name.startswith("tiny-") and path is None:
+        return mod.build_tiny(seed=seed)
+    return mod.load_folder(name, path, dtype=dtype, device=device)

@@ -1,0 +1,281 @@
+"""Wan 2.x text-to-video as a StagedModel: UMT5 encoder, WanTransformer3DModel(s), AutoencoderKLWan.
+
+Follows diffusers' WanPipeline: prompts are cleaned, tokenised to ``max_sequence_length`` and encoded, the
+embeddings past each prompt's length are zeroed; guidance runs the conditional and unconditional passes
+one after the other (``noise_uncond + g (noise_cond - noise_uncond)``); the latent is float32
+[1, C, (F-1)/4 + 1, H/8, W/8]; decode un-normalises with the VAE's latents_mean/std.
+
+Scheduler: flow-matching Euler (FlowMatchEulerDiscreteScheduler) with the folder's shift (``flow_shift`` of a
+UniPC config). Wan folders ship UniPCMultistepScheduler, a multistep solver whose state (earlier model
+outputs) would have to travel with the request; Euler keeps the state portable (NOTE [portable denoise
+state]) at the cost of not matching diffusers' default sampler bit for bit. Wan 2.2 A14B's two experts
+(``transformer`` above, ``transformer_2`` below ``boundary_ratio * 1000``) are supported, with one guidance
+scale for both; Wan 2.2 TI2V's ``expand_timesteps`` passes one timestep per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+
+from gfdit import comm
+from gfdit._C import InvalidUsage
+from gfdit.attention.spec import ParallelSpec
+from gfdit.models.staged import (
+    GFDIT_CONFIG,
+    Conditioning,
+    DenoiseState,
+    StageDefaults,
+    StagedModel,
+    check_folder,
+    euler_step,
+    flow_match_schedule,
+    load_diffusers_model,
+    read_json,
+)
+
+# Serving defaults (DESIGN.md): Wan2.2 T2V 40 steps, 1280x720, 81 frames, guidance 4.0.
+WAN22_DEFAULTS = StageDefaults(height=720, width=1280, num_frames=81, num_inference_steps=40,
+                               guidance_scale=4.0, max_sequence_length=512)
+# diffusers WanPipeline's own defaults (Wan 2.1).
+WAN21_DEFAULTS = StageDefaults(height=480, width=832, num_frames=81, num_inference_steps=50,
+                               guidance_scale=5.0, max_sequence_length=512)
+TINY_DEFAULTS = StageDefaults(height=32, width=48, num_frames=9, num_inference_steps=4, guidance_scale=4.0,
+                              max_sequence_length=16)
+TINY_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0}
+TINY_VAE = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,
+            "temperal_downsample": [False, True, True], "latents_mean": [0.1, -0.2, 0.05, 0.0],
+            "latents_std": [1.5, 0.8, 1.2, 1.0]}
+
+
+def _prompt_clean(text: str) -> str:
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+    return prompt_clean(text)
+
+
+class WanStagedModel(StagedModel):
+    """Wan 2.x text-to-video; see the module docstring. Output: float32 video [3, F, H, W] in [0, 1]."""
+
+    is_video = True
+
+    def __init__(self, *, name: str, tokenizer: Any, text_encoder: torch.nn.Module, vae: torch.nn.Module,
+                 transformer: torch.nn.Module, scheduler_config: dict, defaults: StageDefaults,
+                 transformer_2: torch.nn.Module | None = None, boundary_ratio: float | None = None,
+                 expand_timesteps: bool = False) -> None:
+        from gfdit.models.core import parallelize
+
+        self.name = name
+        self.tokenizer = tokenizer
+        self.text_encoder = text_encoder.eval()
+        self.vae = vae.eval()
+        self.transformer = transformer.eval()
+        self.transformer_2 = None if transformer_2 is None else transformer_2.eval()
+        self.parallel = parallelize(self.transformer)
+        self.parallel_2 = None if transformer_2 is None else parallelize(self.transformer_2)
+        self.scheduler_config = dict(scheduler_config)
+        self.defaults = defaults
+        self.boundary_ratio = boundary_ratio
+        self.expand_timesteps = bool(expand_timesteps)
+        self.patch_size = tuple(int(p) for p in transformer.config.patch_size)  # type: ignore[assignment]
+        self.scale_temporal = int(getattr(vae.config, "scale_factor_temporal", 4) or 4)
+        self.scale_spatial = int(getattr(vae.config, "scale_factor_spatial", 8) or 8)
+
+    # -- encode ------------------------------------------------------------------------------------------
+    def _embed(self, text: str, max_len: int) -> torch.Tensor:
+        tok = self.tokenizer([_prompt_clean(text)], padding="max_length", max_length=max_len, truncation=True,
+                             add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+        ids, mask = tok.input_ids, tok.attention_mask
+        seq_len = int(mask.gt(0).sum())
+        dev = next(self.text_encoder.parameters()).device
+        with torch.no_grad():
+            out = self.text_encoder(ids.to(dev), mask.to(dev)).last_hidden_state
+        out = out.to(self.transformer.dtype).cpu()
+        emb = out.new_zeros(out.shape)
+        emb[:, :seq_len] = out[:, :seq_len]
+        return emb
+
+    def encode(self, prompt: str, negative_prompt: str | None = None, **opts: Any) -> Conditioning:
+        if not isinstance(prompt, str):
+            raise InvalidUsage(f"gfdit.models: prompt must be a str, got {type(prompt).__name__}")
+        unknown = set(opts) - {"max_sequence_length", "guidance_scale"}
+        if unknown:
+            raise InvalidUsage(f"gfdit.models: unknown encode option(s) {sorted(unknown)}")
+        max_len = opts.get("max_sequence_length") or self.defaults.max_sequence_length
+        scale = opts.get("guidance_scale")
+        scale = self.defaults.guidance_scale if scale is None else float(scale)
+        cond = self._embed(prompt, max_len)
+        neg = self._embed(negative_prompt or "", max_len) if scale > 1.0 else None
+        return Conditioning(prompt_embeds=cond, negative_prompt_embeds=neg)
+
+    # -- latent ------------------------------------------------------------------------------------------
+    def latent_shape(self, *, height: int | None = None, width: int | None = None,
+                     num_frames: int | None = None) -> tuple[int, ...]:
+        d = self.defaults
+        height = d.height if height is None else height
+        width = d.width if width is None else width
+        num_frames = d.num_frames if num_frames is None else num_frames
+        for what, v in (("height", height), ("width", width), ("num_frames", num_frames)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidUsage(f"gfdit.models: {what} must be a positive integer, got {v!r}")
+        _, ph, pw = self.patch_size
+        mh, mw = self.scale_spatial * ph, self.scale_spatial * pw
+        if height % mh or width % mw:
+            raise InvalidUsage(f"gfdit.models: {self.name} height x width {height}x{width} must be "
+                               f"multiples of {mh}x{mw} (VAE {self.scale_spatial} x patch)")
+        if (num_frames - 1) % self.scale_temporal:
+            raise InvalidUsage(f"gfdit.models: {self.name} num_frames {num_frames} must be "
+                               f"{self.scale_temporal} k + 1")
+        frames = (num_frames - 1) // self.scale_temporal + 1
+        pt = self.patch_size[0]
+        if frames % pt:
+            raise InvalidUsage(f"gfdit.models: {frames} latent frames are not a multiple of the patch {pt}")
+        z = int(self.transformer.config.in_channels)
+        return (1, z, frames, height // self.scale_spatial, width // self.scale_spatial)
+
+    def init_latent(self, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 5 or shape[0] != 1:
+            raise InvalidUsage(f"gfdit.models: Wan latent shape must be [1, C, F, H, W], got {shape}")
+        g = torch.Generator().manual_seed(int(seed))
+        return torch.randn(shape, generator=g, dtype=torch.float32)
+
+    def schedule(self, num_inference_steps: int,
+                 grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return flow_match_schedule(self.scheduler_config, num_inference_steps)
+
+    # -- denoise -----------------------------------------------------------------------------------------
+    def _expert(self, t: float) -> tuple[torch.nn.Module, torch.nn.Module]:
+        if self.transformer_2 is None or self.boundary_ratio is None:
+            return self.transformer, self.parallel
+        boundary = self.boundary_ratio * float(self.scheduler_config.get("num_train_timesteps", 1000))
+        if t >= boundary:
+            return self.transformer, self.parallel
+        return self.transformer_2, self.parallel_2  # type: ignore[return-value]
+
+    def denoise_step(self, state: DenoiseState, step_idx: int, group: comm.Group | None = None,
+                     spec: ParallelSpec | None = None) -> DenoiseState:
+        self.check_step(state, step_idx)
+        t = state.timesteps[step_idx]
+        model, wrapper = self._expert(float(t))
+        latent = state.latent
+        dev, dtype = model.device, model.dtype
+        x = latent.to(dev, dtype)
+        if self.expand_timesteps:
+            _, _, f, h, w = latent.shape
+            pt, ph, pw = self.patch_size
+            timestep = t.expand(1, (f // pt) * (h // ph) * (w // pw)).to(dev)
+        else:
+            timestep = t.expand(1).to(dev)
+
+        def velocity(embeds: torch.Tensor) -> torch.Tensor:
+            out = self.parallel_call(model, wrapper, group, spec, hidden_states=x, timestep=timestep,
+                                     encoder_hidden_states=embeds.to(dev, dtype))
+            return out.float().cpu()
+
+        with torch.no_grad():
+            v = velocity(state.prompt_embeds)
+            if state.do_cfg:
+                v_uncond = velocity(state.negative_prompt_embeds)  # type: ignore[arg-type]
+                v = v_uncond + state.guidance_scale * (v - v_uncond)
+        new = euler_step(latent, state.sigmas[step_idx], state.sigmas[step_idx + 1], v)
+        return dataclasses.replace(state, latent=new, step_idx=step_idx + 1)
+
+    # -- decode ------------------------------------------------------------------------------------------
+    def vae_latent(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
+        latent = state_or_latent.latent if isinstance(state_or_latent, DenoiseState) else state_or_latent
+        if not isinstance(latent, torch.Tensor) or latent.dim() != 5:
+            raise InvalidUsage("gfdit.models: Wan decode needs a DenoiseState or a [1, C, F, H, W] latent")
+        return latent
+
+    def decode(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
+        latent = self.vae_latent(state_or_latent)
+        cfg = self.vae.config
+        dev = next(self.vae.parameters()).device
+        latent = latent.to(dev, self.vae.dtype)
+        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
+        std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
+        with torch.no_grad():
+            video = self.vae.decode(latent / std + mean, return_dict=False)[0]
+        return (video[0].float().cpu() / 2 + 0.5).clamp(0, 1)
+
+    # -- saving ------------------------------------------------------------------------------------------
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Writes a diffusers WanPipeline folder (plus gfdit.json with this model's defaults)."""
+        from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+        pipe = WanPipeline(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae,
+                           scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
+                           transformer=self.transformer, transformer_2=self.transformer_2,
+                           boundary_ratio=self.boundary_ratio, expand_timesteps=self.expand_timesteps)
+        pipe.save_pretrained(os.fspath(path))
+        _write_gfdit_config(path, self.name, self.defaults)
+
+
+def _write_gfdit_config(path: Any, name: str, defaults: StageDefaults, **extra: Any) -> None:
+    import json
+
+    with open(os.path.join(os.fspath(path), GFDIT_CONFIG), "w", encoding="utf-8") as f:
+        json.dump({"name": name, "defaults": dataclasses.asdict(defaults), **extra}, f, indent=1)
+
+
+def build_tiny(seed: int = 0) -> WanStagedModel:
+    """tiny-wan: the tiny Wan transformer of gfdit.models.tiny, a byte tokenizer, a tiny UMT5 and VAE."""
+    from diffusers import AutoencoderKLWan
+
+    from gfdit.models import text, tiny
+
+    transformer = tiny.tiny_wan(seed)
+    encoder = text.tiny_umt5_encoder(seed + 1, d_model=int(transformer.config.text_dim))
+    vae = text.randomize_module(AutoencoderKLWan(**TINY_VAE), seed + 2)
+    return WanStagedModel(name="tiny-wan", tokenizer=text.t5_byte_tokenizer(), text_encoder=encoder, vae=vae,
+                          transformer=transformer, scheduler_config=TINY_SCHEDULER, defaults=TINY_DEFAULTS)
+
+
+def _scheduler_config(path: str) -> dict:
+    """The folder's flow-match Euler config; a UniPC (or other) config contributes its flow shift."""
+    file = os.path.join(path, "scheduler", "scheduler_config.json")
+    cfg = read_json(file) if os.path.isfile(file) else {}
+    if cfg.get("_class_name") == "FlowMatchEulerDiscreteScheduler":
+        return cfg
+    shift = cfg.get("flow_shift") or cfg.get("shift") or 3.0
+    return {"_class_name": "FlowMatchEulerDiscreteScheduler",
+            "num_train_timesteps": int(cfg.get("num_train_timesteps", 1000)), "shift": float(shift)}
+
+
+def load_folder(name: str, path: Any, *, dtype: torch.dtype | None = None,
+                device: str | torch.device = "cpu") -> WanStagedModel:
+    """A Wan model from a local diffusers folder (from_pretrained with local_files_only=True)."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    path = check_folder(name, path, ("tokenizer", "text_encoder", "vae", "transformer"))
+    index = read_json(os.path.join(path, "model_index.json"))
+    gcfg_file = os.path.join(path, GFDIT_CONFIG)
+    gcfg = read_json(gcfg_file) if os.path.isfile(gcfg_file) else {}
+    if "defaults" in gcfg:
+        defaults = StageDefaults(**gcfg["defaults"])
+    else:
+        defaults = WAN21_DEFAULTS if name == "wan2.1" else WAN22_DEFAULTS
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(os.path.join(path, "tokenizer"), local_files_only=True)
+        encoder = UMT5EncoderModel.from_pretrained(os.path.join(path, "text_encoder"), local_files_only=True,
+                                                   **({"dtype": dtype} if dtype is not None else {}))
+        vae = load_diffusers_model(AutoencoderKLWan, path, "vae", torch.float32)
+        transformer = load_diffusers_model(WanTransformer3DModel, path, "transformer", dtype)
+        transformer_2 = None
+        if index.get("transformer_2", [None, None])[0] is not None and os.path.isdir(
+                os.path.join(path, "transformer_2")):
+            transformer_2 = load_diffusers_model(WanTransformer3DModel, path, "transformer_2", dtype)
+    except (OSError, ValueError) as exc:
+        raise InvalidUsage(f"gfdit.models.load: {name!r}: cannot load {path!r}: {exc}") from None
+    model = WanStagedModel(name=gcfg.get("name", name), tokenizer=tokenizer, text_encoder=encoder.to(device),
+                           vae=vae.to(device), transformer=transformer.to(device),
+                           transformer_2=None if transformer_2 is None else transformer_2.to(device),
+                           scheduler_config=_scheduler_config(path), defaults=defaults,
+                           boundary_ratio=index.get("boundary_ratio"),
+                           expand_timesteps=bool(index.get("expand_timesteps", False)))
+    return model

@@ -1,0 +1,105 @@
+"""Case functions of the staged-model tests; they run inside the rank processes of mp_harness worlds.
+
+A trajectory plan is one (group, spec) per denoising step. Every rank follows the same plan, so every rank
+knows who holds the request's state before each step (the members of the previous step's group; before
+step 0 the first member of step 0's group, which encodes). Before a step whose group has members without
+the state, the first holder in the group (or, if none, the first holder) migrates it to them with
+gfdit.models.migrate on [source, *new members]; non-members of a step sit it out and drop their copy.
+The last step's first member decodes. Failures are returned, not raised, so the world stays in step.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+
+_MODELS: dict = {}
+
+
+def model(name: str):
+    """The tiny staged model ``name``, built once per process (seed 0)."""
+    import gfdit.models as gm
+
+    if name not in _MODELS:
+        _MODELS[name] = gm.load(name)
+    return _MODELS[name]
+
+
+def start(m, prompt: str, seed: int, steps: int | None = None):
+    """The state before step 0 of the default request of model m (same on every process)."""
+    shape = m.latent_shape()
+    cond = m.encode(prompt)
+    return m.initial_state(cond, m.init_latent(seed, shape), num_inference_steps=steps, grid=tuple(shape[2:]))
+
+
+def reference(name: str, prompt: str, seed: int) -> dict:
+    """The whole trajectory in one process with the plain transformer (gfdit not initialised)."""
+    m = model(name)
+    state = start(m, prompt, seed)
+    for k in range(state.num_steps):
+        state = m.denoise_step(state, k)
+    return {"latent": state.latent, "output": m.decode(state)}
+
+
+def _spec(spec: dict | None):
+    import gfdit
+
+    return None if spec is None else gfdit.ParallelSpec(**spec)
+
+
+def case_trajectory(ctx, name: str, prompt: str, seed: int, plan: list) -> dict:
+    """Runs the plan on this rank; returns the digests of the states it held after each step it ran, and
+    (on the decoding rank) the final latent and the decoded output."""
+    import gfdit
+    import gfdit.models as gm
+
+    torch.set_num_threads(1)
+    me = ctx.rank
+    report: dict = {"rank": me, "digests": {}, "migrations": 0, "error": None}
+    try:
+        m = model(name)
+        first = plan[0][0]
+        holders = [first[0]]
+        state = start(m, prompt, seed) if me == first[0] else None
+        for k, (ranks, spec) in enumerate(plan):
+            new = [r for r in ranks if r not in holders]
+            if new:
+                src = next((r for r in ranks if r in holders), holders[0])
+                if me == src or me in new:
+                    state = gm.migrate(state if me == src else None, gfdit.new_group([src] + new), src)
+                    report["migrations"] += 1
+            if me in ranks:
+                state = m.denoise_step(state, k, group=gfdit.new_group(ranks), spec=_spec(spec))
+                report["digests"][k] = gm.state_digest(state)
+            else:
+                state = None  # a rank outside the step's group no longer holds the current state
+            holders = list(ranks)
+        if me == plan[-1][0][0]:
+            assert state is not None and state.done
+            report["latent"] = state.latent
+            report["output"] = m.decode(state)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        report["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    return report
+
+
+def case_migrate_without_state(ctx, name: str) -> dict:
+    """Rank 1 is the source but holds nothing: every member must raise gfdit.InvalidUsage, then a good
+    migration on the same ranks must still work."""
+    import gfdit
+    import gfdit.models as gm
+
+    group = gfdit.new_group([1, 0, 2, 3])
+    out: dict = {"rank": ctx.rank}
+    try:
+        gm.migrate(None, group, 1)
+        out["types"] = []
+    except Exception as exc:  # noqa: BLE001
+        out["types"] = [c.__name__ for c in type(exc).__mro__]
+        out["message"] = str(exc)
+    m = model(name)
+    state = start(m, "after a failed migration", 5) if ctx.rank == 1 else None
+    got = gm.migrate(state, group, 1)
+    out["digest"] = gm.state_digest(got)
+    return out

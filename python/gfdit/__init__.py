@@ -34,6 +34,7 @@ from gfdit import attention  # noqa: E402  (the package: gfdit.attention.attenti
 from gfdit import models  # noqa: E402  (diffusers is imported only when a model is wrapped)
 from gfdit.attention import ParallelSpec  # noqa: E402
 from gfdit.topology import Topology  # noqa: E402
+from gfdit.engine import Decision, Engine, Layout, Policy, Request, RequestFailed, Result  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -44,7 +45,14 @@ def build_info() -> dict:
 
 
 __all__ = [
+    "Decision",
+    "Engine",
     "Error",
+    "Layout",
+    "Policy",
+    "Request",
+    "RequestFailed",
+    "Result",
     "ParallelSpec",
     "Topology",
     "attention",

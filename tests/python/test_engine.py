@@ -1,0 +1,162 @@
+"""The trajectory runtime end to end: engine, workers, queues, policies, failures (tiny models, CPU ranks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import CancelledError
+
+import pytest
+import torch
+
+import gfdit
+from gfdit import Decision, Engine, Layout, Policy, Request
+
+
+def _shm_names() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("gfdit")}
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    before = _shm_names()
+    yield
+    assert _shm_names() <= before, f"left in /dev/shm: {_shm_names() - before}"
+
+
+def _assert_gone(engine: Engine) -> None:
+    for p in engine._procs:
+        assert not p.is_alive(), f"worker {p.name} still running"
+
+
+class Scripted(Policy):
+    """Runs step k of every request on plan[k] (encode with step 0), one request at a time per rank set."""
+
+    def __init__(self, plan: list[list[int]]) -> None:
+        super().__init__()
+        self.plan = plan
+
+    def name(self) -> str:
+        return "scripted"
+
+    def schedule(self, view):
+        free = set(view.free_ranks)
+        out = []
+        for r in view.ready:
+            ranks = self.plan[min(r.step, len(self.plan) - 1)]
+            if set(ranks) <= free:
+                out.append(Decision(r.id, ranks, Layout(ulysses=len(ranks)), 1))
+                free -= set(ranks)
+        return out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / max(b.double().norm(), 1e-30))
+
+
+def test_mixed_requests_fcfs_and_cancel_and_failure():
+    with Engine(model="tiny-wan", world_size=2, policy="fcfs", timeout_s=20.0) as eng:
+        video = eng.submit(Request(prompt="a red fox running", num_frames=9, seed=1))
+        image = eng.submit(Request(prompt="a lighthouse", num_frames=1, seed=2))
+        bad = eng.submit(Request(prompt="an impossible size", height=33, seed=3))
+        cancelled = eng.submit(Request(prompt="to be cancelled", seed=4, num_inference_steps=20))
+        cancelled.cancel()
+        v = video.result(timeout=120)
+        i = image.result(timeout=120)
+        assert v.state == "DONE" and tuple(v.output.shape)[:2] == (3, 9)
+        assert i.state == "DONE" and i.output.shape[1] == 1  # one frame
+        assert float(v.output.min()) >= 0.0 and float(v.output.max()) <= 1.0
+        with pytest.raises(gfdit.RequestFailed, match="height|size|divisible"):
+            bad.result(timeout=60)
+        with pytest.raises(CancelledError):
+            cancelled.result(timeout=60)
+        kinds = [s.kind for s in v.timeline]
+        assert kinds[0] == "encode" and kinds[-1] == "decode" and kinds.count("denoise") == 4
+        states = [t[0] for t in v.transitions]
+        assert states[0] == "QUEUED" and states[-1] == "DONE" and "DECODING" in states
+        assert all(t1[2] <= t2[2] for t1, t2 in zip(v.transitions, v.transitions[1:]))
+        # the engine keeps serving after a failure
+        again = eng.submit(Request(prompt="after the failure", num_frames=1, seed=5))
+        assert again.result(timeout=120).state == "DONE"
+    _assert_gone(eng)
+
+
+def test_output_does_not_depend_on_the_schedule():
+    req = dict(prompt="a boat on a lake", num_frames=5, seed=11)
+    with Engine(model="tiny-wan", world_size=4, policy=Scripted([[0]]), timeout_s=30.0) as eng:
+        ref = eng.submit(Request(**req)).result(timeout=180)
+        switching = Scripted([[0], [2, 0], [1, 2, 3, 0], [3]])
+        eng2_policy = switching
+    _assert_gone(eng)
+    with Engine(model="tiny-wan", world_size=4, policy=eng2_policy, timeout_s=30.0) as eng2:
+        out = eng2.submit(Request(**req)).result(timeout=180)
+    _assert_gone(eng2)
+    groups = [s.ranks for s in out.timeline if s.kind == "denoise"]
+    assert groups == [[0], [2, 0], [1, 2, 3, 0], [3]]
+    assert any(s.kind == "migrate" for s in out.timeline)
+    assert _rel(out.output, ref.output) <= 1e-4
+
+
+def test_static_policy_keeps_groups():
+    with Engine(model="tiny-qwen-image", world_size=4, policy="static:2", timeout_s=30.0) as eng:
+        hs = [eng.submit(Request(prompt=f"a city at night {k}", seed=k)) for k in range(3)]
+        results = [h.result(timeout=180) for h in hs]
+    _assert_gone(eng)
+    for r in results:
+        groups = {tuple(s.ranks) for s in r.timeline if s.kind == "denoise"}
+        assert len(groups) == 1 and list(groups)[0] in {(0, 1), (2, 3)}
+        assert r.output.dim() == 3  # an image [3, H, W]
+
+
+def test_worker_killed_mid_trajectory_requests_continue():
+    req = [dict(prompt=f"a windmill {k}", num_frames=5, seed=20 + k, num_inference_steps=6) for k in range(3)]
+    with Engine(model="tiny-wan", world_size=2, policy="fcfs", timeout_s=20.0) as ref_eng:
+        refs = [ref_eng.submit(Request(**r)) for r in req]
+        ref_out = [h.result(timeout=180).output for h in refs]
+    with Engine(model="tiny-wan", world_size=3, policy="fcfs", timeout_s=20.0) as eng:
+        hs = [eng.submit(Request(**r)) for r in req]
+        # wait until some denoising happened, then kill worker 1
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            reqs = [eng._reqs.get(h.request_id) for h in hs]
+            if any(s.kind == "denoise" for r in reqs if r is not None for s in list(r.timeline)):
+                break
+            time.sleep(0.01)
+        victim = eng._procs[1]
+        t_kill = time.monotonic()
+        t_kill_ns = gfdit._C.runtime.now_ns()
+        os.kill(victim.pid, signal.SIGKILL)
+        while eng._alive[1] and time.monotonic() - t_kill < 5:
+            time.sleep(0.005)
+        detected = time.monotonic() - t_kill
+        assert not eng._alive[1] and detected < 1.0, f"death seen after {detected:.2f} s"
+        outs = [h.result(timeout=180) for h in hs]
+        assert eng._epoch >= 1, "the world was not re-created among the survivors"
+        assert all(1 not in s.ranks for o in outs for s in o.timeline if s.dispatch_ns > t_kill_ns)
+    _assert_gone(eng)
+    for out, ref in zip(outs, ref_out):
+        assert out.state == "DONE"
+        assert _rel(out.output, ref) <= 1e-4
+        later = [s for s in out.timeline if s.start_ns > 0 and s.kind == "denoise"]
+        assert later, "no denoising recorded"
+
+
+def test_shutdown_with_work_in_flight_cancels():
+    eng = Engine(model="tiny-wan", world_size=2, policy="fcfs", timeout_s=20.0)
+    hs = [eng.submit(Request(prompt=f"long {k}", num_inference_steps=40, seed=k)) for k in range(4)]
+    time.sleep(0.5)
+    eng.shutdown()
+    _assert_gone(eng)
+    for h in hs:
+        with pytest.raises((CancelledError, gfdit.RequestFailed)):
+            h.result(timeout=10)
+    with pytest.raises(gfdit.InvalidUsage):
+        eng.submit(Request(prompt="too late"))
+
+
+def test_bad_arguments():
+    with pytest.raises(gfdit.InvalidUsage):
+        Engine(model="tiny-wan", world_size=0)
+    with pytest.raises(gfdit.InvalidUsage):
+        Engine(model="tiny-wan", world_size=2, policy="lifo")

@@ -195,6 +195,7 @@ class Engine:
         self._reqs: dict[int, _Req] = {}
         self._inbox: queue.Queue = queue.Queue()
         self._stash: dict[int, Any] = {}
+        self._pings: dict[int, Any] = {}
         self._epoch = 0
         self._recovering = False
         self._closed = False
@@ -252,6 +253,17 @@ class Engine:
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
 
+    def ping(self, worker: int, count: int = 100, timeout: float = 30.0) -> list[tuple[int, int, int, int]]:
+        """Round trips of an empty task to an idle worker: (dispatch, start, post, seen) ns each, for latency
+        measurements. Each ping waits for the previous one."""
+        out: list[tuple[int, int, int, int]] = []
+        for _ in range(count):
+            done = threading.Event()
+            self._inbox.put(("ping", worker, (done, out)))
+            if not done.wait(timeout):
+                raise TimeoutError(f"gfdit.Engine: ping of worker {worker} not answered in {timeout} s")
+        return out
+
     def requests(self) -> dict[int, str]:
         """State name of every request the engine knows."""
         return {rid: r.handle._result.state if r.handle._result else "RUNNING" for rid, r in self._reqs.items()}
@@ -299,30 +311,36 @@ class Engine:
             while True:
                 c = self._queues.pop_completion(0.005)
                 t0 = time.thread_time_ns()
+                changed = c is not None
                 while c is not None:
                     seen = rt.now_ns()
                     self._on_completion(c, seen)
                     c = self._queues.pop_completion(0.0)
-                stop = self._drain_inbox()
-                self._check_workers()
+                stop, arrived = self._drain_inbox()
+                changed |= arrived
+                changed |= self._check_workers()
                 if stop:
                     self._cancel_all("engine shut down")
                     return
-                if not self._recovering:
+                # The policy runs only when something happened: a completion, an arrival, a death.
+                if changed and not self._recovering:
                     self._schedule()
                 self.control_ns += time.thread_time_ns() - t0
         except Exception as e:  # a bug in the control plane must not leave callers waiting forever
             self._cancel_all(f"engine control loop failed: {type(e).__name__}: {e}", failed=True)
             raise
 
-    def _drain_inbox(self) -> bool:
+    def _drain_inbox(self) -> tuple[bool, bool]:
+        """(shutdown asked, anything arrived)."""
+        arrived = False
         while True:
             try:
                 what, rid, arg = self._inbox.get_nowait()
             except queue.Empty:
-                return False
+                return False, arrived
+            arrived = True
             if what == "shutdown":
-                return True
+                return True, arrived
             if what == "submit":
                 request, handle, payload = arg
                 rec = rt.RequestRecord()
@@ -335,6 +353,9 @@ class Engine:
                 self._scheduler.add_request(rec)
                 self._reqs[rid] = _Req(spec=request, handle=handle)
                 self._reqs[rid].payload = payload  # type: ignore[attr-defined]
+            elif what == "ping":
+                self._dispatch(0, TaskKind.FREE, [rid])
+                self._pings[self._next_task - 1] = arg
             elif what == "cancel":
                 r = self._reqs.get(rid)
                 if r is not None and not r.handle.done():
@@ -421,6 +442,10 @@ class Engine:
         t = self._tasks.get(c.task_id)
         if t is None:  # a worker's hello after a restart, or a task of a finished request
             return
+        ping = self._pings.pop(c.task_id, None)
+        if ping is not None:
+            ping[1].append((c.dispatch_ns, c.start_ns, c.post_ns, seen_ns))
+            ping[0].set()
         self.latencies.append((c.dispatch_ns, c.start_ns, c.end_ns, seen_ns))
         t.pending.discard(c.rank)
         t.start_ns = min(t.start_ns or c.start_ns, c.start_ns)
@@ -535,12 +560,13 @@ class Engine:
 
     # ---- worker deaths ----
 
-    def _check_workers(self) -> None:
+    def _check_workers(self) -> bool:
+        """Notices dead workers (and drives recovery); returns whether anything changed."""
         dead = [w for w, p in enumerate(self._procs) if self._alive[w] and not p.is_alive()]
         if not dead:
             if self._recovering:
                 self._try_reinit()
-            return
+            return False
         for w in dead:
             self._alive[w] = False
             self._scheduler.occupy([w])  # never scheduled again
@@ -552,6 +578,7 @@ class Engine:
                     if not t.pending:
                         self._task_done(t)
         self._start_recovery()
+        return True
 
     def _start_recovery(self) -> None:
         if not self._recovering:

@@ -161,6 +161,7 @@ struct Plan {
   RecvState recv[kMaxRanks];
   // Reduction (ordered by member index so every rank gets the same bits).
   bool reduce = false;
+  bool ordered_reduce = false;  // every rank reduces the same data: member order, so the bits agree
   DType dtype = DType::kFloat32;
   ReduceOp reduce_op = ReduceOp::kSum;
   const uint8_t* own_contrib = nullptr;
@@ -530,25 +531,26 @@ struct World::Impl {
         }
       }
       size_t count = (b - a) / esize;
-      bool first = true;
-      for (int j = 0; j < n; ++j) {
-        const uint8_t* src;
-        if (j == me) {
-          src = plan.own_contrib + a;
-        } else {
-          const RecvState& r = plan.recv[j];
-          int peer = g.rankAt(j);
-          bool zc = (r.msg.flags & edge::kFlagZeroCopy) != 0;
-          src = regions[peer].base + r.msg.region_offset + (zc ? a : a - r.msg.stream_offset);
-        }
-        if (first) {
-          reduce::accInit(acc.data(), src, count, plan.dtype);
-          first = false;
-        } else {
-          reduce::accApply(acc.data(), src, count, plan.dtype, plan.reduce_op);
+      auto contribution = [&](int j) -> const uint8_t* {
+        if (j == me) return plan.own_contrib + a;
+        const RecvState& r = plan.recv[j];
+        bool zc = (r.msg.flags & edge::kFlagZeroCopy) != 0;
+        return regions[g.rankAt(j)].base + r.msg.region_offset + (zc ? a : a - r.msg.stream_offset);
+      };
+      if (plan.ordered_reduce || reduce::accElemSize(plan.dtype) != esize) {
+        // Member order, through the accumulator (float32 for 16-bit floats).
+        reduce::accInit(acc.data(), contribution(0), count, plan.dtype);
+        for (int j = 1; j < n; ++j) reduce::accApply(acc.data(), contribution(j), count, plan.dtype, plan.reduce_op);
+        reduce::accStore(plan.reduce_out + a, acc.data(), count, plan.dtype);
+      } else {
+        // Straight into the output: only this rank computes this block, so any fixed order gives every
+        // rank the same bits after the gather. Start from our own block (in place: it is there already).
+        uint8_t* out = plan.reduce_out + a;
+        if (out != contribution(me)) std::memcpy(out, contribution(me), b - a);
+        for (int j = 0; j < n; ++j) {
+          if (j != me) reduce::accApply(out, contribution(j), count, plan.dtype, plan.reduce_op);
         }
       }
-      reduce::accStore(plan.reduce_out + a, acc.data(), count, plan.dtype);
       plan.reduce_done = b;
       for (int j = 0; j < n; ++j) {
         if (j == me) continue;
@@ -700,6 +702,7 @@ struct World::Impl {
     plan.op = op;
     plan.shared_send = false;
     plan.reduce = false;
+    plan.ordered_reduce = false;
     plan.reduce_done = plan.reduce_total = 0;
     for (int j = 0; j < n; ++j) {
       plan.send[j] = SendState{};
@@ -1062,6 +1065,7 @@ void World::allReduce(const Group& group, void* data, size_t count, DType dtype,
     m.resetPlan(edge::opCode(kAllReduceOneShot, d, o), n);
     m.plan.shared_send = true;
     m.plan.reduce = true;
+    m.plan.ordered_reduce = true;
     m.plan.dtype = dtype;
     m.plan.reduce_op = op;
     m.plan.own_contrib = base;

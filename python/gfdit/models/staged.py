@@ -271,8 +271,9 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
-def pack_state(state: DenoiseState) -> tuple[torch.Tensor, torch.Tensor]:
-    """(header int64[HEADER_LEN], payload uint8[...]) of a state; see NOTE [state header]."""
+def pack_state(state: DenoiseState, with_payload: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(header int64[HEADER_LEN], payload uint8[...]) of a state; see NOTE [state header]. Without the
+    payload (None) when with_payload is False."""
     if not isinstance(state, DenoiseState):
         raise InvalidUsage(f"gfdit.models: pack_state needs a DenoiseState, got {type(state).__name__}")
     header = torch.zeros(HEADER_LEN, dtype=torch.int64)
@@ -287,8 +288,11 @@ def pack_state(state: DenoiseState) -> tuple[torch.Tensor, torch.Tensor]:
             raise InvalidUsage(f"gfdit.models: state tensor {name} ({t.dtype}, {t.dim()} dims) cannot "
                                "migrate")
         head += [_CODES[t.dtype], t.dim()] + list(t.shape) + [0] * (_MAX_DIMS - t.dim())
-        parts.append(_bytes(t))
+        if with_payload:
+            parts.append(_bytes(t))
     header[:len(head)] = torch.tensor(head, dtype=torch.int64)
+    if not with_payload:
+        return header, None
     payload = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
     return header, payload
 
@@ -346,11 +350,13 @@ def state_digest(state: DenoiseState) -> str:
 def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> DenoiseState:
     """Gives every member of ``group`` the state that global rank ``src`` holds; returns it on every member.
 
-    Every member calls it; only ``src`` needs a state (the others pass None or anything). Two gfdit
-    broadcasts on the group: the fixed-size header (shapes, dtypes, step, guidance, grid; NOTE [state
-    header]), then the payload. Call it on [holder, *new members]: members that already hold the state need
-    not take part. On ``src`` the given state is returned as is; elsewhere a fresh CPU copy. If ``src`` has
-    no state, every member raises gfdit.InvalidUsage (after the header, so nobody waits for a payload).
+    Every member calls it; only ``src`` needs a state (the others pass None or anything). A gfdit broadcast
+    of the fixed-size header (shapes, dtypes, step, guidance, grid; NOTE [state header]), then one broadcast
+    per state tensor straight into freshly allocated tensors: no packing copy on the source and no unpacking
+    copy on the receivers, and the staged broadcast pipelines the source's and the receivers' copies. Call
+    it on [holder, *new members]: members that already hold the state need not take part. On ``src`` the
+    given state is returned as is; elsewhere fresh CPU tensors. If ``src`` has no state, every member raises
+    gfdit.InvalidUsage (after the header, so nobody waits for the tensors).
     """
     world = comm.get_world()
     g = world._group(group)
@@ -359,24 +365,33 @@ def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> D
     me = world.rank
     if me == src:
         if isinstance(state, DenoiseState):
-            header, payload = pack_state(state)
+            header, _ = pack_state(state, with_payload=False)
         else:
             header = torch.zeros(HEADER_LEN, dtype=torch.int64)
             header[:3] = torch.tensor([MAGIC, VERSION, 1])
-            payload = None
     else:
         header = torch.zeros(HEADER_LEN, dtype=torch.int64)
     world.broadcast(header, src, group=g)
     if int(header[2]) != 0:
         raise InvalidUsage(f"gfdit.models: migrate source rank {src} holds no DenoiseState")
-    if me != src:
-        payload = torch.empty(payload_bytes(header), dtype=torch.uint8)
-    assert payload is not None
-    if payload.numel():
-        world.broadcast(payload, src, group=g)
+    tensors: dict[str, torch.Tensor | None] = {}
+    for name, item in zip(STATE_TENSORS, _layout(header)):
+        if item is None:
+            tensors[name] = None
+            continue
+        dtype, shape = item
+        if me == src:
+            t = getattr(state, name).detach().cpu().contiguous()
+        else:
+            t = torch.empty(shape, dtype=dtype)
+        if t.numel():
+            world.broadcast(t, src, group=g)
+        tensors[name] = t
     if me == src:
         return state  # type: ignore[return-value]
-    return unpack_state(header, payload)
+    h = header.tolist()
+    return DenoiseState(step_idx=int(h[3]), guidance_scale=_bits_f64(h[4]), grid=(int(h[5]), int(h[6]), int(h[7])),
+                        **tensors)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------- loading

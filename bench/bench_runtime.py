@@ -74,7 +74,7 @@ def _migrate_rank(rank: int, port: int, sizes: list[int], reps: int, out: "mp.Qu
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
-    gfdit.init(rank, 2, store, timeout=60.0, heap_bytes=16 << 20)
+    gfdit.init(rank, 2, store, timeout=60.0, heap_bytes=256 << 20)
     g = gfdit.new_group([0, 1])
     res = []
     for nbytes in sizes:

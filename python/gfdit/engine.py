@@ -113,6 +113,7 @@ class RequestHandle:
     def cancel(self) -> None:
         """Cancels the request; its output, if any, is dropped."""
         self._engine._inbox.put(("cancel", self.request_id, None))
+        self._engine._wake()
 
     def _finish(self, result: Result) -> None:
         self._result = result
@@ -196,6 +197,7 @@ class Engine:
         self._inbox: queue.Queue = queue.Queue()
         self._stash: dict[int, Any] = {}
         self._pings: dict[int, Any] = {}
+        self._last_liveness = 0.0
         self._epoch = 0
         self._recovering = False
         self._closed = False
@@ -226,7 +228,14 @@ class Engine:
         self._next_request += 1
         handle = RequestHandle(self, rid)
         self._inbox.put(("submit", rid, (request, handle, payload)))
+        self._wake()
         return handle
+
+    def _wake(self) -> None:
+        """Wakes the control loop (blocked on the completion ring) for an inbox event."""
+        c = rt.Completion()
+        c.task_id = 0  # not a task: ignored, but the ring's doorbell wakes the loop
+        self._queues.push_completion(c, 1.0)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Ends requests in flight as CANCELLED, stops the workers; leaves no process and no shared memory."""
@@ -234,6 +243,7 @@ class Engine:
             return
         self._closed = True
         self._inbox.put(("shutdown", 0, None))
+        self._wake()
         self._thread.join(timeout)
         for w, p in enumerate(self._procs):
             if self._alive[w]:
@@ -260,6 +270,7 @@ class Engine:
         for _ in range(count):
             done = threading.Event()
             self._inbox.put(("ping", worker, (done, out)))
+            self._wake()
             if not done.wait(timeout):
                 raise TimeoutError(f"gfdit.Engine: ping of worker {worker} not answered in {timeout} s")
         return out
@@ -562,6 +573,10 @@ class Engine:
 
     def _check_workers(self) -> bool:
         """Notices dead workers (and drives recovery); returns whether anything changed."""
+        now = time.monotonic()
+        if now - self._last_liveness < 0.01 and not self._recovering:
+            return False  # every 10 ms is plenty for "noticed within a second"
+        self._last_liveness = now
         dead = [w for w, p in enumerate(self._procs) if self._alive[w] and not p.is_alive()]
         if not dead:
             if self._recovering:

@@ -180,6 +180,7 @@ struct World::Impl {
   size_t slot_bytes = 0;
   size_t num_slots = 0;
   int spin_us = 0;
+  int yield_us = 0;
   CopySelector copier;
 
   // Edge counters, indexed by peer rank. See NOTE [edge sequence numbers].
@@ -234,7 +235,8 @@ struct World::Impl {
 
   uint32_t doorbell() const { return __atomic_load_n(&self->header->doorbell, __ATOMIC_SEQ_CST); }
 
-  // Waits until the doorbell moves away from `seen`, at most `slice`. Spins first, then blocks.
+  // Waits until the doorbell moves away from `seen`, at most `slice`. Spins first, then yields the core
+  // (a peer may be waiting for it when ranks outnumber cores), then blocks on the futex.
   void waitDoorbell(uint32_t seen, Clock::duration slice) {
     uint32_t* word = &self->header->doorbell;
     auto start = Clock::now();
@@ -245,6 +247,11 @@ struct World::Impl {
       if ((i & 63) == 63) {
         if (Clock::now() >= spin_end) break;
       }
+    }
+    auto yield_end = Clock::now() + std::chrono::microseconds(yield_us);
+    while (Clock::now() < yield_end) {
+      if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) return;
+      sched_yield();
     }
     ++stats.blocking_waits;
     __atomic_fetch_add(&self->header->num_waiters, 1u, __ATOMIC_SEQ_CST);
@@ -805,9 +812,13 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   // see NOTE [staging rounds]: fewer than world_size - 1 slots could deadlock a reduction
   impl->num_slots = std::max<size_t>({impl->num_slots, static_cast<size_t>(world_size - 1), 2});
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  // More ranks than cores: a spinning rank steals the core its peer needs, so block early.
+  // A rank per core: spinning costs nobody and a futex round trip costs tens of microseconds, so spin
+  // long (a 256 KiB chunk from memory takes ~30 us to copy). More ranks than cores: a spinning rank
+  // steals the core its peer needs, so spin briefly and yield the core before blocking.
+  bool own_core = static_cast<unsigned>(world_size) <= cores;
   impl->spin_us = options.spin_us >= 0 ? options.spin_us
-                                       : static_cast<int>(envSize("GFDIT_SPIN_US", static_cast<unsigned>(world_size) <= cores ? 50 : 2));
+                                       : static_cast<int>(envSize("GFDIT_SPIN_US", own_core ? 1000 : 2));
+  impl->yield_us = static_cast<int>(envSize("GFDIT_YIELD_US", own_core ? 0 : 300));
   impl->options.slot_bytes = impl->slot_bytes;
   impl->options.num_slots = impl->num_slots;
   impl->options.spin_us = impl->spin_us;

@@ -8,6 +8,7 @@
 // Waiting uses the doorbell pattern of NOTE [doorbell] in src/collectives/edge.h: every push and pop
 // bumps the header's doorbell (sequentially consistent) and wakes a blocked waiter if there is one.
 #include <fcntl.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -154,12 +155,15 @@ bool ShmQueue::tryPop(void* elem) {
 
 namespace {
 
-// Retries `attempt` until it succeeds or the timeout passes: spin ~20 us, then block on the doorbell.
+// Retries `attempt` until it succeeds or the timeout passes: spin ~20 us, then yield the core for up to
+// ~1 ms (an idle worker or engine usually gets its next task or completion within that, and waking a
+// process blocked in a futex costs tens of microseconds on a virtual machine), then block on the doorbell.
 template <typename F>
 bool waitFor(uint32_t* doorbell, uint32_t* waiters, std::chrono::microseconds timeout, F attempt) {
   int64_t start = nowNs();
   int64_t deadline = start + timeout.count() * 1000;
   int64_t spin_end = start + 20000;
+  int64_t yield_end = start + 1000000;
   for (int i = 0;; ++i) {
     uint32_t bell = __atomic_load_n(doorbell, __ATOMIC_SEQ_CST);
     if (attempt()) return true;
@@ -167,6 +171,10 @@ bool waitFor(uint32_t* doorbell, uint32_t* waiters, std::chrono::microseconds ti
     if (now >= deadline) return false;
     if (now < spin_end) {
       cpuRelax();
+      continue;
+    }
+    if (now < yield_end) {
+      sched_yield();
       continue;
     }
     __atomic_fetch_add(waiters, 1u, __ATOMIC_SEQ_CST);

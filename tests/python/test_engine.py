@@ -144,8 +144,8 @@ def test_worker_killed_mid_trajectory_requests_continue():
 
 def test_shutdown_with_work_in_flight_cancels():
     eng = Engine(model="tiny-wan", world_size=2, policy="fcfs", timeout_s=20.0)
-    hs = [eng.submit(Request(prompt=f"long {k}", num_inference_steps=40, seed=k)) for k in range(4)]
-    time.sleep(0.5)
+    hs = [eng.submit(Request(prompt=f"long {k}", num_inference_steps=2000, seed=k)) for k in range(4)]
+    time.sleep(0.3)
     eng.shutdown()
     _assert_gone(eng)
     for h in hs:

@@ -632,6 +632,9 @@ class Engine:
                 r.holders = live
                 self._finish(rid, RequestState.CANCELLED, "cancelled by the caller")
                 continue
+            if rec.state == RequestState.QUEUED:
+                r.holders = []
+                continue  # never started: the policy places it as usual
             if rec.state == RequestState.ENCODING or not live:
                 # nothing survives to continue from: start again from encode
                 if live:

@@ -110,7 +110,7 @@ def test_static_policy_keeps_groups():
 
 
 def test_worker_killed_mid_trajectory_requests_continue():
-    req = [dict(prompt=f"a windmill {k}", num_frames=5, seed=20 + k, num_inference_steps=6) for k in range(3)]
+    req = [dict(prompt=f"a windmill {k}", num_frames=5, seed=20 + k, num_inference_steps=6) for k in range(5)]
     with Engine(model="tiny-wan", world_size=2, policy="fcfs", timeout_s=20.0) as ref_eng:
         refs = [ref_eng.submit(Request(**r)) for r in req]
         ref_out = [h.result(timeout=180).output for h in refs]

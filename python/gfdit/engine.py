@@ -21,7 +21,6 @@ import datetime
 import json
 import multiprocessing as mp
 import os
-import queue
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -112,7 +111,7 @@ class RequestHandle:
 
     def cancel(self) -> None:
         """Cancels the request; its output, if any, is dropped."""
-        self._engine._inbox.put(("cancel", self.request_id, None))
+        self._engine._inbox.append(("cancel", self.request_id, None))
         self._engine._wake()
 
     def _finish(self, result: Result) -> None:
@@ -152,6 +151,8 @@ class _Req:
     group: list[int] = dataclasses.field(default_factory=list)
     layout: Any = None
     inflight: int = 0
+    payload: bytes = b""    # the request as JSON, for encode tasks
+    decoded: bool = False   # the decode task completed (the output may still be on its way)
 
 
 class Engine:
@@ -194,8 +195,9 @@ class Engine:
         self._next_request = 1
         self._tasks: dict[int, _Task] = {}
         self._reqs: dict[int, _Req] = {}
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: collections.deque = collections.deque()  # append/popleft are thread-safe
         self._stash: dict[int, Any] = {}
+        self._stash_lock = threading.Lock()
         self._pings: dict[int, Any] = {}
         self._last_liveness = 0.0
         self._epoch = 0
@@ -212,6 +214,8 @@ class Engine:
         self._queues.unlink_name()  # every worker mapped it: nothing remains in /dev/shm
         self._thread = threading.Thread(target=self._loop, name="gfdit-engine", daemon=True)
         self._thread.start()
+        self._output_thread = threading.Thread(target=self._receive_outputs, name="gfdit-outputs", daemon=True)
+        self._output_thread.start()
 
     # ---- public ----
 
@@ -227,7 +231,7 @@ class Engine:
         rid = self._next_request
         self._next_request += 1
         handle = RequestHandle(self, rid)
-        self._inbox.put(("submit", rid, (request, handle, payload)))
+        self._inbox.append(("submit", rid, (request, handle, payload)))
         self._wake()
         return handle
 
@@ -242,7 +246,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        self._inbox.put(("shutdown", 0, None))
+        self._inbox.append(("shutdown", 0, None))
         self._wake()
         self._thread.join(timeout)
         for w, p in enumerate(self._procs):
@@ -254,6 +258,8 @@ class Engine:
         for p in self._procs:
             p.join(max(0.0, deadline - time.monotonic()))
         self._kill_all()
+        self._results.put(None)  # ends the output thread
+        self._output_thread.join(5.0)
         self._results.close()
         self._results.join_thread()
 
@@ -269,7 +275,7 @@ class Engine:
         out: list[tuple[int, int, int, int]] = []
         for _ in range(count):
             done = threading.Event()
-            self._inbox.put(("ping", worker, (done, out)))
+            self._inbox.append(("ping", worker, (done, out)))
             self._wake()
             if not done.wait(timeout):
                 raise TimeoutError(f"gfdit.Engine: ping of worker {worker} not answered in {timeout} s")
@@ -344,11 +350,8 @@ class Engine:
     def _drain_inbox(self) -> tuple[bool, bool]:
         """(shutdown asked, anything arrived)."""
         arrived = False
-        while True:
-            try:
-                what, rid, arg = self._inbox.get_nowait()
-            except queue.Empty:
-                return False, arrived
+        while self._inbox:
+            what, rid, arg = self._inbox.popleft()
             arrived = True
             if what == "shutdown":
                 return True, arrived
@@ -362,8 +365,7 @@ class Engine:
                     rec.deadline_ns = rt.now_ns() + int(request.deadline_s * 1e9)
                 rec.max_degree = self._max_degree()
                 self._scheduler.add_request(rec)
-                self._reqs[rid] = _Req(spec=request, handle=handle)
-                self._reqs[rid].payload = payload  # type: ignore[attr-defined]
+                self._reqs[rid] = _Req(spec=request, handle=handle, payload=payload)
             elif what == "ping":
                 self._dispatch(0, TaskKind.FREE, [rid])
                 self._pings[self._next_task - 1] = arg
@@ -373,6 +375,9 @@ class Engine:
                     r.cancel = True
                     if not self._scheduler.request(rid).busy:
                         self._finish(rid, RequestState.CANCELLED, "cancelled by the caller")
+            elif what == "output":
+                self._output_arrived(rid)
+        return False, arrived
 
     def _max_degree(self) -> int:
         heads = int(self.model_info.get("heads", 1))
@@ -423,7 +428,7 @@ class Engine:
         r.todo_steps = min(int(d.num_steps), rec.num_steps - rec.step)
         if rec.state == RequestState.QUEUED:
             self._scheduler.transition(rid, RequestState.ENCODING)
-            self._dispatch(rid, TaskKind.ENCODE, ranks, payload=r.payload)  # type: ignore[attr-defined]
+            self._dispatch(rid, TaskKind.ENCODE, ranks, payload=r.payload)
             r.holders = list(ranks)
         else:
             new = [w for w in ranks if w not in r.holders]
@@ -505,8 +510,8 @@ class Engine:
             if r.cancel:
                 r.todo_steps = 0
         elif t.kind == TaskKind.DECODE:
-            self._collect_output(rid)
-            self._finish(rid, RequestState.DONE)
+            r.decoded = True
+            self._output_arrived(rid)
             return
         if r.cancel and r.inflight == 0:
             self._finish(rid, RequestState.CANCELLED, "cancelled by the caller")
@@ -527,15 +532,32 @@ class Engine:
             r.group = r.holders[:1]
             self._dispatch(rid, TaskKind.DECODE, r.holders[:1])
 
-    def _collect_output(self, rid: int) -> None:
-        deadline = time.monotonic() + 60.0
-        while rid not in self._stash:
+    def _receive_outputs(self) -> None:
+        """Output thread: moves decoded outputs from the workers into the stash, then tells the loop."""
+        while True:
             try:
-                got, arr = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise RuntimeError(f"gfdit.Engine: the output of request {rid} did not arrive") from None
-            self._stash[got] = arr
-        self._reqs[rid].output = torch.from_numpy(self._stash.pop(rid))
+                item = self._results.get()
+            except (EOFError, OSError, ValueError):
+                return
+            if item is None:
+                return
+            rid, arr = item
+            with self._stash_lock:
+                self._stash[rid] = torch.from_numpy(arr)
+            self._inbox.append(("output", rid, None))
+            self._wake()
+
+    def _output_arrived(self, rid: int) -> None:
+        """DONE once both the decode task completed and its output arrived (in either order)."""
+        r = self._reqs.get(rid)
+        if r is None or r.handle.done() or not r.decoded:
+            return
+        with self._stash_lock:
+            out = self._stash.pop(rid, None)
+        if out is None:
+            return
+        r.output = out
+        self._finish(rid, RequestState.DONE)
 
     def _maybe_release(self, rid: int) -> None:
         r = self._reqs[rid]
@@ -574,8 +596,8 @@ class Engine:
     def _check_workers(self) -> bool:
         """Notices dead workers (and drives recovery); returns whether anything changed."""
         now = time.monotonic()
-        if now - self._last_liveness < 0.01 and not self._recovering:
-            return False  # every 10 ms is plenty for "noticed within a second"
+        if now - self._last_liveness < 0.05 and not self._recovering:
+            return False  # every 50 ms is plenty for "noticed within a second"
         self._last_liveness = now
         dead = [w for w, p in enumerate(self._procs) if self._alive[w] and not p.is_alive()]
         if not dead:

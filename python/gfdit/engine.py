@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -192,7 +193,7 @@ class Engine:
             self._procs.append(p)
         self._alive = [True] * world_size
         self._next_task = 1
-        self._next_request = 1
+        self._request_ids = itertools.count(1)
         self._tasks: dict[int, _Task] = {}
         self._reqs: dict[int, _Req] = {}
         self._inbox: collections.deque = collections.deque()  # append/popleft are thread-safe
@@ -227,9 +228,14 @@ class Engine:
             raise InvalidUsage("gfdit.Engine.submit takes a gfdit.Request")
         if not isinstance(request.prompt, str):
             raise InvalidUsage("gfdit.Request: prompt must be a string")
+        for name in ("height", "width", "num_frames", "num_inference_steps"):
+            v = getattr(request, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InvalidUsage(f"gfdit.Request: {name} must be a positive integer, got {v!r}")
+        if isinstance(request.seed, bool) or not isinstance(request.seed, int):
+            raise InvalidUsage(f"gfdit.Request: seed must be an integer, got {request.seed!r}")
         payload = self._payload(request)
-        rid = self._next_request
-        self._next_request += 1
+        rid = next(self._request_ids)  # atomic under the GIL: submit may be called from several threads
         handle = RequestHandle(self, rid)
         self._inbox.append(("submit", rid, (request, handle, payload)))
         self._wake()

@@ -76,6 +76,9 @@ def test_mixed_requests_fcfs_and_cancel_and_failure():
         states = [t[0] for t in v.transitions]
         assert states[0] == "QUEUED" and states[-1] == "DONE" and "DECODING" in states
         assert all(t1[2] <= t2[2] for t1, t2 in zip(v.transitions, v.transitions[1:]))
+        for bad_args in (dict(num_inference_steps=0), dict(height=-8), dict(seed="x")):
+            with pytest.raises(gfdit.InvalidUsage):
+                eng.submit(Request(prompt="refused at submit", **bad_args))
         # the engine keeps serving after a failure
         again = eng.submit(Request(prompt="after the failure", num_frames=1, seed=5))
         assert again.result(timeout=120).state == "DONE"

@@ -59,9 +59,10 @@ def qwen_byte_tokenizer() -> Any:
     return byte_tokenizer(QWEN_SPECIALS, eos="<|im_end|>", pad="<|endoftext|>")
 
 
-def randomize_module(model: torch.nn.Module, seed: int, std: float = 0.5) -> torch.nn.Module:
-    """Every parameter from one seeded generator: matrices ~ N(0, 1/fan_in), norm weights ~ 1 + N(0, 0.1^2),
-    biases and vectors ~ N(0, (0.1 std)^2). Buffers are left as the constructor made them."""
+def randomize_module(model: torch.nn.Module, seed: int, *, norm_mean: float = 1.0, norm_std: float = 0.1,
+                     vector_std: float = 0.05) -> torch.nn.Module:
+    """Every parameter from one seeded generator, in name order: matrices ~ N(0, 1/fan_in), norm weights ~
+    N(norm_mean, norm_std^2), other vectors ~ N(0, vector_std^2). Buffers stay as the constructor made them."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -69,9 +70,9 @@ def randomize_module(model: torch.nn.Module, seed: int, std: float = 0.5) -> tor
             if p.dim() > 1:
                 p.copy_(noise / max(1, p[0].numel()) ** 0.5)
             elif "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.1 * noise)
+                p.copy_(norm_mean + norm_std * noise)
             else:
-                p.copy_(0.1 * std * noise)
+                p.copy_(vector_std * noise)
     return model.eval()
 
 

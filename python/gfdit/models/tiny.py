@@ -40,23 +40,12 @@ QWEN_IMAGE_CONFIG: dict[str, Any] = dict(
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Every parameter drawn from one seeded generator, scaled so that attention matters.
-
-    Matrices ~ N(0, 1/fan_in); biases ~ N(0, 0.1^2); norm weights ~ 2 + N(0, 0.2^2), which makes the
+    """Seeded weights scaled so that attention matters: norm weights ~ 2 + N(0, 0.2^2) make the
     RMS-normalised queries and keys large enough for peaked (position-dependent) attention, so a wrong
-    shard, rotary row or key block changes the output far beyond the test tolerance.
-    """
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() > 1:
-                p.copy_(noise / max(1, p[0].numel()) ** 0.5)
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(2.0 + 0.2 * noise)
-            else:
-                p.copy_(0.1 * noise)
-    return model.eval()
+    shard, rotary row or key block changes the output far beyond the test tolerance."""
+    from gfdit.models.text import randomize_module
+
+    return randomize_module(model, seed, norm_mean=2.0, norm_std=0.2, vector_std=0.1)
 
 
 def tiny_wan(seed: int = 0, **overrides: Any) -> torch.nn.Module:

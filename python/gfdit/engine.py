@@ -136,7 +136,6 @@ class _Task:
     start_ns: int = 0
     end_ns: int = 0
     step_end: int = 0
-    decision: bool = False  # the last task of a decision: its completion frees the ranks
 
 
 @dataclasses.dataclass
@@ -152,6 +151,7 @@ class _Req:
     group: list[int] = dataclasses.field(default_factory=list)
     layout: Any = None
     inflight: int = 0
+    next_step: int = 0      # the step the next denoise task of the decision starts at
     payload: bytes = b""    # the request as JSON, for encode tasks
     decoded: bool = False   # the decode task completed (the output may still be on its way)
 
@@ -206,7 +206,6 @@ class Engine:
         self._closed = False
         self.model_info: dict = {}
         self.control_ns = 0  # control-plane CPU time (thread time), for benchmarks
-        self.latencies: list[tuple[int, int, int, int]] = []  # (dispatch, start, end, seen) per completion
         try:
             self._await_workers(start_timeout_s)
         except BaseException:
@@ -395,7 +394,7 @@ class Engine:
     # ---- dispatch ----
 
     def _dispatch(self, rid: int, kind: Any, ranks: list[int], layout: Any = None, step_begin: int = 0,
-                  num_steps: int = 0, src: int = -1, payload: bytes = b"", decision: bool = False) -> None:
+                  num_steps: int = 0, src: int = -1, payload: bytes = b"") -> None:
         t = rt.TaskDescriptor()
         t.task_id = self._next_task
         self._next_task += 1
@@ -415,7 +414,7 @@ class Engine:
             if not self._queues.push_task(w, t, 5.0):
                 raise RuntimeError(f"gfdit.Engine: dispatch queue of worker {w} stayed full for 5 s")
         self._tasks[t.task_id] = _Task(t.task_id, rid, kind, list(ranks), layout, step_begin, num_steps,
-                                       t.dispatch_ns, set(members), decision=decision)
+                                       t.dispatch_ns, set(members))
         if rid in self._reqs and kind in (TaskKind.ENCODE, TaskKind.DENOISE, TaskKind.MIGRATE, TaskKind.DECODE):
             self._reqs[rid].inflight += 1
 
@@ -432,6 +431,7 @@ class Engine:
         self._scheduler.set_busy(rid, True)
         r.group, r.layout = ranks, d.layout
         r.todo_steps = min(int(d.num_steps), rec.num_steps - rec.step)
+        r.next_step = rec.step
         if rec.state == RequestState.QUEUED:
             self._scheduler.transition(rid, RequestState.ENCODING)
             self._dispatch(rid, TaskKind.ENCODE, ranks, payload=r.payload)
@@ -450,13 +450,10 @@ class Engine:
     def _pump(self, rid: int) -> None:
         """Dispatches the decision's next steps, at most max_inflight_steps ahead of completions."""
         r = self._reqs[rid]
-        rec = self._scheduler.request(rid)
-        while r.todo_steps > 0 and r.inflight < self.max_inflight_steps + 1:
-            done_or_queued = rec.step + sum(t.num_steps for t in self._tasks.values()
-                                            if t.request_id == rid and t.kind == TaskKind.DENOISE)
+        while r.todo_steps > 0 and r.inflight <= self.max_inflight_steps:
             r.todo_steps -= 1
-            self._dispatch(rid, TaskKind.DENOISE, r.group, r.layout, step_begin=done_or_queued, num_steps=1,
-                           decision=r.todo_steps == 0)
+            self._dispatch(rid, TaskKind.DENOISE, r.group, r.layout, step_begin=r.next_step, num_steps=1)
+            r.next_step += 1
 
     # ---- completions ----
 
@@ -468,7 +465,6 @@ class Engine:
         if ping is not None:
             ping[1].append((c.dispatch_ns, c.start_ns, c.post_ns, seen_ns))
             ping[0].set()
-        self.latencies.append((c.dispatch_ns, c.start_ns, c.end_ns, seen_ns))
         t.pending.discard(c.rank)
         t.start_ns = min(t.start_ns or c.start_ns, c.start_ns)
         t.end_ns = max(t.end_ns, c.end_ns)

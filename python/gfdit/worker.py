@@ -10,8 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import sys
-import time
 import traceback
 from typing import Any
 
@@ -181,6 +179,3 @@ def main(worker_id: int, num_workers: int, store_host: str, store_port: int, que
                heap_bytes).run()
     except KeyboardInterrupt:
         pass
-    finally:
-        sys.stdout.flush()
-        time.sleep(0)

@@ -403,10 +403,14 @@ struct World::Impl {
     }
   }
 
+  // A shared send tracks its progress in the state of the first member that is not this rank; the other
+  // members' states only keep the sequence number of their last message (for zero-copy acks).
+  static int sharedIdx(int me) { return me == 0 ? 1 : 0; }
+
   // Shared send: one staged copy of each chunk, published to every peer.
   bool progressSharedSend(const Group& g) {
     int n = g.size(), me = g.selfIdx();
-    SendState& s0 = plan.send[me == 0 ? 1 : 0];  // every member's state is the same; track in the first
+    SendState& s0 = plan.send[sharedIdx(me)];
     bool moved = false;
     while (!sendDone(s0)) {
       for (int j = 0; j < n; ++j) {
@@ -593,8 +597,7 @@ struct World::Impl {
       if (j != me) ++instance[g.rankAt(j)];
     }
     if (plan.shared_send) {
-      // All members share member (me == 0 ? 1 : 0)'s state; copy the view to the rest for zero-copy acks.
-      SendState& s0 = plan.send[me == 0 ? 1 : 0];
+      SendState& s0 = plan.send[sharedIdx(me)];
       s0.zero_copy = viewInHeap(s0.view);
     } else {
       for (int j = 0; j < n; ++j) {
@@ -610,7 +613,7 @@ struct World::Impl {
       bool done = true;
       if (plan.shared_send && n > 1) {
         moved |= progressSharedSend(g);
-        done &= sendDone(plan.send[me == 0 ? 1 : 0]);
+        done &= sendDone(plan.send[sharedIdx(me)]);
       }
       if (!plan.shared_send) {
         moved |= progressSends(g);
@@ -651,8 +654,8 @@ struct World::Impl {
     int n = g.size(), me = g.selfIdx();
     for (int j = 0; j < n; ++j) {
       if (j == me) continue;
-      const SendState& s = plan.send[plan.shared_send ? (me == 0 ? 1 : 0) : j];
-      if (!plan.send[plan.shared_send ? (me == 0 ? 1 : 0) : j].active) continue;
+      const SendState& s = plan.send[plan.shared_send ? sharedIdx(me) : j];
+      if (!s.active) continue;
       if (s.zero_copy && edge::loadAcquire(&self->out_edges[g.rankAt(j)].ack) < plan.send[j].last_seq) return false;
     }
     return true;

@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 import os
 import time
-import traceback
 import warnings
 
 import torch
+
+import mp_harness
 
 F32_RTOL = 1e-5  # max |out - ref| / max |ref|
 BF16_ATOL = 1e-2
@@ -133,22 +134,8 @@ def run_case(ctx, case: dict) -> dict | None:
 
 
 def case_batch(ctx, cases: list) -> list:
-    """Runs every case in order; returns the reports (an exception becomes a failed report and stops the
-    batch on this rank, since the other ranks may then wait in a collective that never comes)."""
-    import torch as _t
-
-    _t.set_num_threads(1)
-    reports = []
-    for case in cases:
-        try:
-            rep = run_case(ctx, case)
-        except Exception as exc:  # noqa: BLE001 - reported to the test
-            reports.append({"name": case["name"], "rank": ctx.rank, "ok": False,
-                            "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"})
-            break
-        if rep is not None:
-            reports.append(rep)
-    return reports
+    """Runs every case in order on this rank (see mp_harness.run_batch)."""
+    return mp_harness.run_batch(ctx, cases, run_case)
 
 
 def case_bad_input(ctx, kind: str) -> dict:

@@ -10,9 +10,10 @@ compares them. Mismatches are returned, not raised, so one wrong case does not d
 from __future__ import annotations
 
 import time
-import traceback
 
 import torch
+
+import mp_harness
 
 F32_RTOL = 1e-4  # max |parallel - plain| / max |plain|
 
@@ -78,19 +79,8 @@ def run_case(ctx, case: dict) -> dict | None:
 
 
 def case_batch(ctx, cases: list) -> list:
-    """Runs every case in order; an exception becomes a failed report and stops the batch on this rank."""
-    torch.set_num_threads(1)
-    reports = []
-    for case in cases:
-        try:
-            rep = run_case(ctx, case)
-        except Exception as exc:  # noqa: BLE001 - reported to the test
-            reports.append({"name": case["name"], "rank": ctx.rank, "ok": False,
-                            "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"})
-            break
-        if rep is not None:
-            reports.append(rep)
-    return reports
+    """Runs every case in order on this rank (see mp_harness.run_batch)."""
+    return mp_harness.run_batch(ctx, cases, run_case)
 
 
 def case_bad_call(ctx, kind: str) -> dict:

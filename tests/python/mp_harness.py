@@ -356,6 +356,26 @@ class WorldPool:
         self._worlds.clear()
 
 
+def run_batch(ctx, cases: list, run_case) -> list:
+    """Runs run_case(ctx, case) for every case in order and collects the reports. An exception becomes a
+    failed report and stops the batch on this rank, since the other ranks may then wait in a collective
+    that never comes."""
+    import torch
+
+    torch.set_num_threads(1)
+    reports = []
+    for case in cases:
+        try:
+            rep = run_case(ctx, case)
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            reports.append({"name": case["name"], "rank": ctx.rank, "ok": False,
+                            "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"})
+            break
+        if rep is not None:
+            reports.append(rep)
+    return reports
+
+
 def gfdit_shm_files() -> list:
     """Names in /dev/shm that start with 'gfdit' (the library must leave none behind)."""
     try:

@@ -33,6 +33,7 @@ from gfdit.models.staged import (
     flow_match_schedule,
     load_diffusers_model,
     read_json,
+    write_gfdit_config,
 )
 
 PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
@@ -106,16 +107,9 @@ class QwenImageStagedModel(StagedModel):
         return hidden.unsqueeze(0).to(self.transformer.dtype).cpu()
 
     def encode(self, prompt: str, negative_prompt: str | None = None, **opts: Any) -> Conditioning:
-        if not isinstance(prompt, str):
-            raise InvalidUsage(f"gfdit.models: prompt must be a str, got {type(prompt).__name__}")
-        unknown = set(opts) - {"max_sequence_length", "guidance_scale"}
-        if unknown:
-            raise InvalidUsage(f"gfdit.models: unknown encode option(s) {sorted(unknown)}")
-        max_len = opts.get("max_sequence_length") or self.defaults.max_sequence_length
+        max_len, scale = self._encode_options(prompt, opts)
         if max_len > TOKENIZER_MAX_LENGTH:
             raise InvalidUsage(f"gfdit.models: max_sequence_length {max_len} > {TOKENIZER_MAX_LENGTH}")
-        scale = opts.get("guidance_scale")
-        scale = self.defaults.guidance_scale if scale is None else float(scale)
         cond = self._embed(prompt, max_len)
         neg = None
         if scale > 1.0:
@@ -226,28 +220,18 @@ class QwenImageStagedModel(StagedModel):
         return state_or_latent
 
     def decode(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
-        latent = self.vae_latent(state_or_latent)
-        cfg = self.vae.config
-        dev = next(self.vae.parameters()).device
-        latent = latent.to(dev, self.vae.dtype)
-        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
-        std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
-        with torch.no_grad():
-            image = self.vae.decode(latent / std + mean, return_dict=False)[0][:, :, 0]
-        return (image[0].float().cpu() / 2 + 0.5).clamp(0, 1)
+        return self._vae_decode(self.vae_latent(state_or_latent))[:, 0]  # the one frame: [3, H, W]
 
     # -- saving ------------------------------------------------------------------------------------------
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Writes a diffusers QwenImagePipeline folder (plus gfdit.json: defaults, template drop)."""
         from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
-        from gfdit.models.wan_pipeline import _write_gfdit_config
-
         pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
                                  vae=self.vae, text_encoder=self.text_encoder, tokenizer=self.tokenizer,
                                  transformer=self.transformer)
         pipe.save_pretrained(os.fspath(path))
-        _write_gfdit_config(path, self.name, self.defaults, prompt_template_drop=self.prompt_template_drop)
+        write_gfdit_config(path, self.name, self.defaults, prompt_template_drop=self.prompt_template_drop)
 
 
 def build_tiny(seed: int = 0) -> QwenImageStagedModel:

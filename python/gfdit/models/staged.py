@@ -172,6 +172,30 @@ class StagedModel(abc.ABC):
         [3, H, W] for images, [3, F, H, W] for video."""
 
     # -- shared helpers ----------------------------------------------------------------------------------
+    def _encode_options(self, prompt: Any, opts: dict) -> tuple[int, float]:
+        """Checks encode's arguments; returns (max_sequence_length, guidance_scale) with defaults filled in."""
+        if not isinstance(prompt, str):
+            raise InvalidUsage(f"gfdit.models: prompt must be a str, got {type(prompt).__name__}")
+        unknown = set(opts) - {"max_sequence_length", "guidance_scale"}
+        if unknown:
+            raise InvalidUsage(f"gfdit.models: unknown encode option(s) {sorted(unknown)}")
+        max_len = opts.get("max_sequence_length") or self.defaults.max_sequence_length
+        scale = opts.get("guidance_scale")
+        return max_len, self.defaults.guidance_scale if scale is None else float(scale)
+
+    def _vae_decode(self, latent: torch.Tensor) -> torch.Tensor:
+        """Un-normalises a VAE-layout latent [1, C, F, H, W] with the VAE's latents_mean/std and decodes it:
+        float32 [3, F, H, W] in [0, 1] (the Wan and Qwen-Image VAEs share this convention)."""
+        vae = self.vae  # type: ignore[attr-defined]
+        cfg = vae.config
+        dev = next(vae.parameters()).device
+        latent = latent.to(dev, vae.dtype)
+        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
+        std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
+        with torch.no_grad():
+            video = vae.decode(latent / std + mean, return_dict=False)[0]
+        return (video[0].float().cpu() / 2 + 0.5).clamp(0, 1)
+
     def initial_state(self, conditioning: Conditioning, latent: torch.Tensor, *,
                       num_inference_steps: int | None = None, guidance_scale: float | None = None,
                       grid: tuple[int, int, int] | None = None) -> DenoiseState:
@@ -408,6 +432,12 @@ def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> D
 # ---------------------------------------------------------------------------------------------- loading
 _MODELS = ("tiny-wan", "tiny-qwen-image", "wan2.2", "wan2.1", "qwen-image")
 GFDIT_CONFIG = "gfdit.json"  # written by save_pretrained of a staged model: its name and defaults
+
+
+def write_gfdit_config(path: Any, name: str, defaults: StageDefaults, **extra: Any) -> None:
+    """Writes GFDIT_CONFIG (the model's name and defaults) next to a saved diffusers pipeline."""
+    with open(os.path.join(os.fspath(path), GFDIT_CONFIG), "w", encoding="utf-8") as f:
+        json.dump({"name": name, "defaults": dataclasses.asdict(defaults), **extra}, f, indent=1)
 
 
 def read_json(path: str) -> dict:

@@ -35,6 +35,7 @@ from gfdit.models.staged import (
     flow_match_schedule,
     load_diffusers_model,
     read_json,
+    write_gfdit_config,
 )
 
 # Serving defaults (DESIGN.md): Wan2.2 T2V 40 steps, 1280x720, 81 frames, guidance 4.0.
@@ -99,14 +100,7 @@ class WanStagedModel(StagedModel):
         return emb
 
     def encode(self, prompt: str, negative_prompt: str | None = None, **opts: Any) -> Conditioning:
-        if not isinstance(prompt, str):
-            raise InvalidUsage(f"gfdit.models: prompt must be a str, got {type(prompt).__name__}")
-        unknown = set(opts) - {"max_sequence_length", "guidance_scale"}
-        if unknown:
-            raise InvalidUsage(f"gfdit.models: unknown encode option(s) {sorted(unknown)}")
-        max_len = opts.get("max_sequence_length") or self.defaults.max_sequence_length
-        scale = opts.get("guidance_scale")
-        scale = self.defaults.guidance_scale if scale is None else float(scale)
+        max_len, scale = self._encode_options(prompt, opts)
         cond = self._embed(prompt, max_len)
         neg = self._embed(negative_prompt or "", max_len) if scale > 1.0 else None
         return Conditioning(prompt_embeds=cond, negative_prompt_embeds=neg)
@@ -192,15 +186,7 @@ class WanStagedModel(StagedModel):
         return latent
 
     def decode(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
-        latent = self.vae_latent(state_or_latent)
-        cfg = self.vae.config
-        dev = next(self.vae.parameters()).device
-        latent = latent.to(dev, self.vae.dtype)
-        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
-        std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
-        with torch.no_grad():
-            video = self.vae.decode(latent / std + mean, return_dict=False)[0]
-        return (video[0].float().cpu() / 2 + 0.5).clamp(0, 1)
+        return self._vae_decode(self.vae_latent(state_or_latent))
 
     # -- saving ------------------------------------------------------------------------------------------
     def save_pretrained(self, path: str | os.PathLike) -> None:
@@ -212,14 +198,7 @@ class WanStagedModel(StagedModel):
                            transformer=self.transformer, transformer_2=self.transformer_2,
                            boundary_ratio=self.boundary_ratio, expand_timesteps=self.expand_timesteps)
         pipe.save_pretrained(os.fspath(path))
-        _write_gfdit_config(path, self.name, self.defaults)
-
-
-def _write_gfdit_config(path: Any, name: str, defaults: StageDefaults, **extra: Any) -> None:
-    import json
-
-    with open(os.path.join(os.fspath(path), GFDIT_CONFIG), "w", encoding="utf-8") as f:
-        json.dump({"name": name, "defaults": dataclasses.asdict(defaults), **extra}, f, indent=1)
+        write_gfdit_config(path, self.name, self.defaults)
 
 
 def build_tiny(seed: int = 0) -> WanStagedModel:

@@ -9,8 +9,11 @@ CPP_BUILD := build/cpp
 TORCH_VERSION := 2.13.0
 # diffusers builds Wan and Qwen-Image transformers from configs (random weights, no download).
 MODEL_DEPS := diffusers==0.42.1 transformers==5.24.0
+# plots of the simulator and the experiments; the linters CI runs (pinned: formatting must not drift).
+TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3
+CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
-.PHONY: build venv system-deps python-package cpp test test-cpp test-python bench clean
+.PHONY: build venv system-deps python-package cpp test test-cpp test-python bench lint format clean
 
 build: python-package cpp
 
@@ -23,12 +26,12 @@ system-deps:
 	fi
 
 # torch first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
-$(VENV)/.stamp-deps:
+$(VENV)/.stamp-deps: Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.20" numpy pytest
-	$(PIP) install -q torch==$(TORCH_VERSION) $(MODEL_DEPS)
+	$(PIP) install -q torch==$(TORCH_VERSION) $(MODEL_DEPS) $(TOOL_DEPS)
 	touch $@
 
 venv: $(VENV)/.stamp-deps
@@ -48,6 +51,16 @@ test-cpp:
 
 test-python:
 	$(PY) -m pytest tests/python -q
+
+lint: venv
+	$(VENV)/bin/ruff check python tests bench examples
+	$(VENV)/bin/ruff format --check python tests bench examples
+	$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
+
+format: venv
+	$(VENV)/bin/ruff format python tests bench examples
+	$(VENV)/bin/ruff check --fix python tests bench examples
+	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 bench: build
 	$(PY) bench/run_all.py

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gfdit/layout.h"
 #include "gfdit/types.h"
 
 namespace gfdit {
@@ -25,14 +26,6 @@ enum class TaskKind : uint32_t {
   kFree = 5,      ///< drop the request's state on this rank
   kShutdown = 6,  ///< leave the loop
   kReinit = 7,    ///< re-create the collectives world among the workers in the payload (after a death)
-};
-
-/// Parallel layout of a step: ulysses x ring over the group, USP or Torus.
-struct Layout {
-  int32_t ulysses = 1;
-  int32_t ring = 1;
-  int32_t mode = 0;       ///< 0 = usp, 1 = torus
-  int32_t placement = 0;  ///< 0 = auto, 1 = ulysses-low, 2 = ring-low
 };
 
 constexpr size_t kPayloadBytes = 640;

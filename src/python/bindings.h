@@ -10,6 +10,7 @@ void register_errors(pybind11::module_& m);
 void register_world(pybind11::module_& m);
 void register_build_info(pybind11::module_& m);
 void register_runtime(pybind11::module_& m);
+void register_cost(pybind11::module_& m);
 
 }  // namespace python
 }  // namespace gfdit

@@ -6,5 +6,6 @@ PYBIND11_MODULE(_C, m) {
   gfdit::python::register_errors(m);
   gfdit::python::register_world(m);
   gfdit::python::register_build_info(m);
+  gfdit::python::register_cost(m);
   gfdit::python::register_runtime(m);
 }

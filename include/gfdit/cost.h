@@ -1,0 +1,166 @@
+// The cost model: how long each stage of a request takes on a group of ranks with a given layout.
+//
+// Two sources behind one interface: analytic (FLOPs and bytes from a model's architecture over a piece of
+// hardware's peak rates, with efficiency factors, plus collective volume over link bandwidth) and profiled
+// (stage times measured on the machine at hand by `gfdit profile`, interpolated). Policies and the
+// simulator ask it; nothing in it touches rings, workers or tensors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gfdit/layout.h"
+
+namespace gfdit {
+namespace cost {
+
+/// A stage of a request's trajectory.
+enum class Stage : int32_t {
+  kEncode = 0,       ///< text encoder (and the initial latent), on every member of the group
+  kDenoiseStep = 1,  ///< one whole denoising step (two transformer passes with guidance)
+  kMigrate = 2,      ///< hand the denoise state from one holder to the group's new members
+  kDecode = 3,       ///< VAE decode, on one rank
+};
+
+/// Name of a stage ("encode", "step", "migrate", "decode").
+const char* stageName(Stage s);
+
+/// Architecture facts of a model family member, from its public config (see DESIGN.md's table).
+struct ModelArch {
+  std::string name;                ///< "qwen-image", "wan2.2", "wan2.2-5b", "wan2.1-1.3b", "tiny-wan", ...
+  bool is_video = false;           ///< takes num_frames > 1
+  bool joint_attention = false;    ///< MMDiT (text tokens in the attention, Qwen-Image) vs cross-attention (Wan)
+  int32_t num_layers = 0;
+  int32_t hidden = 0;              ///< model width
+  int32_t heads = 0;
+  int32_t head_dim = 0;
+  int32_t ffn = 0;                 ///< feed-forward inner width
+  int32_t num_experts = 1;         ///< Wan 2.2 A14B: two experts, one active per step
+  double transformer_params = 0;   ///< parameters of one (active) transformer
+  int32_t text_hidden = 0;         ///< text encoder output width
+  int32_t text_tokens = 0;         ///< text tokens the transformer sees (max_sequence_length or typical)
+  double text_encoder_params = 0;
+  int32_t vae_stride_t = 1;        ///< temporal VAE compression (frames = stride * k + 1 for video)
+  int32_t vae_stride_s = 8;        ///< spatial VAE compression
+  int32_t latent_channels = 16;
+  int32_t patch_t = 1;
+  int32_t patch_s = 2;
+  double vae_decode_flops_per_pixel = 0;  ///< decoder FLOPs per output pixel (per frame)
+  // serving defaults
+  int32_t default_height = 0;
+  int32_t default_width = 0;
+  int32_t default_frames = 1;
+  int32_t default_steps = 0;
+  double default_guidance = 1.0;
+  // limits a request is checked against at submit (configurable by the engine)
+  int32_t max_steps = 0;
+  int64_t max_pixels = 0;          ///< height * width
+  int32_t max_frames = 1;
+  int64_t max_tokens = 0;          ///< transformer sequence tokens (image/video tokens)
+
+  /// Height and width must be multiples of this (VAE stride times patch size).
+  int32_t spatialMultiple() const { return vae_stride_s * patch_s; }
+  /// Image/video tokens of a request of this size.
+  int64_t tokens(int32_t height, int32_t width, int32_t num_frames) const;
+};
+
+/// A known model by name; unknown names throw InvalidUsage listing the known ones.
+const ModelArch& modelArch(const std::string& name);
+/// Names of the known models.
+std::vector<std::string> modelNames();
+
+/// One device type in a cluster (or this CPU), from datasheets, with efficiency factors.
+struct Hardware {
+  std::string name;             ///< "h20", "a100", "h100", "h200", "cpu"
+  double peak_flops = 0;        ///< dense bf16 (float32 for "cpu"), FLOP/s per rank
+  double mem_bw = 0;            ///< bytes/s per rank
+  double link_bw = 0;           ///< bytes/s per rank per direction inside a node
+  double inter_node_bw = 0;     ///< bytes/s per rank per direction across nodes
+  double collective_latency_s = 0;  ///< fixed cost of one collective inside a node
+  double inter_node_latency_s = 0;  ///< fixed cost of one collective across nodes
+  double matmul_efficiency = 0.6;   ///< share of peak a large GEMM reaches
+  double attention_efficiency = 0.5;
+  double half_efficiency_tokens = 0;  ///< per-rank tokens at which compute efficiency halves
+  double regroup_s = 1e-6;          ///< cost of forming a new group (gfdit: ~1 us; NCCL: ~0.78 s)
+  int32_t ranks_per_node = 8;
+  int32_t num_cores = 0;            ///< ranks share this many cores (CPU); 0: one device per rank
+};
+
+/// A known piece of hardware by name; unknown names throw InvalidUsage listing the known ones.
+const Hardware& hardware(const std::string& name);
+/// Names of the known hardware.
+std::vector<std::string> hardwareNames();
+
+/// A cluster: `num_nodes` nodes of `ranks_per_node` ranks of one hardware ("h20x8", "h20x16", "cpu").
+struct Cluster {
+  std::string name;
+  Hardware hw;
+  int32_t num_ranks = 0;
+  int32_t ranks_per_node = 0;
+  /// Node of a rank.
+  int32_t nodeOf(int32_t rank) const { return ranks_per_node > 0 ? rank / ranks_per_node : 0; }
+};
+
+/// A known cluster by name ("h20x8", "a100x8", "h100x8", "h200x8", "h20x16", "cpu"); `num_ranks` > 0
+/// overrides the rank count (needed for "cpu"). Unknown names throw InvalidUsage listing the valid ones.
+Cluster cluster(const std::string& name, int32_t num_ranks = 0);
+/// Names of the known clusters.
+std::vector<std::string> clusterNames();
+
+/// What a stage estimate depends on besides the model: the request's size and the group.
+struct StageQuery {
+  RequestShape shape;
+  int32_t degree = 1;      ///< ranks in the group
+  Layout layout;           ///< ulysses * ring == degree
+  int32_t num_nodes = 1;   ///< nodes the group spans (1: all inside one node)
+  int32_t num_new = 0;     ///< kMigrate: members that receive the state
+};
+
+/// Predicts stage times in seconds. Implementations are immutable and safe to share between threads.
+class CostModel {
+ public:
+  virtual ~CostModel() = default;
+  /// Seconds `stage` takes for `q` (kDenoiseStep: one whole step, both guidance passes when on).
+  virtual double seconds(Stage stage, const StageQuery& q) const = 0;
+  /// A one-line description ("analytic qwen-image on h20", "profile of tiny-wan on cpu").
+  virtual std::string describe() const = 0;
+  /// The model it predicts for.
+  virtual const ModelArch& model() const = 0;
+};
+
+/// The analytic model of `model` on `cluster` (which also fixes the topology used for num_nodes).
+std::shared_ptr<CostModel> makeAnalyticCostModel(const ModelArch& model, const Cluster& cluster);
+
+/// One measurement of a profile.
+struct ProfileEntry {
+  Stage stage = Stage::kDenoiseStep;
+  int64_t tokens = 0;       ///< image/video tokens of the request
+  int32_t degree = 1;
+  int32_t ulysses = 1;
+  int32_t ring = 1;
+  int32_t mode = 0;         ///< Layout::mode
+  bool guidance = false;    ///< two passes per step
+  int32_t num_new = 0;      ///< kMigrate
+  double seconds = 0;       ///< median measured time
+};
+
+/// Measured stage times for one model on one machine.
+struct Profile {
+  std::string model;
+  std::string hardware = "cpu";
+  int32_t world_size = 0;
+  int32_t num_cores = 0;            ///< cores the ranks shared when measured (0: one device per rank)
+  double dispatch_s = 0;            ///< control plane -> worker start, measured
+  double completion_s = 0;          ///< worker end -> control plane, measured
+  std::vector<ProfileEntry> entries;
+};
+
+/// A cost model that interpolates `profile` (piecewise linear in tokens between measured shapes of the same
+/// stage, degree, layout and guidance). A query outside the measured range throws InvalidUsage naming the
+/// shape, stage and degree it lacks.
+std::shared_ptr<CostModel> makeProfiledCostModel(const Profile& profile);
+
+}  // namespace cost
+}  // namespace gfdit

@@ -1,0 +1,2 @@
+// placeholder: the analytic cost model
+#include "gfdit/cost.h"

@@ -1,0 +1,2 @@
+// placeholder: the profiled cost model
+#include "gfdit/cost.h"

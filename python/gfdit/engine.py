@@ -53,7 +53,8 @@ class Request:
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
     seed: int = 0
-    deadline_s: float | None = None
+    deadline_s: float | None = None  # seconds after submit
+    priority: int = 0  # larger is more urgent (policies that use priorities)
 
 
 @dataclasses.dataclass
@@ -293,7 +294,7 @@ class Engine:
     # ---- start-up ----
 
     def _payload(self, r: Request) -> bytes:
-        d = {k: v for k, v in dataclasses.asdict(r).items() if k != "deadline_s" and v is not None}
+        d = {k: v for k, v in dataclasses.asdict(r).items() if k not in ("deadline_s", "priority") and v is not None}
         b = json.dumps(d).encode()
         if len(b) > rt.PAYLOAD_BYTES:
             raise InvalidUsage(f"gfdit.Request: the request is {len(b)} bytes as JSON; at most {rt.PAYLOAD_BYTES} "

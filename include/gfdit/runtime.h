@@ -1,12 +1,10 @@
-// The trajectory runtime's control-plane pieces: task descriptors, shared-memory queues between the
-// engine and its workers, the request state machine, and the scheduler core that asks a policy.
+// The data path between the control plane and its workers: task descriptors, completions, and the
+// shared-memory rings that carry them (one dispatch ring and one completion ring per worker).
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,7 +18,7 @@ namespace runtime {
 /// What a worker is asked to do.
 enum class TaskKind : uint32_t {
   kEncode = 1,    ///< run the text encoder and make the initial latent (every member of the group)
-  kDenoise = 2,   ///< run num_steps denoising steps from step_begin on the group with the spec
+  kDenoise = 2,   ///< run num_steps denoising steps from step_begin on the group with the layout
   kMigrate = 3,   ///< the holder (src_rank) broadcasts the request's state to the group's new members
   kDecode = 4,    ///< decode the latent (on ranks[0]) and report the output
   kFree = 5,      ///< drop the request's state on this rank
@@ -28,79 +26,125 @@ enum class TaskKind : uint32_t {
   kReinit = 7,    ///< re-create the collectives world among the workers in the payload (after a death)
 };
 
-constexpr size_t kPayloadBytes = 640;
+/// Name of a task kind ("encode", "denoise", ...).
+const char* taskKindName(TaskKind k);
 
-/// One task for one worker: fixed size, plain data, written into a shared-memory ring.
+/// Largest request payload (the request as JSON for the worker's encoder) a task can carry.
+constexpr size_t kMaxPayloadBytes = 64 * 1024;
+
+/// One task for one worker: fixed size, plain data. A payload of `payload_bytes` follows it in the ring.
 struct TaskDescriptor {
   uint64_t task_id = 0;
   uint64_t request_id = 0;
-  uint32_t kind = 0;          ///< TaskKind
-  int32_t step_begin = 0;     ///< first denoising step (kDenoise), or the step the state is at (kMigrate)
-  int32_t num_steps = 0;      ///< denoising steps in this task
-  int32_t num_ranks = 0;      ///< group size
-  int32_t src_rank = -1;      ///< kMigrate: the member that holds the state
-  int32_t reserved = 0;
+  uint32_t kind = 0;           ///< TaskKind
+  int32_t step_begin = 0;      ///< first denoising step (kDenoise), or the step the state is at (kMigrate)
+  int32_t num_steps = 0;       ///< denoising steps in this task
+  int32_t num_ranks = 0;       ///< group size
+  int32_t src_rank = -1;       ///< kMigrate: the member that holds the state
+  uint32_t payload_bytes = 0;  ///< bytes that follow the descriptor in the ring
   Layout layout;
   int16_t ranks[kMaxRanks] = {};  ///< the group, in order
-  int64_t dispatch_ns = 0;        ///< steady-clock time the engine wrote it (latency measurement)
-  uint32_t payload_bytes = 0;
-  char payload[kPayloadBytes] = {};  ///< kEncode: the request as JSON
+  int64_t dispatch_ns = 0;        ///< monotonic time the control plane wrote it (latency measurement)
 };
 
-/// What a worker reports back.
+/// Why a task failed; what the control plane does about it depends only on this code.
+enum class TaskError : int32_t {
+  kOk = 0,
+  kInvalidRequest = 1,  ///< the request cannot run (bad size, bad prompt): fail the request
+  kModelError = 2,      ///< the model raised: fail the request
+  kCommError = 3,       ///< a collective failed (peer dead, timeout, abort): recover, then continue
+  kWorkerDied = 4,      ///< set by the control plane for tasks pending on a dead worker: recover
+  kTimeout = 5,         ///< set by the control plane when a task missed its deadline: recover
+  kStateLost = 6,       ///< the worker does not hold the request's state: recover from a holder
+};
+
+/// Name of a task error ("ok", "invalid_request", ...).
+const char* taskErrorName(TaskError e);
+
+/// Where a decoded output lies: a POSIX shared-memory object the worker wrote (see NOTE [outputs]).
+struct OutputRef {
+  char name[56] = {};  ///< shm name, "" when none
+  int32_t dtype = 0;   ///< DType
+  int32_t ndim = 0;
+  int64_t shape[6] = {};
+  uint64_t bytes = 0;
+};
+
+/// What a worker reports back for one task.
 struct Completion {
   uint64_t task_id = 0;
   uint64_t request_id = 0;
-  uint32_t kind = 0;
-  int32_t rank = -1;
-  int32_t ok = 1;
-  int32_t step_end = 0;   ///< kDenoise: steps completed after this task
+  uint32_t kind = 0;  ///< TaskKind
+  int32_t rank = -1;  ///< the worker
+  int32_t error = 0;  ///< TaskError
+  int32_t step_end = 0;  ///< kDenoise / kMigrate: steps the worker's state has completed
   int64_t dispatch_ns = 0;
-  int64_t start_ns = 0;   ///< steady clock, when the worker took the task
+  int64_t start_ns = 0;  ///< monotonic, when the worker took the task
   int64_t end_ns = 0;
-  int64_t post_ns = 0;    ///< when the completion was written
+  int64_t post_ns = 0;  ///< when the completion was written
+  OutputRef output;     ///< kDecode
   uint32_t message_bytes = 0;
-  char message[400] = {};  ///< error text when ok == 0
+  char message[472] = {};  ///< for people: what failed (cut when longer)
+
+  bool ok() const { return error == 0; }
 };
 
 /// Monotonic nanoseconds (CLOCK_MONOTONIC, the same in every process of the machine).
 int64_t nowNs();
 
-/// A bounded lock-free multi-producer multi-consumer ring of fixed-size elements in shared memory.
-/// Blocking operations spin briefly, then wait on a futex, and give up after a timeout.
-class ShmQueue {
- public:
-  /// Bytes a queue of `capacity` (a power of two) elements of `elem_bytes` occupies.
-  static size_t footprint(uint32_t capacity, uint32_t elem_bytes);
-  /// Formats a queue in `memory` (zeroed, `footprint` bytes, cache-line aligned).
-  static ShmQueue create(void* memory, uint32_t capacity, uint32_t elem_bytes);
-  /// Uses a queue another process formatted.
-  static ShmQueue attach(void* memory);
+/// A futex word and its waiter count: producers ring it after publishing, consumers block on it.
+struct Doorbell {
+  uint32_t value;
+  uint32_t waiters;
+};
 
-  ShmQueue() = default;
-  /// Appends an element; false when full.
-  bool tryPush(const void* elem);
-  /// Takes the oldest element; false when empty.
-  bool tryPop(void* elem);
+/// Wakes every waiter of `bell` (sequentially consistent bump, then FUTEX_WAKE if anyone waits).
+void ringDoorbell(Doorbell* bell);
+/// Blocks until `bell` differs from `seen` or `until_ns` (monotonic) passes; returns at once if it differs.
+void waitDoorbell(Doorbell* bell, uint32_t seen, int64_t until_ns);
+
+/// A single-producer single-consumer ring of variable-length messages in shared memory (NOTE [message
+/// ring]). A producer that dies while writing leaves nothing visible, so it cannot wedge the ring.
+class MessageRing {
+ public:
+  /// Bytes a ring with `capacity` data bytes (a multiple of 64) occupies.
+  static size_t footprint(uint32_t capacity);
+  /// Formats a ring in zeroed, 64-byte aligned `memory`; `data_bell` is rung on every push (the consumer
+  /// waits on it; several rings may share one), the ring's own bell on every pop.
+  static MessageRing create(void* memory, uint32_t capacity, Doorbell* data_bell);
+  /// Uses a ring another process formatted.
+  static MessageRing attach(void* memory, Doorbell* data_bell);
+
+  MessageRing() = default;
+  /// Appends one message made of two parts; false when it does not fit now.
+  bool tryPush(const void* a, size_t a_bytes, const void* b = nullptr, size_t b_bytes = 0);
   /// Appends, waiting while full at most `timeout`; false on timeout.
-  bool push(const void* elem, std::chrono::microseconds timeout);
-  /// Takes the oldest, waiting while empty at most `timeout`; false on timeout.
-  bool pop(void* elem, std::chrono::microseconds timeout);
-  /// Elements in the queue (approximate under concurrency).
-  uint64_t size() const;
-  uint32_t capacity() const;
+  bool push(const void* a, size_t a_bytes, const void* b, size_t b_bytes, std::chrono::microseconds timeout);
+  /// Bytes of the oldest message, or -1 when empty.
+  int64_t peekBytes() const;
+  /// Takes the oldest message into `out` (resized); false when empty.
+  bool tryPop(std::string& out);
+  /// Takes the oldest message, waiting while empty at most `timeout`; false on timeout.
+  bool pop(std::string& out, std::chrono::microseconds timeout);
+  /// Messages waiting (approximate under concurrency).
+  bool empty() const;
+  /// Largest message the ring accepts.
+  size_t maxMessage() const;
+  Doorbell* dataBell() const { return data_bell_; }
 
  private:
   struct Header;
   Header* header_ = nullptr;
-  uint8_t* cells_ = nullptr;
+  uint8_t* data_ = nullptr;
+  Doorbell* data_bell_ = nullptr;
 };
 
-/// The engine's queues: one dispatch queue per worker and one completion queue, in one shared region.
+/// The engine's rings in one shared region: per worker a dispatch ring (control plane -> worker) and a
+/// completion ring (worker -> control plane), the control plane's doorbell and the abort word.
 class QueueSet {
  public:
   /// Creates the region (random name, mode 0600); the name stays until unlinkName().
-  static std::unique_ptr<QueueSet> create(int num_workers, uint32_t capacity = 256);
+  static std::unique_ptr<QueueSet> create(int num_workers, uint32_t ring_bytes = 1u << 20);
   /// Maps a region by name (a worker).
   static std::unique_ptr<QueueSet> attach(const std::string& name);
   ~QueueSet();
@@ -110,12 +154,23 @@ class QueueSet {
   /// Removes the name (all processes mapped it): nothing is left in /dev/shm afterwards.
   void unlinkName();
   int numWorkers() const { return num_workers_; }
-  ShmQueue& dispatch(int worker) { return dispatch_[worker]; }
-  ShmQueue& completion() { return completion_; }
+  MessageRing& dispatch(int worker) { return dispatch_[worker]; }
+  MessageRing& completion(int worker) { return completion_[worker]; }
+  /// Rung by workers after each completion and by the engine for its own events (submit, cancel).
+  Doorbell* controlBell();
   /// A counter the engine bumps to abort every collective its workers are blocked in (World::watchAbort).
   uint64_t* abortWord();
   /// Bumps the abort counter.
   void requestAbort();
+
+  /// Writes a task and its payload into `worker`'s dispatch ring (waits while full, at most `timeout`).
+  bool pushTask(int worker, const TaskDescriptor& t, const std::string& payload, std::chrono::microseconds timeout);
+  /// Takes `worker`'s next task; false on timeout.
+  bool popTask(int worker, TaskDescriptor& t, std::string& payload, std::chrono::microseconds timeout);
+  /// Writes a completion into `worker`'s completion ring and rings the control bell.
+  bool pushCompletion(int worker, const Completion& c, std::chrono::microseconds timeout);
+  /// Takes a completion of `worker` if there is one.
+  bool tryPopCompletion(int worker, Completion& c);
 
  private:
   QueueSet() = default;
@@ -124,111 +179,39 @@ class QueueSet {
   void* base_ = nullptr;
   size_t bytes_ = 0;
   int num_workers_ = 0;
-  std::vector<ShmQueue> dispatch_;
-  ShmQueue completion_;
+  std::vector<MessageRing> dispatch_;
+  std::vector<MessageRing> completion_;
 };
 
-// ---- requests and their state machine ----
+// NOTE [outputs]
+// A decoded output can be hundreds of MB, so it never travels through a ring: the worker writes it into a
+// fresh POSIX shared-memory object named `<prefix><task>-<rank>` (prefix from outputPrefix of the queue
+// set), and its completion carries the name, dtype and shape. The engine maps the object, unlinks the name
+// at once and hands the mapping to the caller without a copy. Names that no completion delivered (a worker
+// killed between writing and reporting) are removed by unlinkOutputs at recovery and shutdown.
 
-/// Where a request is. DENOISING carries the step in RequestRecord::step.
-enum class RequestState : int32_t { kQueued, kEncoding, kDenoising, kDecoding, kDone, kFailed, kCancelled };
-
-/// Name of a state ("QUEUED", ...).
-const char* requestStateName(RequestState s);
-
-/// One time-stamped transition.
-struct Transition {
-  RequestState state;
-  int32_t step;
-  int64_t t_ns;
-};
-
-/// What the scheduler knows of a request.
-struct RequestRecord {
-  uint64_t id = 0;
-  RequestState state = RequestState::kQueued;
-  int32_t step = 0;          ///< denoising steps completed
-  int32_t num_steps = 0;     ///< total denoising steps
-  int64_t arrival_ns = 0;
-  int64_t deadline_ns = 0;   ///< 0: none
-  double cost_per_step = 1;  ///< relative cost of one step at degree 1 (from the shape)
-  int32_t max_degree = kMaxRanks;  ///< largest group the model allows (heads, sequence)
-  std::vector<int> ranks;    ///< current group (ranks holding the state); empty before encode
-  Layout layout;
-  bool busy = false;         ///< a task of it is in flight
-  int32_t steps_in_flight = 0;
-  std::string reason;        ///< FAILED / CANCELLED
-  std::vector<Transition> transitions;
-};
-
-/// A policy's answer for one request: run it on these ranks with this layout for `num_steps` steps.
-struct Decision {
-  uint64_t request_id = 0;
-  std::vector<int> ranks;
-  Layout layout;
-  int32_t num_steps = 1;
-};
-
-/// What a policy sees.
-struct SchedulerView {
-  int64_t now_ns = 0;
-  int world_size = 0;
-  std::vector<int> free_ranks;                     ///< ranks with no task in flight
-  std::vector<const RequestRecord*> ready;         ///< not busy, not finished, in arrival order
-  std::vector<const RequestRecord*> running;       ///< busy
-};
-
-/// Decides, at each scheduling point, which ready requests run next and where.
-class Policy {
+/// The prefix of output names that belong to the queue set `queue_name`.
+std::string outputPrefix(const std::string& queue_name);
+/// Writes `bytes` from `data` into a new shm object `name` (mode 0600); fills `ref` except dtype/shape.
+void writeOutput(const std::string& name, const void* data, size_t bytes, OutputRef& ref);
+/// A mapped output: read-only view of the bytes; unmapped when destroyed.
+class MappedOutput {
  public:
-  virtual ~Policy() = default;
-  /// Name as the engine accepts it ("fcfs", "static:2").
-  virtual std::string name() const = 0;
-  /// Decisions for some ready requests; each uses distinct ranks from view.free_ranks.
-  virtual std::vector<Decision> schedule(const SchedulerView& view) = 0;
-};
-
-/// "static:D": ranks split into fixed groups of D (0..D-1, D..2D-1, ...); a request keeps the group it
-/// got first for its whole life; the baseline of fixed-degree serving systems.
-std::unique_ptr<Policy> makeStaticPolicy(int degree);
-/// "fcfs": arrival order; at every step boundary each waiting or running request gets ranks from those
-/// free, the oldest first, so degrees and groups change while requests run.
-std::unique_ptr<Policy> makeFcfsPolicy(int steps_per_decision = 1);
-/// Parses "fcfs" or "static:D".
-std::unique_ptr<Policy> makePolicy(const std::string& spec);
-
-/// The request table and the state machine; asks a policy for decisions. Not thread-safe: the engine's
-/// control loop owns it.
-class Scheduler {
- public:
-  Scheduler(int world_size, std::unique_ptr<Policy> policy);
-
-  /// Registers a new request (QUEUED).
-  void addRequest(const RequestRecord& record);
-  /// Records a transition (time-stamped now).
-  void transition(uint64_t id, RequestState state, int32_t step = -1, const std::string& reason = "");
-  /// Marks ranks busy/free as tasks are dispatched and completed.
-  void setBusy(uint64_t id, bool busy);
-  void occupy(const std::vector<int>& ranks);
-  void release(const std::vector<int>& ranks);
-  /// Asks the policy; validates every decision (ranks free, distinct, layout fits) before returning it.
-  std::vector<Decision> schedule();
-
-  const RequestRecord& request(uint64_t id) const;
-  RequestRecord& mutableRequest(uint64_t id);
-  bool has(uint64_t id) const { return requests_.count(id) != 0; }
-  std::vector<uint64_t> requestIds() const;
-  void erase(uint64_t id) { requests_.erase(id); }
-  const std::vector<bool>& rankBusy() const { return rank_busy_; }
-  Policy& policy() { return *policy_; }
-  int worldSize() const { return world_size_; }
+  /// Maps `ref`'s object and unlinks its name.
+  static std::shared_ptr<MappedOutput> open(const OutputRef& ref);
+  ~MappedOutput();
+  const void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
 
  private:
-  int world_size_;
-  std::unique_ptr<Policy> policy_;
-  std::map<uint64_t, RequestRecord> requests_;
-  std::vector<bool> rank_busy_;
+  MappedOutput() = default;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
 };
+/// Unlinks the shm object of `ref` without mapping it (an output nobody will read).
+void discardOutput(const OutputRef& ref);
+/// Unlinks every shm object whose name starts with `prefix`; returns how many.
+int unlinkOutputs(const std::string& prefix);
 
 }  // namespace runtime
 }  // namespace gfdit

@@ -1,1 +1,843 @@
-// placeholder
+// The control plane: requests, the trajectory task graph, completions, recovery (see control.h).
+//
+// NOTE [dispatch order]
+// Every task leaves the control plane from its one thread, so all tasks form one total order, and each
+// worker runs its ring in FIFO order. Hence every pair of workers meets the collectives of their shared
+// tasks in the same order, which is what the group-free collectives need to be deadlock-free (NOTE
+// [group-free collectives] in include/gfdit/world.h). A task may be queued behind a busy holder (a
+// migration from a rank that still runs another request): it simply runs when that rank gets to it.
+//
+// NOTE [holders]
+// After a task completes on every member, every member holds the request's whole denoise state at the
+// same step (NOTE [portable denoise state] in python/gfdit/models/staged.py). RequestRecord::ranks are the
+// ranks known to hold it at RequestRecord::step. A decision on ranks the holders include moves nothing
+// (stale holders get a FREE); new members get a MIGRATE from a holder first. Each completion also says at
+// which step the worker's copy is (step_end), so after a failure the request resumes from the most
+// advanced copy that survived, whatever was in flight.
+//
+// NOTE [lookahead]
+// A policy decides `num_steps` steps at a time, often one. To keep workers busy across decisions, when a
+// decision's last step has been dispatched but not completed, the control plane asks the policy what it
+// would decide for this request once that step is done (a view where the request is ready at its next step
+// and its own ranks are free). If the answer keeps the same ranks and layout, the next steps are dispatched
+// at once (dispatch-ahead, at most max_inflight_steps in flight); otherwise the request waits for its
+// boundary and the real decision. Policies are pure, so asking early is safe; the answer for other
+// requests is ignored.
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <sstream>
+
+#include "gfdit/control.h"
+#include "gfdit/error.h"
+
+namespace gfdit {
+namespace runtime {
+
+namespace {
+
+bool needsRecovery(TaskError e) {
+  return e == TaskError::kCommError || e == TaskError::kWorkerDied || e == TaskError::kTimeout ||
+         e == TaskError::kStateLost;
+}
+
+// Which transitions the state machine allows.
+bool allowed(RequestState from, RequestState to) {
+  if (isFinished(from)) return false;
+  if (to == RequestState::kFailed || to == RequestState::kCancelled) return true;
+  switch (from) {
+    case RequestState::kQueued: return to == RequestState::kEncoding;
+    case RequestState::kEncoding:
+      // a request whose encode was lost with a worker starts over
+      return to == RequestState::kDenoising || to == RequestState::kQueued;
+    case RequestState::kDenoising:
+      return to == RequestState::kDenoising || to == RequestState::kDecoding || to == RequestState::kQueued;
+    case RequestState::kDecoding:
+      // a decode lost with its worker runs again on another holder
+      return to == RequestState::kDone || to == RequestState::kQueued || to == RequestState::kDecoding;
+    default: return false;
+  }
+}
+
+std::string ranksText(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  os << "]";
+  return os.str();
+}
+
+constexpr int64_t kSecond = 1000000000;
+constexpr int64_t kKillGraceNs = 2 * kSecond;  // after an abort, how long a wedged task gets before a kill
+
+}  // namespace
+
+const char* taskKindName(TaskKind k) {
+  switch (k) {
+    case TaskKind::kEncode: return "encode";
+    case TaskKind::kDenoise: return "denoise";
+    case TaskKind::kMigrate: return "migrate";
+    case TaskKind::kDecode: return "decode";
+    case TaskKind::kFree: return "free";
+    case TaskKind::kShutdown: return "shutdown";
+    case TaskKind::kReinit: return "reinit";
+  }
+  return "unknown";
+}
+
+const char* taskErrorName(TaskError e) {
+  switch (e) {
+    case TaskError::kOk: return "ok";
+    case TaskError::kInvalidRequest: return "invalid_request";
+    case TaskError::kModelError: return "model_error";
+    case TaskError::kCommError: return "comm_error";
+    case TaskError::kWorkerDied: return "worker_died";
+    case TaskError::kTimeout: return "timeout";
+    case TaskError::kStateLost: return "state_lost";
+  }
+  return "unknown";
+}
+
+struct ControlPlane::Task {
+  uint64_t id = 0;
+  uint64_t request_id = 0;
+  TaskKind kind = TaskKind::kFree;
+  std::vector<int> ranks;    // the group, in order
+  std::vector<int> members;  // workers it was dispatched to
+  uint64_t pending = 0;      // members that have not completed (bit per worker)
+  Layout layout;
+  int32_t step_begin = 0;
+  int32_t num_steps = 0;
+  int64_t dispatch_ns = 0;
+  int64_t expected_end_ns = 0;
+  int64_t deadline_ns = 0;  // 0: none
+  bool aborted = false;     // the deadline passed once: abort sent, a kill follows
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  TaskError error = TaskError::kOk;
+  std::string message;
+  OutputRef output;
+  bool probe = false;
+  std::vector<std::pair<int, int32_t>> step_ends;  // (worker, step its copy is at) from each completion
+};
+
+struct ControlPlane::Request {
+  RequestRecord rec;
+  std::string payload;
+  std::vector<StageRecord> stages;
+  std::vector<int> group;  // the running decision's ranks
+  Layout layout;
+  int32_t todo = 0;       // steps of the decision not yet dispatched
+  int32_t next_step = 0;  // the step the next denoise task starts at
+  int32_t inflight = 0;   // encode/denoise/migrate/decode tasks of it not yet completed
+  bool cancel = false;
+  bool hit = false;  // one of its tasks failed in the current recovery
+  std::string last_error;
+  OutputRef output;
+  std::vector<std::pair<int, int32_t>> copies;  // (worker, step) of every copy of its state it knows of
+};
+
+ControlPlane::ControlPlane(ControlConfig config, Clock& clock, Executor& executor, std::shared_ptr<Policy> policy,
+                           std::shared_ptr<const cost::CostModel> cost)
+    : config_(std::move(config)),
+      clock_(clock),
+      executor_(executor),
+      policy_(std::move(policy)),
+      cost_(std::move(cost)) {
+  GFDIT_CHECK(config_.world_size >= 1 && config_.world_size <= kMaxRanks) << "world size " << config_.world_size;
+  GFDIT_CHECK(config_.max_inflight_steps >= 1) << "max_inflight_steps must be >= 1";
+  GFDIT_CHECK(policy_ != nullptr) << "a control plane needs a policy";
+  if (config_.node_of.empty()) config_.node_of.assign(config_.world_size, 0);
+  GFDIT_CHECK(static_cast<int>(config_.node_of.size()) == config_.world_size)
+      << "node_of has " << config_.node_of.size() << " entries for " << config_.world_size << " ranks";
+  rank_busy_.assign(config_.world_size, false);
+  alive_.assign(config_.world_size, true);
+  worker_free_at_.assign(config_.world_size, 0);
+}
+
+ControlPlane::~ControlPlane() = default;
+
+ControlPlane::Request& ControlPlane::req(uint64_t id) {
+  auto it = requests_.find(id);
+  GFDIT_CHECK_CODE(kInternal, it != requests_.end()) << "unknown request " << id;
+  return *it->second;
+}
+
+void ControlPlane::transition(Request& r, RequestState s, int32_t step, const std::string& reason) {
+  RequestRecord& rec = r.rec;
+  GFDIT_CHECK_CODE(kInternal, allowed(rec.state, s)) << "request " << rec.id << ": " << requestStateName(rec.state)
+                                                      << " -> " << requestStateName(s) << " is not a valid transition";
+  rec.state = s;
+  if (step >= 0) rec.step = step;
+  if (!reason.empty()) rec.reason = reason;
+  rec.transitions.push_back({s, rec.step, clock_.nowNs()});
+}
+
+uint64_t ControlPlane::submit(RequestSpec spec) {
+  GFDIT_CHECK(spec.shape.num_steps >= 1) << "a request needs at least one step";
+  GFDIT_CHECK(spec.payload.size() <= kMaxPayloadBytes)
+      << "the request payload is " << spec.payload.size() << " bytes; at most " << kMaxPayloadBytes;
+  auto r = std::make_unique<Request>();
+  uint64_t id = spec.id != 0 ? spec.id : next_request_id_;
+  GFDIT_CHECK(requests_.count(id) == 0) << "request " << id << " exists";
+  next_request_id_ = std::max(next_request_id_, id + 1);
+  RequestRecord& rec = r->rec;
+  rec.id = id;
+  rec.num_steps = spec.shape.num_steps;
+  rec.arrival_ns = spec.arrival_ns != 0 ? spec.arrival_ns : clock_.nowNs();
+  rec.deadline_ns = spec.deadline_ns;
+  rec.priority = spec.priority;
+  rec.shape = spec.shape;
+  rec.max_degree = std::max(1, spec.max_degree);
+  rec.transitions.push_back({RequestState::kQueued, 0, rec.arrival_ns});
+  r->payload = std::move(spec.payload);
+  Request* p = r.get();
+  requests_.emplace(id, std::move(r));
+  // arrival order; arrivals come in order almost always, so this is an append
+  auto pos = std::upper_bound(order_.begin(), order_.end(), p, [](const Request* a, const Request* b) {
+    return a->rec.arrival_ns != b->rec.arrival_ns ? a->rec.arrival_ns < b->rec.arrival_ns : a->rec.id < b->rec.id;
+  });
+  order_.insert(pos, p);
+  ++stats_.submitted;
+  dirty_ = true;
+  return id;
+}
+
+void ControlPlane::cancel(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (isFinished(r.rec.state)) return;
+  r.cancel = true;
+  r.todo = 0;
+  finish(r, RequestState::kCancelled, "cancelled by the caller");
+}
+
+void ControlPlane::occupy(const std::vector<int>& ranks) {
+  for (int r : ranks) rank_busy_[r] = true;
+}
+
+void ControlPlane::release(const std::vector<int>& ranks) {
+  for (int r : ranks) {
+    if (alive_[r]) rank_busy_[r] = false;  // a dead rank stays occupied for ever
+  }
+  dirty_ = true;
+}
+
+uint64_t ControlPlane::dispatch(Request* r, TaskKind kind, const std::vector<int>& ranks, const Layout& layout,
+                                int32_t step_begin, int32_t num_steps, int src, const std::string* payload) {
+  auto t = std::make_unique<Task>();
+  t->id = next_task_id_++;
+  t->request_id = r != nullptr ? r->rec.id : 0;
+  t->kind = kind;
+  t->ranks = ranks;
+  t->layout = layout;
+  t->step_begin = step_begin;
+  t->num_steps = num_steps;
+  t->dispatch_ns = clock_.nowNs();
+  if (kind == TaskKind::kMigrate) {
+    t->members.push_back(src);
+    for (int w : ranks) {
+      if (w != src) t->members.push_back(w);
+    }
+  } else {
+    t->members = ranks;
+  }
+  int64_t start = t->dispatch_ns;
+  for (int w : t->members) {
+    GFDIT_CHECK_CODE(kInternal, w >= 0 && w < config_.world_size && alive_[w])
+        << "task for worker " << w << ", which is dead or out of range";
+    GFDIT_CHECK_CODE(kInternal, (t->pending & (uint64_t{1} << w)) == 0) << "worker " << w << " twice in a task";
+    t->pending |= uint64_t{1} << w;
+    start = std::max(start, worker_free_at_[w]);
+  }
+  t->expected_end_ns = start + static_cast<int64_t>(ewma_ns_[static_cast<int>(kind) & 7]);
+  for (int w : t->members) worker_free_at_[w] = t->expected_end_ns;
+  if (config_.task_timeout_s > 0) {
+    t->deadline_ns = t->expected_end_ns + static_cast<int64_t>(config_.task_timeout_s * 1e9);
+  }
+  TaskDescriptor d;
+  d.task_id = t->id;
+  d.request_id = t->request_id;
+  d.kind = static_cast<uint32_t>(kind);
+  d.step_begin = step_begin;
+  d.num_steps = num_steps;
+  d.num_ranks = static_cast<int32_t>(ranks.size());
+  d.src_rank = src;
+  d.layout = layout;
+  for (size_t i = 0; i < ranks.size(); ++i) d.ranks[i] = static_cast<int16_t>(ranks[i]);
+  d.dispatch_ns = t->dispatch_ns;
+  static const std::string kEmpty;
+  const std::string& pl = payload != nullptr ? *payload : kEmpty;
+  d.payload_bytes = static_cast<uint32_t>(pl.size());
+  uint64_t id = t->id;
+  std::vector<int> members = t->members;
+  tasks_.emplace(id, std::move(t));
+  ++stats_.tasks_dispatched;
+  if (r != nullptr && kind != TaskKind::kFree) ++r->inflight;
+  executor_.dispatch(d, members, pl);
+  return id;
+}
+
+void ControlPlane::probe(int worker) {
+  GFDIT_CHECK(worker >= 0 && worker < config_.world_size && alive_[worker]) << "worker " << worker << " is not alive";
+  uint64_t id = dispatch(nullptr, TaskKind::kFree, {worker}, Layout(), 0, 0);
+  tasks_[id]->probe = true;
+}
+
+// ---- scheduling ----
+
+void ControlPlane::buildView(SchedulerView& view, const Request* la) {
+  view.now_ns = clock_.nowNs();
+  view.world_size = config_.world_size;
+  view.node_of = config_.node_of;
+  view.cost = cost_.get();
+  for (int w = 0; w < config_.world_size; ++w) {
+    bool own = la != nullptr && std::find(la->group.begin(), la->group.end(), w) != la->group.end();
+    if (alive_[w] && (!rank_busy_[w] || own)) view.free_ranks.push_back(w);
+  }
+  view.ready.reserve(order_.size());
+  for (const Request* r : order_) {
+    if (isFinished(r->rec.state) || r->cancel) continue;
+    if (r == la) continue;  // added below, as it will be at its boundary
+    (r->rec.busy ? view.running : view.ready).push_back(&r->rec);
+  }
+}
+
+void ControlPlane::validate(const std::vector<Decision>& ds, const SchedulerView& view, const Request* la) const {
+  std::vector<bool> free(config_.world_size, false);
+  for (int w : view.free_ranks) free[w] = true;
+  std::vector<bool> taken(config_.world_size, false);
+  std::vector<uint64_t> seen;
+  const std::string pname = policy_->name();
+  for (const Decision& d : ds) {
+    auto it = requests_.find(d.request_id);
+    GFDIT_CHECK(it != requests_.end()) << "policy " << pname << " chose unknown request " << d.request_id;
+    const Request& r = *it->second;
+    GFDIT_CHECK((&r == la || !r.rec.busy) && !isFinished(r.rec.state) && !r.cancel)
+        << "policy " << pname << " chose request " << d.request_id << ", which is not ready";
+    GFDIT_CHECK(std::find(seen.begin(), seen.end(), d.request_id) == seen.end())
+        << "policy " << pname << " chose request " << d.request_id << " twice";
+    seen.push_back(d.request_id);
+    GFDIT_CHECK(!d.ranks.empty() && static_cast<int>(d.ranks.size()) <= config_.world_size)
+        << "policy " << pname << " gave request " << d.request_id << " " << d.ranks.size() << " ranks";
+    for (int w : d.ranks) {
+      GFDIT_CHECK(w >= 0 && w < config_.world_size && free[w] && !taken[w])
+          << "policy " << pname << " gave request " << d.request_id << " rank " << w
+          << ", which is busy, dead, taken twice or out of range";
+      taken[w] = true;
+    }
+    GFDIT_CHECK(d.layout.ulysses >= 1 && d.layout.ring >= 1 && d.layout.degree() == static_cast<int>(d.ranks.size()))
+        << "policy " << pname << ": layout " << d.layout.ulysses << "x" << d.layout.ring << " does not fit "
+        << d.ranks.size() << " ranks";
+    GFDIT_CHECK(d.layout.mode == 0 || d.layout.mode == 1) << "policy " << pname << ": layout mode " << d.layout.mode;
+    GFDIT_CHECK(d.num_steps >= 1) << "policy " << pname << ": num_steps " << d.num_steps;
+  }
+}
+
+void ControlPlane::schedule() {
+  dirty_ = false;
+  if (recovering_) return;
+  bool any_free = false;
+  for (int w = 0; w < config_.world_size && !any_free; ++w) any_free = alive_[w] && !rank_busy_[w];
+  if (!any_free) return;
+  SchedulerView view;
+  buildView(view, nullptr);
+  if (view.ready.empty()) return;
+  int64_t t0 = clock_.nowNs();
+  std::vector<Decision> ds;
+  try {
+    ++stats_.policy_calls;
+    ds = policy_->schedule(view);
+    validate(ds, view, nullptr);
+  } catch (const std::exception& e) {
+    // A broken policy must not leave requests waiting for ever: the ones it was asked about fail.
+    std::string msg = std::string("policy ") + policy_->name() + " failed: " + e.what();
+    std::vector<uint64_t> ids;
+    for (const RequestRecord* r : view.ready) ids.push_back(r->id);
+    for (uint64_t id : ids) {
+      auto it = requests_.find(id);
+      if (it != requests_.end()) finish(*it->second, RequestState::kFailed, msg);
+    }
+    return;
+  }
+  stats_.policy_ns += clock_.nowNs() - t0;
+  for (const Decision& d : ds) startDecision(req(d.request_id), d);
+}
+
+void ControlPlane::startDecision(Request& r, const Decision& d) {
+  RequestRecord& rec = r.rec;
+  occupy(d.ranks);
+  rec.busy = true;
+  if (!rec.ranks.empty() && rec.ranks != d.ranks) ++stats_.regroups;
+  r.group = d.ranks;
+  r.layout = d.layout;
+  rec.layout = d.layout;
+  r.todo = std::min(d.num_steps, rec.num_steps - rec.step);
+  r.next_step = rec.step;
+  if (rec.state == RequestState::kQueued) {
+    transition(r, RequestState::kEncoding);
+    dispatch(&r, TaskKind::kEncode, r.group, Layout(), 0, 0, -1, &r.payload);
+  } else {
+    std::vector<int> fresh, stale;
+    for (int w : r.group) {
+      if (std::find(rec.ranks.begin(), rec.ranks.end(), w) == rec.ranks.end()) fresh.push_back(w);
+    }
+    for (int w : rec.ranks) {
+      if (std::find(r.group.begin(), r.group.end(), w) == r.group.end()) stale.push_back(w);
+    }
+    if (!fresh.empty()) {
+      GFDIT_CHECK_CODE(kInternal, !rec.ranks.empty()) << "request " << rec.id << " has no holder to migrate from";
+      int src = rec.ranks[0];
+      for (int w : r.group) {
+        if (std::find(rec.ranks.begin(), rec.ranks.end(), w) != rec.ranks.end()) {
+          src = w;
+          break;
+        }
+      }
+      std::vector<int> bgroup{src};
+      bgroup.insert(bgroup.end(), fresh.begin(), fresh.end());
+      dispatch(&r, TaskKind::kMigrate, bgroup, Layout(), rec.step, 0, src);
+      ++stats_.migrations;
+    }
+    if (!stale.empty()) dispatch(&r, TaskKind::kFree, stale, Layout(), rec.step, 0);  // FIFO: after the migration
+    rec.ranks = r.group;
+  }
+  pump(r);
+  if (r.todo == 0 && r.inflight == 0) endDecision(r);
+}
+
+void ControlPlane::pump(Request& r) {
+  RequestRecord& rec = r.rec;
+  while (true) {
+    while (r.todo > 0 && rec.steps_in_flight < config_.max_inflight_steps) {
+      dispatch(&r, TaskKind::kDenoise, r.group, r.layout, r.next_step, 1);
+      --r.todo;
+      ++r.next_step;
+      ++rec.steps_in_flight;
+    }
+    if (r.todo == 0 && r.inflight > 0 && rec.steps_in_flight < config_.max_inflight_steps &&
+        r.next_step < rec.num_steps && lookahead(r)) {
+      continue;
+    }
+    return;
+  }
+}
+
+bool ControlPlane::lookahead(Request& r) {
+  if (!config_.lookahead || recovering_ || r.cancel) return false;
+  SchedulerView view;
+  buildView(view, &r);
+  RequestRecord future = r.rec;  // as it will be at its boundary: ready at next_step on its group
+  future.step = r.next_step;
+  future.busy = false;
+  future.steps_in_flight = 0;
+  future.ranks = r.group;
+  // keep arrival order
+  auto pos = std::upper_bound(view.ready.begin(), view.ready.end(), &future,
+                              [](const RequestRecord* a, const RequestRecord* b) {
+                                return a->arrival_ns != b->arrival_ns ? a->arrival_ns < b->arrival_ns : a->id < b->id;
+                              });
+  view.ready.insert(pos, &future);
+  int64_t t0 = clock_.nowNs();
+  std::vector<Decision> ds;
+  try {
+    ++stats_.policy_calls;
+    ds = policy_->schedule(view);
+  } catch (const std::exception&) {
+    return false;  // the real round reports a broken policy
+  }
+  stats_.policy_ns += clock_.nowNs() - t0;
+  for (const Decision& d : ds) {
+    if (d.request_id != r.rec.id) continue;
+    if (d.ranks != r.group || d.layout != r.layout || d.num_steps < 1) return false;
+    r.todo = std::min(d.num_steps, r.rec.num_steps - r.next_step);
+    ++stats_.lookahead_hits;
+    return true;
+  }
+  return false;
+}
+
+void ControlPlane::endDecision(Request& r) {
+  release(r.group);
+  r.rec.busy = false;
+  if (r.rec.step >= r.rec.num_steps) dispatchDecode(r);
+}
+
+void ControlPlane::dispatchDecode(Request& r) {
+  RequestRecord& rec = r.rec;
+  int holder = -1;
+  for (int w : rec.ranks) {
+    if (alive_[w] && !rank_busy_[w]) {
+      holder = w;
+      break;
+    }
+  }
+  GFDIT_CHECK_CODE(kInternal, holder >= 0) << "request " << rec.id << " has no free live holder to decode on";
+  r.group = {holder};
+  occupy(r.group);
+  rec.busy = true;
+  transition(r, RequestState::kDecoding, rec.step);
+  dispatch(&r, TaskKind::kDecode, r.group, Layout(), rec.step, 0);
+}
+
+// ---- completions ----
+
+void ControlPlane::onCompletion(const Completion& c) {
+  auto it = tasks_.find(c.task_id);
+  if (it == tasks_.end() || c.rank < 0 || c.rank >= config_.world_size) {
+    if (c.output.name[0] != '\0') executor_.discardOutput(c.output);  // late, duplicate or unknown
+    return;
+  }
+  Task& t = *it->second;
+  uint64_t bit = uint64_t{1} << c.rank;
+  if ((t.pending & bit) == 0) {
+    if (c.output.name[0] != '\0') executor_.discardOutput(c.output);
+    return;
+  }
+  t.pending &= ~bit;
+  t.start_ns = t.start_ns == 0 ? c.start_ns : std::min(t.start_ns, c.start_ns);
+  t.end_ns = std::max(t.end_ns, c.end_ns);
+  if (c.output.name[0] != '\0') t.output = c.output;
+  if (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate || t.kind == TaskKind::kEncode) {
+    t.step_ends.emplace_back(c.rank, c.step_end);
+  }
+  if (!c.ok() && t.error == TaskError::kOk) {
+    t.error = static_cast<TaskError>(c.error);
+    std::ostringstream os;
+    os << "worker " << c.rank << ": " << std::string(c.message, std::min<size_t>(c.message_bytes, sizeof(c.message)));
+    t.message = os.str();
+    // A member that fails a collective task leaves its peers blocked in the collective: release them now.
+    if (t.pending != 0 && (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate)) startRecovery();
+  }
+  if (t.probe && on_probe_) on_probe_(c, clock_.nowNs());
+  if (t.pending == 0) taskDone(t);
+}
+
+void ControlPlane::taskDone(Task& done) {
+  std::unique_ptr<Task> owned = std::move(tasks_[done.id]);
+  tasks_.erase(done.id);
+  Task& t = *owned;
+  ++stats_.tasks_completed;
+  if (t.end_ns > t.start_ns && t.error == TaskError::kOk) {
+    double& e = ewma_ns_[static_cast<int>(t.kind) & 7];
+    double dur = static_cast<double>(t.end_ns - t.start_ns);
+    e = e == 0 ? dur : 0.8 * e + 0.2 * dur;
+  }
+  if (t.kind == TaskKind::kReinit) {
+    if (t.error == TaskError::kOk) {
+      reinitDone();
+    } else if (t.error == TaskError::kWorkerDied) {
+      tryReinit();  // another worker died meanwhile: again among the new survivors
+    } else {
+      recovering_ = false;
+      finishAll("could not re-create the collectives world: " + t.message, true);
+    }
+    return;
+  }
+  auto it = requests_.find(t.request_id);
+  if (it == requests_.end() || t.probe) {
+    if (t.output.name[0] != '\0') executor_.discardOutput(t.output);
+    if (recovering_) tryReinit();
+    return;
+  }
+  Request& r = *it->second;
+  RequestRecord& rec = r.rec;
+  for (const auto& se : t.step_ends) {  // a negative step: the worker holds no copy
+    r.copies.erase(std::remove_if(r.copies.begin(), r.copies.end(), [&](const auto& cp) { return cp.first == se.first; }),
+                   r.copies.end());
+    if (se.second >= 0) r.copies.push_back(se);
+  }
+  if (t.kind == TaskKind::kFree) {
+    for (int w : t.members) {
+      r.copies.erase(std::remove_if(r.copies.begin(), r.copies.end(), [&](const auto& cp) { return cp.first == w; }),
+                     r.copies.end());
+    }
+    if (recovering_) tryReinit();
+    return;
+  }
+  --r.inflight;
+  if (t.kind == TaskKind::kDenoise) --rec.steps_in_flight;
+  if (config_.record_stages) {
+    StageRecord s;
+    s.kind = t.kind;
+    s.ranks = t.ranks;
+    s.layout = t.layout;
+    s.step_begin = t.step_begin;
+    s.num_steps = t.num_steps;
+    s.dispatch_ns = t.dispatch_ns;
+    s.start_ns = t.start_ns;
+    s.end_ns = t.end_ns;
+    s.error = t.error;
+    r.stages.push_back(std::move(s));
+  }
+  if (isFinished(rec.state)) {
+    if (t.output.name[0] != '\0') executor_.discardOutput(t.output);
+    maybePrune(r);
+    if (recovering_) tryReinit();
+    return;
+  }
+  if (t.error != TaskError::kOk) {
+    if (needsRecovery(t.error) || recovering_) {
+      r.hit = true;
+      r.last_error = t.message;
+      startRecovery();
+    } else {
+      finish(r, RequestState::kFailed, t.message);
+    }
+    if (recovering_) tryReinit();
+    return;
+  }
+  switch (t.kind) {
+    case TaskKind::kEncode:
+      rec.ranks = t.ranks;
+      transition(r, RequestState::kDenoising, 0);
+      break;
+    case TaskKind::kDenoise: transition(r, RequestState::kDenoising, t.step_begin + t.num_steps); break;
+    case TaskKind::kDecode:
+      r.output = t.output;
+      finish(r, RequestState::kDone);
+      return;
+    default: break;
+  }
+  if (recovering_) {
+    tryReinit();
+    return;
+  }
+  pump(r);
+  if (r.todo == 0 && r.inflight == 0) endDecision(r);
+}
+
+void ControlPlane::finish(Request& r, RequestState state, const std::string& reason) {
+  RequestRecord& rec = r.rec;
+  if (isFinished(rec.state)) return;
+  transition(r, state, -1, reason);
+  r.todo = 0;
+  std::vector<int> live;
+  for (const auto& cp : r.copies) {
+    if (alive_[cp.first]) live.push_back(cp.first);
+  }
+  for (int w : rec.ranks) {
+    if (alive_[w] && std::find(live.begin(), live.end(), w) == live.end()) live.push_back(w);
+  }
+  std::sort(live.begin(), live.end());
+  if (!live.empty()) dispatch(&r, TaskKind::kFree, live, Layout(), rec.step, 0);
+  rec.ranks.clear();
+  r.copies.clear();
+  ++stats_.finished;
+  if (on_finished_) {
+    RequestResult res;
+    res.id = rec.id;
+    res.state = rec.state;
+    res.reason = rec.reason;
+    res.stages = r.stages;  // a copy: tasks still in flight may add stages before the record is pruned
+    res.transitions = rec.transitions;
+    res.output = r.output;
+    res.arrival_ns = rec.arrival_ns;
+    res.deadline_ns = rec.deadline_ns;
+    res.priority = rec.priority;
+    on_finished_(std::move(res));
+  }
+  maybePrune(r);
+}
+
+void ControlPlane::maybePrune(Request& r) {
+  if (!isFinished(r.rec.state) || r.inflight > 0) return;
+  if (r.rec.busy) {
+    release(r.group);
+    r.rec.busy = false;
+  }
+  uint64_t id = r.rec.id;
+  Request* p = &r;
+  auto pos = std::find(order_.begin(), order_.end(), p);
+  if (pos != order_.end()) order_.erase(pos);
+  requests_.erase(id);  // r is gone
+  dirty_ = true;
+}
+
+void ControlPlane::finishAll(const std::string& reason, bool failed) {
+  std::vector<uint64_t> ids;
+  for (const Request* r : order_) ids.push_back(r->rec.id);
+  for (uint64_t id : ids) {
+    auto it = requests_.find(id);
+    if (it != requests_.end()) finish(*it->second, failed ? RequestState::kFailed : RequestState::kCancelled, reason);
+  }
+}
+
+// ---- failures ----
+
+void ControlPlane::onWorkerDeath(int worker) {
+  GFDIT_CHECK(worker >= 0 && worker < config_.world_size) << "worker " << worker;
+  if (!alive_[worker]) return;
+  alive_[worker] = false;
+  rank_busy_[worker] = true;  // never scheduled again
+  std::vector<uint64_t> hit;
+  for (auto& kv : tasks_) {
+    Task& t = *kv.second;
+    uint64_t bit = uint64_t{1} << worker;
+    if (t.pending & bit) {
+      t.pending &= ~bit;
+      if (t.error == TaskError::kOk) {
+        t.error = TaskError::kWorkerDied;
+        t.message = "worker " + std::to_string(worker) + " died";
+      }
+      if (t.pending == 0) hit.push_back(t.id);
+    }
+  }
+  startRecovery();
+  for (uint64_t id : hit) {
+    auto it = tasks_.find(id);
+    if (it != tasks_.end()) taskDone(*it->second);
+  }
+  tryReinit();
+}
+
+void ControlPlane::startRecovery() {
+  if (!recovering_) {
+    recovering_ = true;
+    executor_.abortCollectives();  // collectives blocked on a dead or broken peer fail within ~100 ms
+  }
+}
+
+void ControlPlane::tryReinit() {
+  if (!recovering_) return;
+  for (const auto& kv : tasks_) {
+    if (kv.second->kind != TaskKind::kReinit) return;  // survivors still finishing (or failing) tasks
+  }
+  if (!tasks_.empty()) return;  // a reinit is under way
+  std::vector<int> survivors;
+  for (int w = 0; w < config_.world_size; ++w) {
+    if (alive_[w]) survivors.push_back(w);
+  }
+  if (survivors.empty()) {
+    recovering_ = false;
+    finishAll("every worker died", true);
+    return;
+  }
+  ++epoch_;
+  ++stats_.recoveries;
+  std::ostringstream os;
+  os << "{\"epoch\": " << epoch_ << ", \"workers\": " << ranksText(survivors) << "}";
+  std::string payload = os.str();
+  dispatch(nullptr, TaskKind::kReinit, survivors, Layout(), 0, 0, -1, &payload);
+}
+
+void ControlPlane::reinitDone() {
+  recovering_ = false;
+  dirty_ = true;
+  std::vector<Request*> reqs(order_.begin(), order_.end());
+  for (Request* rp : reqs) {
+    Request& r = *rp;
+    RequestRecord& rec = r.rec;
+    if (isFinished(rec.state)) continue;
+    r.inflight = 0;
+    r.todo = 0;
+    rec.steps_in_flight = 0;
+    if (rec.busy) {
+      release(r.group);
+      rec.busy = false;
+    }
+    if (r.hit) {
+      r.hit = false;
+      if (++rec.attempts >= config_.max_attempts) {
+        finish(r, RequestState::kFailed,
+               "failed " + std::to_string(rec.attempts) + " times; last: " + r.last_error);
+        continue;
+      }
+    }
+    // the most advanced copies of its state that survived
+    int32_t best = -1;
+    for (const auto& cp : r.copies) {
+      if (alive_[cp.first]) best = std::max(best, cp.second);
+    }
+    std::vector<int> live, other;
+    for (const auto& cp : r.copies) {
+      if (!alive_[cp.first]) continue;
+      (cp.second == best ? live : other).push_back(cp.first);
+    }
+    if (rec.state == RequestState::kQueued) continue;  // never started: the policy places it as usual
+    if (rec.state == RequestState::kEncoding || live.empty()) {
+      std::vector<int> all = live;
+      all.insert(all.end(), other.begin(), other.end());
+      if (!all.empty()) dispatch(&r, TaskKind::kFree, all, Layout(), 0, 0);
+      r.copies.clear();
+      rec.ranks.clear();
+      transition(r, RequestState::kQueued, 0, "restarted: its workers died");
+      rec.reason.clear();
+      continue;
+    }
+    if (!other.empty()) dispatch(&r, TaskKind::kFree, other, Layout(), 0, 0);
+    r.copies.clear();
+    for (int w : live) r.copies.emplace_back(w, best);
+    rec.ranks = live;
+    if (rec.state == RequestState::kDecoding || best >= rec.num_steps) {
+      rec.step = best;
+      dispatchDecode(r);
+    } else if (best != rec.step) {
+      transition(r, RequestState::kDenoising, best);
+    }
+  }
+}
+
+void ControlPlane::checkDeadlines(int64_t now) {
+  std::vector<int> kill;
+  for (auto& kv : tasks_) {
+    Task& t = *kv.second;
+    if (t.deadline_ns == 0 || now < t.deadline_ns) continue;
+    if (!t.aborted) {
+      // First an abort: a task blocked in a collective then fails by itself. Then a kill.
+      t.aborted = true;
+      t.deadline_ns = now + kKillGraceNs;
+      ++stats_.task_timeouts;
+      if (t.error == TaskError::kOk) {
+        t.error = TaskError::kTimeout;
+        std::ostringstream os;
+        os << taskKindName(t.kind) << " task " << t.id << " on " << ranksText(t.ranks) << " missed its deadline";
+        t.message = os.str();
+      }
+      startRecovery();
+      continue;
+    }
+    t.deadline_ns = 0;
+    for (int w = 0; w < config_.world_size; ++w) {
+      if (t.pending & (uint64_t{1} << w)) kill.push_back(w);
+    }
+  }
+  std::sort(kill.begin(), kill.end());
+  kill.erase(std::unique(kill.begin(), kill.end()), kill.end());
+  for (int w : kill) executor_.killWorker(w);  // its death comes back through onWorkerDeath
+}
+
+int64_t ControlPlane::poll() {
+  int64_t now = clock_.nowNs();
+  if (config_.task_timeout_s > 0) checkDeadlines(now);
+  if (recovering_) tryReinit();
+  if (dirty_) schedule();
+  int64_t next = INT64_MAX;
+  for (const auto& kv : tasks_) {
+    if (kv.second->deadline_ns != 0) next = std::min(next, kv.second->deadline_ns);
+  }
+  return next;
+}
+
+int64_t ControlPlane::expectedCompletionNs() const {
+  int64_t next = INT64_MAX;
+  for (const auto& kv : tasks_) next = std::min(next, kv.second->expected_end_ns);
+  return next;
+}
+
+RequestStatus ControlPlane::status(uint64_t id) const {
+  RequestStatus s;
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return s;
+  const RequestRecord& rec = it->second->rec;
+  s.known = true;
+  s.state = rec.state;
+  s.step = rec.step;
+  s.num_steps = rec.num_steps;
+  s.ranks = rec.busy ? it->second->group : rec.ranks;
+  return s;
+}
+
+}  // namespace runtime
+}  // namespace gfdit

@@ -1,1 +1,312 @@
-// placeholder
+// The control plane in real time (see engine_loop.h).
+//
+// NOTE [control thread]
+// One thread owns the control plane. Each round it takes the inbox (submit, cancel, probe, shutdown, posted
+// by any thread), drains every worker's completion ring, checks worker processes every
+// liveness_interval_s, and lets the control plane check deadlines and run the policy. Then, with nothing to
+// do, it blocks on the control doorbell (rung by workers after each completion and by post()) until the
+// next deadline or liveness check: an idle engine sleeps. Only when the control plane expects a completion
+// within spin_window_s (an empty task, a probe) does it spin instead, since waking a sleeping thread costs
+// tens of microseconds on a virtual machine; steps dispatched ahead make that latency irrelevant otherwise.
+#include <pthread.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <sstream>
+
+#include "gfdit/engine_loop.h"
+#include "gfdit/error.h"
+
+namespace gfdit {
+namespace runtime {
+namespace {
+
+constexpr int64_t kSecond = 1000000000;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+bool processGone(int pid) {
+  siginfo_t info{};
+  int rc = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
+  if (rc == 0) return info.si_pid == pid;  // exited (a zombie until its parent reaps it)
+  if (errno == ECHILD) return ::kill(pid, 0) != 0 && errno == ESRCH;  // not our child
+  return false;
+}
+
+}  // namespace
+
+class EngineLoop::RingExecutor : public Executor {
+ public:
+  RingExecutor(QueueSet& q, std::vector<int>& pids) : q_(q), pids_(pids) {}
+
+  void dispatch(const TaskDescriptor& task, const std::vector<int>& workers, const std::string& payload) override {
+    for (int w : workers) {
+      if (!q_.pushTask(w, task, payload, std::chrono::seconds(5))) {
+        killWorker(w);  // a ring full for 5 s: the worker is wedged; its death starts recovery
+      }
+    }
+  }
+  void abortCollectives() override { q_.requestAbort(); }
+  void killWorker(int worker) override {
+    if (worker >= 0 && worker < static_cast<int>(pids_.size()) && pids_[worker] > 0) ::kill(pids_[worker], SIGKILL);
+  }
+  void discardOutput(const OutputRef& ref) override { runtime::discardOutput(ref); }
+
+ private:
+  QueueSet& q_;
+  std::vector<int>& pids_;
+};
+
+EngineLoop::EngineLoop(EngineOptions options, std::shared_ptr<Policy> policy,
+                       std::shared_ptr<const cost::CostModel> cost)
+    : options_(std::move(options)) {
+  GFDIT_CHECK(options_.num_workers >= 1 && options_.num_workers <= kMaxRanks) << "workers: " << options_.num_workers;
+  options_.control.world_size = options_.num_workers;
+  queues_ = QueueSet::create(options_.num_workers, options_.ring_bytes);
+  output_prefix_ = outputPrefix(queues_->name());
+  executor_ = std::make_unique<RingExecutor>(*queues_, pids_);
+  plane_ = std::make_unique<ControlPlane>(options_.control, clock_, *executor_, std::move(policy), std::move(cost));
+  plane_->setFinishedCallback([this](RequestResult&& r) {
+    std::lock_guard<std::mutex> lock(results_mu_);
+    results_.push_back(std::move(r));
+    results_cv_.notify_all();
+  });
+  plane_->setProbeCallback([this](const Completion& c, int64_t seen) {
+    std::lock_guard<std::mutex> lock(results_mu_);
+    probes_.push_back({c.dispatch_ns, c.start_ns, c.post_ns, seen});
+    results_cv_.notify_all();
+  });
+}
+
+EngineLoop::~EngineLoop() {
+  shutdown();
+  unlinkOutputs(output_prefix_);
+}
+
+std::vector<std::string> EngineLoop::awaitWorkers(const std::vector<int>& pids, double timeout_s) {
+  GFDIT_CHECK(!started_) << "awaitWorkers after start";
+  GFDIT_CHECK(static_cast<int>(pids.size()) == options_.num_workers)
+      << pids.size() << " worker pids for " << options_.num_workers << " workers";
+  pids_ = pids;
+  std::vector<std::string> hello(options_.num_workers);
+  std::vector<bool> seen(options_.num_workers, false);
+  int left = options_.num_workers;
+  int64_t deadline = nowNs() + static_cast<int64_t>(timeout_s * 1e9);
+  Completion c;
+  while (left > 0) {
+    uint32_t bell = __atomic_load_n(&queues_->controlBell()->value, __ATOMIC_SEQ_CST);
+    bool got = false;
+    for (int w = 0; w < options_.num_workers; ++w) {
+      while (queues_->tryPopCompletion(w, c)) {
+        got = true;
+        if (c.task_id != 0) continue;
+        std::string msg(c.message, std::min<size_t>(c.message_bytes, sizeof(c.message)));
+        GFDIT_CHECK_CODE(kRemoteError, c.ok()) << "worker " << w << " failed to start: " << msg;
+        if (!seen[w]) {
+          seen[w] = true;
+          hello[w] = msg;
+          --left;
+        }
+      }
+    }
+    if (got) continue;
+    for (int w = 0; w < options_.num_workers; ++w) {
+      GFDIT_CHECK_CODE(kRemoteError, seen[w] || !processGone(pids_[w])) << "worker " << w << " exited during start-up";
+    }
+    int64_t now = nowNs();
+    GFDIT_CHECK_CODE(kTimeout, now < deadline) << "workers not ready within " << timeout_s << " s";
+    waitDoorbell(queues_->controlBell(), bell, std::min(deadline, now + kSecond / 10));
+  }
+  return hello;
+}
+
+void EngineLoop::start() {
+  GFDIT_CHECK(!started_) << "the engine loop is already started";
+  GFDIT_CHECK(static_cast<int>(pids_.size()) == options_.num_workers) << "awaitWorkers first";
+  queues_->unlinkName();  // every worker mapped it: nothing remains in /dev/shm
+  started_ = true;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void EngineLoop::post(Event e) {
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    inbox_.push_back(std::move(e));
+  }
+  ringDoorbell(queues_->controlBell());
+}
+
+uint64_t EngineLoop::submit(RequestSpec spec) {
+  GFDIT_CHECK(!closed_) << "the engine is shut down";
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    id = next_id_++;
+  }
+  spec.id = id;
+  if (spec.arrival_ns == 0) spec.arrival_ns = nowNs();
+  Event e{Event::kSubmit, id, std::move(spec)};
+  post(std::move(e));
+  return id;
+}
+
+void EngineLoop::cancel(uint64_t id) { post(Event{Event::kCancel, id, {}}); }
+
+std::vector<RequestResult> EngineLoop::waitResults(double timeout_s) {
+  std::unique_lock<std::mutex> lock(results_mu_);
+  results_cv_.wait_for(lock, std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1e6)),
+                       [&] { return !results_.empty() || closed_; });
+  std::vector<RequestResult> out(std::make_move_iterator(results_.begin()), std::make_move_iterator(results_.end()));
+  results_.clear();
+  return out;
+}
+
+RequestStatus EngineLoop::status(uint64_t id) {
+  std::lock_guard<std::mutex> lock(plane_mu_);
+  return plane_->status(id);
+}
+
+std::vector<ProbeSample> EngineLoop::ping(int worker, int count, double timeout_s) {
+  GFDIT_CHECK(started_ && !closed_) << "the engine is not running";
+  GFDIT_CHECK(worker >= 0 && worker < options_.num_workers) << "worker " << worker;
+  std::vector<ProbeSample> out;
+  for (int i = 0; i < count; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(results_mu_);
+      probes_.clear();
+    }
+    post(Event{Event::kProbe, static_cast<uint64_t>(worker), {}});
+    std::unique_lock<std::mutex> lock(results_mu_);
+    bool ok = results_cv_.wait_for(lock, std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)),
+                                   [&] { return !probes_.empty() || closed_; });
+    GFDIT_CHECK_CODE(kTimeout, ok && !probes_.empty()) << "ping of worker " << worker << " not answered in "
+                                                       << timeout_s << " s";
+    out.push_back(probes_.front());
+  }
+  return out;
+}
+
+EngineStats EngineLoop::stats() {
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> lock(plane_mu_);
+    s.control = plane_->stats();
+    s.loop_wakeups = loop_wakeups_;
+    for (int w = 0; w < options_.num_workers; ++w) s.alive.push_back(plane_->alive(w));
+    s.num_requests = plane_->numRequests();
+    s.tasks_in_flight = plane_->numTasksInFlight();
+    s.recovering = plane_->recovering();
+  }
+  if (thread_.joinable()) {
+    clockid_t cid;
+    if (pthread_getcpuclockid(thread_.native_handle(), &cid) == 0) {
+      timespec ts;
+      if (clock_gettime(cid, &ts) == 0) s.control_cpu_ns = static_cast<int64_t>(ts.tv_sec) * kSecond + ts.tv_nsec;
+    }
+  }
+  return s;
+}
+
+void EngineLoop::shutdown() {
+  if (closed_) return;
+  if (started_ && thread_.joinable()) {
+    post(Event{Event::kShutdown, 0, {}});
+    thread_.join();
+  }
+  {
+    std::lock_guard<std::mutex> lock(results_mu_);
+    closed_ = true;
+    results_cv_.notify_all();
+  }
+  queues_->unlinkName();
+}
+
+void EngineLoop::checkWorkers(int64_t now) {
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if (plane_->alive(w) && processGone(pids_[w])) plane_->onWorkerDeath(w);
+  }
+}
+
+void EngineLoop::loop() {
+  Doorbell* bell = queues_->controlBell();
+  const int64_t liveness_ns = static_cast<int64_t>(options_.liveness_interval_s * 1e9);
+  const int64_t spin_ns = static_cast<int64_t>(options_.spin_window_s * 1e9);
+  int64_t next_liveness = 0;
+  std::vector<Event> events;
+  Completion c;
+  bool stopping = false;
+  while (true) {
+    uint32_t seen = __atomic_load_n(&bell->value, __ATOMIC_SEQ_CST);
+    bool worked = false;
+    int64_t next_timer = INT64_MAX;
+    {
+      std::lock_guard<std::mutex> lock(plane_mu_);
+      ++loop_wakeups_;
+      try {
+        {
+          std::lock_guard<std::mutex> ilock(inbox_mu_);
+          events.swap(inbox_);
+        }
+        for (Event& e : events) {
+          worked = true;
+          switch (e.kind) {
+            case Event::kSubmit: plane_->submit(std::move(e.spec)); break;
+            case Event::kCancel: plane_->cancel(e.id); break;
+            case Event::kProbe:
+              if (plane_->alive(static_cast<int>(e.id))) plane_->probe(static_cast<int>(e.id));
+              break;
+            case Event::kShutdown: stopping = true; break;
+          }
+        }
+        events.clear();
+        for (int w = 0; w < options_.num_workers; ++w) {
+          while (queues_->tryPopCompletion(w, c)) {
+            worked = true;
+            plane_->onCompletion(c);
+          }
+        }
+        int64_t now = nowNs();
+        if (now >= next_liveness) {
+          checkWorkers(now);
+          next_liveness = now + liveness_ns;
+        }
+        if (stopping) {
+          plane_->finishAll("engine shut down");
+          TaskDescriptor t;
+          t.kind = static_cast<uint32_t>(TaskKind::kShutdown);
+          for (int w = 0; w < options_.num_workers; ++w) {
+            if (plane_->alive(w)) queues_->pushTask(w, t, std::string(), std::chrono::seconds(1));
+          }
+          return;
+        }
+        next_timer = plane_->poll();
+      } catch (const std::exception& e) {
+        // A bug in the control plane must not leave callers waiting for ever.
+        plane_->finishAll(std::string("engine control plane failed: ") + e.what(), true);
+      }
+    }
+    if (worked) continue;
+    int64_t now = nowNs();
+    int64_t expected = plane_->expectedCompletionNs();
+    if (expected != INT64_MAX && expected - now < spin_ns && now - expected < 4 * spin_ns) {
+      // a completion is due: spin (NOTE [control thread])
+      int64_t spin_end = std::max(expected, now) + spin_ns;
+      while (__atomic_load_n(&bell->value, __ATOMIC_SEQ_CST) == seen && nowNs() < spin_end) cpuRelax();
+      continue;
+    }
+    waitDoorbell(bell, seen, std::min(next_timer, next_liveness));
+  }
+}
+
+}  // namespace runtime
+}  // namespace gfdit

@@ -1,15 +1,19 @@
-// Shared-memory rings between the engine and its workers.
+// Shared-memory rings between the control plane and its workers, and the shared-memory outputs.
 //
-// NOTE [task ring]
-// A bounded multi-producer multi-consumer ring in the style of Vyukov's: each cell carries a sequence
-// word. A producer that reserved position p (by CAS on enqueue_pos) writes the element, then stores
-// seq = p + 1 with release; a consumer that sees seq == p + 1 with acquire owns the element, reads it,
-// then stores seq = p + capacity with release, handing the cell to the producer of the next lap.
-// Waiting uses the doorbell pattern of NOTE [doorbell] in src/collectives/edge.h: every push and pop
-// bumps the header's doorbell (sequentially consistent) and wakes a blocked waiter if there is one.
+// NOTE [message ring]
+// One producer, one consumer, variable-length messages. Positions `head` (consumer) and `tail` (producer)
+// count bytes and only grow; the data area is a circle of `capacity` bytes. A message is a frame: an 8-byte
+// header (length, kind) and the bytes, padded to 8. A frame never wraps: when it does not fit before the
+// end, the producer writes a padding header and starts at offset 0. The producer writes the frame, then
+// stores tail with release; the consumer loads tail with acquire, reads the frame, then stores head with
+// release (the producer loads head with acquire before reusing the bytes). A producer that dies while
+// writing never published its tail, so the consumer sees nothing of the frame and the ring stays usable.
+// Waiting uses NOTE [doorbell] of src/collectives/edge.h: a push rings the data bell (which several rings
+// may share: all completion rings ring the control plane's one bell), a pop rings the ring's space bell.
+#include <dirent.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -17,6 +21,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -28,9 +33,10 @@ namespace gfdit {
 namespace runtime {
 namespace {
 
-constexpr uint64_t kQueueMagic = 0x6766646974515545ull;  // "gfditQUE"
-constexpr uint64_t kSetMagic = 0x6766646974534554ull;    // "gfditSET"
+constexpr uint64_t kRingMagic = 0x6766646974524e47ull;  // "gfditRNG"
+constexpr uint64_t kSetMagic = 0x6766646974534554ull;   // "gfditSET"
 constexpr size_t kLine = 64;
+constexpr uint32_t kPadFrame = 0xffffffffu;
 
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -40,6 +46,11 @@ inline void cpuRelax() {
 #endif
 }
 
+struct FrameHeader {
+  uint32_t bytes;  // payload bytes, or kPadFrame
+  uint32_t reserved;
+};
+
 }  // namespace
 
 int64_t nowNs() {
@@ -48,124 +59,136 @@ int64_t nowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-struct ShmQueue::Header {
+void ringDoorbell(Doorbell* bell) {
+  __atomic_fetch_add(&bell->value, 1u, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&bell->waiters, __ATOMIC_SEQ_CST) != 0) {
+    syscall(SYS_futex, &bell->value, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+  }
+}
+
+void waitDoorbell(Doorbell* bell, uint32_t seen, int64_t until_ns) {
+  int64_t now = nowNs();
+  if (now >= until_ns) return;
+  __atomic_fetch_add(&bell->waiters, 1u, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&bell->value, __ATOMIC_SEQ_CST) == seen) {
+    int64_t left = until_ns - now;
+    timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
+    syscall(SYS_futex, &bell->value, FUTEX_WAIT, seen, &ts, nullptr, 0);
+  }
+  __atomic_fetch_sub(&bell->waiters, 1u, __ATOMIC_SEQ_CST);
+}
+
+struct MessageRing::Header {
   uint64_t magic;
   uint32_t capacity;
-  uint32_t elem_bytes;
-  uint64_t cell_bytes;
-  alignas(kLine) uint64_t enqueue_pos;
-  alignas(kLine) uint64_t dequeue_pos;
-  alignas(kLine) uint32_t doorbell;
-  uint32_t num_waiters;
+  uint32_t reserved;
+  alignas(kLine) uint64_t head;  // consumer position (bytes)
+  alignas(kLine) uint64_t tail;  // producer position (bytes)
+  alignas(kLine) Doorbell space_bell;
+  Doorbell own_data_bell;
 };
 
-size_t ShmQueue::footprint(uint32_t capacity, uint32_t elem_bytes) {
-  return alignUp(sizeof(Header), kLine) + capacity * alignUp(elem_bytes + 8, kLine);
-}
+size_t MessageRing::footprint(uint32_t capacity) { return alignUp(sizeof(Header), kLine) + capacity; }
 
-ShmQueue ShmQueue::create(void* memory, uint32_t capacity, uint32_t elem_bytes) {
-  GFDIT_CHECK(capacity >= 2 && (capacity & (capacity - 1)) == 0) << "queue capacity must be a power of two";
-  ShmQueue q;
+MessageRing MessageRing::create(void* memory, uint32_t capacity, Doorbell* data_bell) {
+  GFDIT_CHECK(capacity >= 4096 && capacity % kLine == 0) << "ring capacity " << capacity << " (>= 4096, multiple of 64)";
+  MessageRing q;
   q.header_ = static_cast<Header*>(memory);
   q.header_->capacity = capacity;
-  q.header_->elem_bytes = elem_bytes;
-  q.header_->cell_bytes = alignUp(elem_bytes + 8, kLine);
-  q.cells_ = static_cast<uint8_t*>(memory) + alignUp(sizeof(Header), kLine);
-  for (uint32_t i = 0; i < capacity; ++i) {
-    __atomic_store_n(reinterpret_cast<uint64_t*>(q.cells_ + i * q.header_->cell_bytes), uint64_t{i}, __ATOMIC_RELAXED);
-  }
-  __atomic_store_n(&q.header_->magic, kQueueMagic, __ATOMIC_RELEASE);
+  q.data_ = static_cast<uint8_t*>(memory) + alignUp(sizeof(Header), kLine);
+  q.data_bell_ = data_bell != nullptr ? data_bell : &q.header_->own_data_bell;
+  __atomic_store_n(&q.header_->magic, kRingMagic, __ATOMIC_RELEASE);
   return q;
 }
 
-ShmQueue ShmQueue::attach(void* memory) {
-  ShmQueue q;
+MessageRing MessageRing::attach(void* memory, Doorbell* data_bell) {
+  MessageRing q;
   q.header_ = static_cast<Header*>(memory);
-  GFDIT_CHECK(__atomic_load_n(&q.header_->magic, __ATOMIC_ACQUIRE) == kQueueMagic) << "not a gfdit queue";
-  q.cells_ = static_cast<uint8_t*>(memory) + alignUp(sizeof(Header), kLine);
+  GFDIT_CHECK(__atomic_load_n(&q.header_->magic, __ATOMIC_ACQUIRE) == kRingMagic) << "not a gfdit ring";
+  q.data_ = static_cast<uint8_t*>(memory) + alignUp(sizeof(Header), kLine);
+  q.data_bell_ = data_bell != nullptr ? data_bell : &q.header_->own_data_bell;
   return q;
 }
 
-uint32_t ShmQueue::capacity() const { return header_->capacity; }
+size_t MessageRing::maxMessage() const { return header_->capacity / 2 - sizeof(FrameHeader); }
 
-uint64_t ShmQueue::size() const {
-  uint64_t e = __atomic_load_n(&header_->enqueue_pos, __ATOMIC_ACQUIRE);
-  uint64_t d = __atomic_load_n(&header_->dequeue_pos, __ATOMIC_ACQUIRE);
-  return e > d ? e - d : 0;
-}
-
-namespace {
-
-void ring(uint32_t* doorbell, uint32_t* waiters) {
-  __atomic_fetch_add(doorbell, 1u, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST) != 0) {
-    syscall(SYS_futex, doorbell, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-  }
-}
-
-}  // namespace
-
-bool ShmQueue::tryPush(const void* elem) {
+bool MessageRing::tryPush(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   Header* h = header_;
-  uint64_t mask = h->capacity - 1;
-  uint64_t pos = __atomic_load_n(&h->enqueue_pos, __ATOMIC_RELAXED);
-  while (true) {
-    uint8_t* cell = cells_ + (pos & mask) * h->cell_bytes;
-    uint64_t seq = __atomic_load_n(reinterpret_cast<uint64_t*>(cell), __ATOMIC_ACQUIRE);
-    int64_t dif = static_cast<int64_t>(seq) - static_cast<int64_t>(pos);
-    if (dif == 0) {
-      if (__atomic_compare_exchange_n(&h->enqueue_pos, &pos, pos + 1, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-        std::memcpy(cell + 8, elem, h->elem_bytes);
-        // release: the element is visible to the consumer that acquires seq (see NOTE [task ring])
-        __atomic_store_n(reinterpret_cast<uint64_t*>(cell), pos + 1, __ATOMIC_RELEASE);
-        ring(&h->doorbell, &h->num_waiters);
-        return true;
-      }
-    } else if (dif < 0) {
-      return false;  // full
-    } else {
-      pos = __atomic_load_n(&h->enqueue_pos, __ATOMIC_RELAXED);
-    }
+  size_t n = a_bytes + b_bytes;
+  GFDIT_CHECK(n <= maxMessage()) << "a message of " << n << " bytes exceeds the ring's " << maxMessage();
+  uint64_t cap = h->capacity;
+  uint64_t tail = __atomic_load_n(&h->tail, __ATOMIC_RELAXED);  // only this producer writes it
+  uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
+  uint64_t frame = sizeof(FrameHeader) + alignUp(n, 8);
+  uint64_t off = tail % cap;
+  uint64_t pad = cap - off < frame ? cap - off : 0;
+  if (cap - (tail - head) < pad + frame) return false;  // full
+  if (pad != 0) {
+    auto* fh = reinterpret_cast<FrameHeader*>(data_ + off);
+    fh->bytes = kPadFrame;
+    tail += pad;
+    off = 0;
   }
+  auto* fh = reinterpret_cast<FrameHeader*>(data_ + off);
+  fh->bytes = static_cast<uint32_t>(n);
+  fh->reserved = 0;
+  if (a_bytes) std::memcpy(data_ + off + sizeof(FrameHeader), a, a_bytes);
+  if (b_bytes) std::memcpy(data_ + off + sizeof(FrameHeader) + a_bytes, b, b_bytes);
+  // release: the frame is written before the consumer can see the new tail (NOTE [message ring])
+  __atomic_store_n(&h->tail, tail + frame, __ATOMIC_RELEASE);
+  ringDoorbell(data_bell_);
+  return true;
 }
 
-bool ShmQueue::tryPop(void* elem) {
+int64_t MessageRing::peekBytes() const {
   Header* h = header_;
-  uint64_t mask = h->capacity - 1;
-  uint64_t pos = __atomic_load_n(&h->dequeue_pos, __ATOMIC_RELAXED);
-  while (true) {
-    uint8_t* cell = cells_ + (pos & mask) * h->cell_bytes;
-    uint64_t seq = __atomic_load_n(reinterpret_cast<uint64_t*>(cell), __ATOMIC_ACQUIRE);
-    int64_t dif = static_cast<int64_t>(seq) - static_cast<int64_t>(pos + 1);
-    if (dif == 0) {
-      if (__atomic_compare_exchange_n(&h->dequeue_pos, &pos, pos + 1, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-        std::memcpy(elem, cell + 8, h->elem_bytes);
-        // release: our read is done before the producer of the next lap reuses the cell
-        __atomic_store_n(reinterpret_cast<uint64_t*>(cell), pos + mask + 1, __ATOMIC_RELEASE);
-        ring(&h->doorbell, &h->num_waiters);
-        return true;
-      }
-    } else if (dif < 0) {
-      return false;  // empty
-    } else {
-      pos = __atomic_load_n(&h->dequeue_pos, __ATOMIC_RELAXED);
-    }
+  uint64_t cap = h->capacity;
+  uint64_t head = __atomic_load_n(&h->head, __ATOMIC_RELAXED);  // only this consumer writes it
+  uint64_t tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
+  while (head != tail) {
+    auto* fh = reinterpret_cast<const FrameHeader*>(data_ + head % cap);
+    if (fh->bytes != kPadFrame) return fh->bytes;
+    head += cap - head % cap;
   }
+  return -1;
 }
+
+bool MessageRing::tryPop(std::string& out) {
+  Header* h = header_;
+  uint64_t cap = h->capacity;
+  uint64_t head = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
+  uint64_t tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
+  while (head != tail) {
+    auto* fh = reinterpret_cast<const FrameHeader*>(data_ + head % cap);
+    if (fh->bytes == kPadFrame) {
+      head += cap - head % cap;
+      continue;
+    }
+    out.assign(reinterpret_cast<const char*>(data_ + head % cap + sizeof(FrameHeader)), fh->bytes);
+    // release: our read is done before the producer reuses the bytes
+    __atomic_store_n(&h->head, head + sizeof(FrameHeader) + alignUp(fh->bytes, 8), __ATOMIC_RELEASE);
+    ringDoorbell(&h->space_bell);
+    return true;
+  }
+  if (head != __atomic_load_n(&h->head, __ATOMIC_RELAXED)) __atomic_store_n(&h->head, head, __ATOMIC_RELEASE);
+  return false;
+}
+
+bool MessageRing::empty() const { return peekBytes() < 0; }
 
 namespace {
 
 // Retries `attempt` until it succeeds or the timeout passes: spin ~20 us, then yield the core for up to
-// ~1 ms (an idle worker or engine usually gets its next task or completion within that, and waking a
-// process blocked in a futex costs tens of microseconds on a virtual machine), then block on the doorbell.
+// ~1 ms (an idle worker usually gets its next task within that, and waking a process blocked in a futex
+// costs tens of microseconds on a virtual machine), then block on the doorbell.
 template <typename F>
-bool waitFor(uint32_t* doorbell, uint32_t* waiters, std::chrono::microseconds timeout, F attempt) {
+bool waitFor(Doorbell* bell, std::chrono::microseconds timeout, F attempt) {
   int64_t start = nowNs();
   int64_t deadline = start + timeout.count() * 1000;
   int64_t spin_end = start + 20000;
   int64_t yield_end = start + 1000000;
-  for (int i = 0;; ++i) {
-    uint32_t bell = __atomic_load_n(doorbell, __ATOMIC_SEQ_CST);
+  while (true) {
+    uint32_t seen = __atomic_load_n(&bell->value, __ATOMIC_SEQ_CST);
     if (attempt()) return true;
     int64_t now = nowNs();
     if (now >= deadline) return false;
@@ -177,24 +200,18 @@ bool waitFor(uint32_t* doorbell, uint32_t* waiters, std::chrono::microseconds ti
       sched_yield();
       continue;
     }
-    __atomic_fetch_add(waiters, 1u, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(doorbell, __ATOMIC_SEQ_CST) == bell) {
-      int64_t left = std::min<int64_t>(deadline - now, 50000000);  // wake at least every 50 ms
-      timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
-      syscall(SYS_futex, doorbell, FUTEX_WAIT, bell, &ts, nullptr, 0);
-    }
-    __atomic_fetch_sub(waiters, 1u, __ATOMIC_SEQ_CST);
+    waitDoorbell(bell, seen, std::min(deadline, now + 50000000));  // wake at least every 50 ms
   }
 }
 
 }  // namespace
 
-bool ShmQueue::push(const void* elem, std::chrono::microseconds timeout) {
-  return waitFor(&header_->doorbell, &header_->num_waiters, timeout, [&] { return tryPush(elem); });
+bool MessageRing::push(const void* a, size_t a_bytes, const void* b, size_t b_bytes, std::chrono::microseconds timeout) {
+  return waitFor(&header_->space_bell, timeout, [&] { return tryPush(a, a_bytes, b, b_bytes); });
 }
 
-bool ShmQueue::pop(void* elem, std::chrono::microseconds timeout) {
-  return waitFor(&header_->doorbell, &header_->num_waiters, timeout, [&] { return tryPop(elem); });
+bool MessageRing::pop(std::string& out, std::chrono::microseconds timeout) {
+  return waitFor(data_bell_, timeout, [&] { return tryPop(out); });
 }
 
 // ---- QueueSet ----
@@ -204,11 +221,11 @@ namespace {
 struct SetHeader {
   uint64_t magic;
   int32_t num_workers;
-  uint32_t capacity;
+  uint32_t ring_bytes;
   uint64_t total_bytes;
-  uint64_t dispatch_bytes;  // footprint of one dispatch queue
-  uint64_t completion_offset;
+  uint64_t ring_footprint;
   alignas(64) uint64_t abort_epoch;  // see QueueSet::abortWord
+  alignas(64) Doorbell control_bell;
 };
 
 std::string randomName() {
@@ -219,14 +236,15 @@ std::string randomName() {
   return os.str();
 }
 
+size_t headerBytes() { return alignUp(sizeof(SetHeader), 4096); }
+
 }  // namespace
 
-std::unique_ptr<QueueSet> QueueSet::create(int num_workers, uint32_t capacity) {
+std::unique_ptr<QueueSet> QueueSet::create(int num_workers, uint32_t ring_bytes) {
   GFDIT_CHECK(num_workers >= 1 && num_workers <= kMaxRanks) << "workers: " << num_workers;
-  size_t header = alignUp(sizeof(SetHeader), 4096);
-  size_t dq = alignUp(ShmQueue::footprint(capacity, sizeof(TaskDescriptor)), 4096);
-  size_t cq = alignUp(ShmQueue::footprint(capacity * 4, sizeof(Completion)), 4096);
-  size_t total = header + dq * num_workers + cq;
+  ring_bytes = static_cast<uint32_t>(alignUp(std::max<uint32_t>(ring_bytes, 2 * (kMaxPayloadBytes + 4096)), 4096));
+  size_t rf = alignUp(MessageRing::footprint(ring_bytes), 4096);
+  size_t total = headerBytes() + rf * 2 * num_workers;
   std::unique_ptr<QueueSet> set(new QueueSet());
   int fd = -1;
   for (int i = 0; i < 16 && fd < 0; ++i) {
@@ -248,15 +266,14 @@ std::unique_ptr<QueueSet> QueueSet::create(int num_workers, uint32_t capacity) {
   set->num_workers_ = num_workers;
   auto* h = static_cast<SetHeader*>(p);
   h->num_workers = num_workers;
-  h->capacity = capacity;
+  h->ring_bytes = ring_bytes;
   h->total_bytes = total;
-  h->dispatch_bytes = dq;
-  h->completion_offset = header + dq * num_workers;
+  h->ring_footprint = rf;
+  auto* base = static_cast<uint8_t*>(p) + headerBytes();
   for (int w = 0; w < num_workers; ++w) {
-    set->dispatch_.push_back(ShmQueue::create(static_cast<uint8_t*>(p) + header + dq * w, capacity,
-                                              sizeof(TaskDescriptor)));
+    set->dispatch_.push_back(MessageRing::create(base + rf * (2 * w), ring_bytes, nullptr));
+    set->completion_.push_back(MessageRing::create(base + rf * (2 * w + 1), ring_bytes, &h->control_bell));
   }
-  set->completion_ = ShmQueue::create(static_cast<uint8_t*>(p) + h->completion_offset, capacity * 4, sizeof(Completion));
   __atomic_store_n(&h->magic, kSetMagic, __ATOMIC_RELEASE);
   return set;
 }
@@ -280,17 +297,50 @@ std::unique_ptr<QueueSet> QueueSet::attach(const std::string& name) {
   auto* h = static_cast<SetHeader*>(p);
   GFDIT_CHECK(__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kSetMagic) << "'" << name << "' is not a queue set";
   set->num_workers_ = h->num_workers;
-  size_t header = alignUp(sizeof(SetHeader), 4096);
+  auto* base = static_cast<uint8_t*>(p) + headerBytes();
   for (int w = 0; w < h->num_workers; ++w) {
-    set->dispatch_.push_back(ShmQueue::attach(static_cast<uint8_t*>(p) + header + h->dispatch_bytes * w));
+    set->dispatch_.push_back(MessageRing::attach(base + h->ring_footprint * (2 * w), nullptr));
+    set->completion_.push_back(MessageRing::attach(base + h->ring_footprint * (2 * w + 1), &h->control_bell));
   }
-  set->completion_ = ShmQueue::attach(static_cast<uint8_t*>(p) + h->completion_offset);
   return set;
 }
+
+Doorbell* QueueSet::controlBell() { return &static_cast<SetHeader*>(base_)->control_bell; }
 
 uint64_t* QueueSet::abortWord() { return &static_cast<SetHeader*>(base_)->abort_epoch; }
 
 void QueueSet::requestAbort() { __atomic_fetch_add(abortWord(), uint64_t{1}, __ATOMIC_SEQ_CST); }
+
+bool QueueSet::pushTask(int worker, const TaskDescriptor& t, const std::string& payload,
+                        std::chrono::microseconds timeout) {
+  GFDIT_CHECK(worker >= 0 && worker < num_workers_) << "worker " << worker;
+  GFDIT_CHECK(t.payload_bytes == payload.size()) << "descriptor says " << t.payload_bytes << " payload bytes, got "
+                                                 << payload.size();
+  return dispatch_[worker].push(&t, sizeof(t), payload.data(), payload.size(), timeout);
+}
+
+bool QueueSet::popTask(int worker, TaskDescriptor& t, std::string& payload, std::chrono::microseconds timeout) {
+  GFDIT_CHECK(worker >= 0 && worker < num_workers_) << "worker " << worker;
+  thread_local std::string scratch;
+  if (!dispatch_[worker].pop(scratch, timeout)) return false;
+  GFDIT_CHECK_CODE(kInternal, scratch.size() >= sizeof(t)) << "short task message";
+  std::memcpy(&t, scratch.data(), sizeof(t));
+  payload.assign(scratch.data() + sizeof(t), scratch.size() - sizeof(t));
+  return true;
+}
+
+bool QueueSet::pushCompletion(int worker, const Completion& c, std::chrono::microseconds timeout) {
+  GFDIT_CHECK(worker >= 0 && worker < num_workers_) << "worker " << worker;
+  return completion_[worker].push(&c, sizeof(c), nullptr, 0, timeout);
+}
+
+bool QueueSet::tryPopCompletion(int worker, Completion& c) {
+  thread_local std::string scratch;
+  if (!completion_[worker].tryPop(scratch)) return false;
+  GFDIT_CHECK_CODE(kInternal, scratch.size() == sizeof(c)) << "bad completion message";
+  std::memcpy(&c, scratch.data(), sizeof(c));
+  return true;
+}
 
 void QueueSet::unlinkName() {
   if (owner_ && !name_.empty()) {
@@ -302,6 +352,82 @@ void QueueSet::unlinkName() {
 QueueSet::~QueueSet() {
   unlinkName();
   if (base_ != nullptr) ::munmap(base_, bytes_);
+}
+
+// ---- outputs (NOTE [outputs] in runtime.h) ----
+
+std::string outputPrefix(const std::string& queue_name) {
+  std::string tail = queue_name.substr(queue_name.rfind('-') + 1);
+  return "/gfdit-o-" + tail.substr(0, 16) + "-";
+}
+
+void writeOutput(const std::string& name, const void* data, size_t bytes, OutputRef& ref) {
+  GFDIT_CHECK(!name.empty() && name[0] == '/' && name.size() < sizeof(ref.name)) << "output name '" << name << "'";
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) GFDIT_THROW(kSystemError) << "shm_open(" << name << "): " << std::strerror(errno);
+  if (bytes > 0) {
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      GFDIT_THROW(kSystemError) << "ftruncate: " << std::strerror(errno);
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      GFDIT_THROW(kSystemError) << "mmap: " << std::strerror(errno);
+    }
+    std::memcpy(p, data, bytes);
+    ::munmap(p, bytes);
+  }
+  ::close(fd);
+  std::memset(ref.name, 0, sizeof(ref.name));
+  std::memcpy(ref.name, name.data(), name.size());
+  ref.bytes = bytes;
+}
+
+std::shared_ptr<MappedOutput> MappedOutput::open(const OutputRef& ref) {
+  std::string name(ref.name, strnlen(ref.name, sizeof(ref.name)));
+  int fd = ::shm_open(name.c_str(), O_RDONLY, 0600);
+  if (fd < 0) GFDIT_THROW(kSystemError) << "output " << name << ": " << std::strerror(errno);
+  ::shm_unlink(name.c_str());  // mapped below: the name is no longer needed (NOTE [outputs])
+  std::shared_ptr<MappedOutput> out(new MappedOutput());
+  out->bytes_ = ref.bytes;
+  if (ref.bytes > 0) {
+    void* p = ::mmap(nullptr, ref.bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      GFDIT_THROW(kSystemError) << "mmap output " << name << ": " << std::strerror(errno);
+    }
+    out->data_ = p;
+  }
+  ::close(fd);
+  return out;
+}
+
+MappedOutput::~MappedOutput() {
+  if (data_ != nullptr) ::munmap(data_, bytes_);
+}
+
+void discardOutput(const OutputRef& ref) {
+  std::string name(ref.name, strnlen(ref.name, sizeof(ref.name)));
+  if (!name.empty()) ::shm_unlink(name.c_str());
+}
+
+int unlinkOutputs(const std::string& prefix) {
+  // POSIX shm names live in /dev/shm on Linux, without the leading '/'.
+  std::string want = prefix.size() > 1 && prefix[0] == '/' ? prefix.substr(1) : prefix;
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int n = 0;
+  while (dirent* e = ::readdir(dir)) {
+    if (std::strncmp(e->d_name, want.c_str(), want.size()) == 0) {
+      std::string name = "/" + std::string(e->d_name);
+      if (::shm_unlink(name.c_str()) == 0) ++n;
+    }
+  }
+  ::closedir(dir);
+  return n;
 }
 
 }  // namespace runtime

@@ -1,1 +1,367 @@
-// placeholder
+// The simulator: the control plane on a simulated executor and a virtual clock (see simulator.h).
+//
+// NOTE [simulated execution]
+// Each worker has a FIFO queue. A task becomes visible to its members `dispatch_s` after the control plane
+// wrote it; it starts when it heads the queue of every member and all of them are idle (a collective
+// cannot start before its last member arrives), and it keeps all members until it ends. Its length is the
+// cost model's time for the stage. When ranks share `num_cores` cores (the CPU cluster), the tasks running
+// at once share them: a task's work is its time alone divided by how much it was slowed down alone
+// (max(1, members / cores)), and all running tasks progress at min(1, cores / busy members). Completions
+// reach the control plane `completion_s` after the task ends. Everything is deterministic.
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <deque>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "gfdit/error.h"
+#include "gfdit/simulator.h"
+
+namespace gfdit {
+namespace runtime {
+namespace {
+
+constexpr double kNs = 1e9;
+
+struct SimTask {
+  TaskDescriptor d;
+  std::vector<int> members;
+  int64_t ready_ns = 0;
+  double work_ns = 0;  // left, at rate 1
+  double slow_alone = 1;
+  bool running = false;
+  int64_t start_ns = 0;
+};
+
+struct Delivery {
+  int64_t t_ns;
+  uint64_t seq;
+  std::vector<Completion> completions;
+  bool operator>(const Delivery& o) const { return t_ns != o.t_ns ? t_ns > o.t_ns : seq > o.seq; }
+};
+
+class SimExecutor : public Executor {
+ public:
+  SimExecutor(const cost::CostModel& cost, const cost::Cluster& cluster, const SimOptions& opt, VirtualClock& clock)
+      : cost_(cost), cluster_(cluster), opt_(opt), clock_(clock), queues_(cluster.num_ranks), busy_(cluster.num_ranks) {
+    cores_ = opt.num_cores >= 0 ? opt.num_cores : cluster.hw.num_cores;
+    regroup_ns_ = (opt.regroup_s >= 0 ? opt.regroup_s : cluster.hw.regroup_s) * kNs;
+  }
+
+  void addRequest(uint64_t id, const RequestShape& shape) { shapes_[id] = shape; }
+
+  void dispatch(const TaskDescriptor& d, const std::vector<int>& workers, const std::string&) override {
+    auto t = std::make_unique<SimTask>();
+    t->d = d;
+    t->members = workers;
+    t->ready_ns = clock_.nowNs() + static_cast<int64_t>(opt_.dispatch_s * kNs);
+    double alone = duration(d) * kNs;
+    t->slow_alone = cores_ > 0 ? std::max(1.0, static_cast<double>(workers.size()) / cores_) : 1.0;
+    t->work_ns = alone / t->slow_alone;
+    SimTask* p = t.get();
+    tasks_.emplace(p, std::move(t));
+    for (int w : workers) queues_[w].push_back(p);
+    for (int w : workers) dirty_.push_back(w);
+    if (p->ready_ns > clock_.nowNs()) wakes_.push(p->ready_ns);
+  }
+
+  // Next time something happens inside the executor (a task ends, a queued task becomes visible, a completion
+  // arrives), or INT64_MAX.
+  int64_t nextEvent() const {
+    int64_t t = INT64_MAX;
+    if (!running_.empty()) {
+      double rate = rate_();
+      double least = 1e300;
+      for (const SimTask* r : running_) least = std::min(least, r->work_ns);
+      t = std::min(t, last_ns_ + static_cast<int64_t>(std::ceil(std::max(0.0, least) / rate)));
+    }
+    if (!deliveries_.empty()) t = std::min(t, deliveries_.top().t_ns);
+    if (!wakes_.empty()) t = std::min(t, wakes_.top());
+    return t;
+  }
+
+  // Advances running work to now, ends finished tasks, starts what can start.
+  void advance(int64_t now) {
+    double rate = rate_();
+    double dt = static_cast<double>(now - last_ns_);
+    if (dt > 0) {
+      for (SimTask* r : running_) r->work_ns -= dt * rate;
+    }
+    last_ns_ = now;
+    while (!wakes_.empty() && wakes_.top() <= now) {
+      wakes_.pop();
+      for (int w = 0; w < static_cast<int>(queues_.size()); ++w) dirty_.push_back(w);  // a queued task is visible
+    }
+    while (true) {
+      bool changed = false;
+      for (size_t i = 0; i < running_.size();) {
+        SimTask* r = running_[i];
+        if (r->work_ns <= 0.5) {  // half a nanosecond of rounding
+          running_[i] = running_.back();
+          running_.pop_back();
+          end(r, now);
+          changed = true;
+        } else {
+          ++i;
+        }
+      }
+      changed |= startReady(now);
+      if (!changed) break;
+    }
+  }
+
+  // Completions due by now, in order.
+  bool popDelivery(int64_t now, std::vector<Completion>& out) {
+    if (deliveries_.empty() || deliveries_.top().t_ns > now) return false;
+    out = deliveries_.top().completions;
+    deliveries_.pop();
+    return true;
+  }
+
+  double busyRankNs() const { return busy_rank_ns_; }
+  std::vector<SimInterval>& intervals() { return intervals_; }
+  uint64_t numTasks() const { return num_tasks_; }
+
+ private:
+  double rate_() const {
+    if (cores_ <= 0) return 1.0;
+    double demand = 0;
+    for (const SimTask* r : running_) demand += static_cast<double>(r->members.size());
+    return demand > cores_ ? cores_ / demand : 1.0;
+  }
+
+  int numNodes(const std::vector<int>& ranks) const {
+    std::vector<int> nodes;
+    for (int w : ranks) {
+      int n = cluster_.nodeOf(w);
+      if (std::find(nodes.begin(), nodes.end(), n) == nodes.end()) nodes.push_back(n);
+    }
+    return std::max<int>(1, static_cast<int>(nodes.size()));
+  }
+
+  double duration(const TaskDescriptor& d) {
+    TaskKind kind = static_cast<TaskKind>(d.kind);
+    if (kind == TaskKind::kFree || kind == TaskKind::kReinit || kind == TaskKind::kShutdown) return 0;
+    auto it = shapes_.find(d.request_id);
+    GFDIT_CHECK_CODE(kInternal, it != shapes_.end()) << "simulator: task for unknown request " << d.request_id;
+    std::vector<int> ranks(d.ranks, d.ranks + d.num_ranks);
+    cost::StageQuery q;
+    q.shape = it->second;
+    q.degree = d.num_ranks;
+    q.layout = d.layout;
+    q.num_nodes = numNodes(ranks);
+    double s = 0;
+    switch (kind) {
+      case TaskKind::kEncode:
+        q.layout = Layout();
+        q.layout.ulysses = d.num_ranks;
+        s = cost_.seconds(cost::Stage::kEncode, q);
+        break;
+      case TaskKind::kDenoise:
+        s = d.num_steps * cost_.seconds(cost::Stage::kDenoiseStep, q) + regroup(ranks);
+        break;
+      case TaskKind::kMigrate:
+        q.layout = Layout();
+        q.layout.ulysses = d.num_ranks;
+        q.num_new = d.num_ranks - 1;
+        s = cost_.seconds(cost::Stage::kMigrate, q) + regroup(ranks);
+        break;
+      case TaskKind::kDecode:
+        q.degree = 1;
+        q.layout = Layout();
+        s = cost_.seconds(cost::Stage::kDecode, q);
+        break;
+      default: break;
+    }
+    return std::max(0.0, s);
+  }
+
+  // A rank set used for the first time pays the group-formation cost (communicator caches keep the rest).
+  double regroup(const std::vector<int>& ranks) {
+    if (regroup_ns_ <= 0 || ranks.size() < 2) return 0;
+    uint64_t key = 0;
+    for (int w : ranks) key |= uint64_t{1} << w;
+    return seen_groups_.insert(key).second ? regroup_ns_ / kNs : 0;
+  }
+
+  bool startReady(int64_t now) {
+    bool started = false;
+    std::vector<int> dirty;
+    dirty.swap(dirty_);
+    std::sort(dirty.begin(), dirty.end());
+    dirty.erase(std::unique(dirty.begin(), dirty.end()), dirty.end());
+    for (int w : dirty) {
+      if (busy_[w] || queues_[w].empty()) continue;
+      SimTask* h = queues_[w].front();
+      if (h->running) continue;
+      bool ok = h->ready_ns <= now;
+      for (int m : h->members) ok = ok && !busy_[m] && !queues_[m].empty() && queues_[m].front() == h;
+      if (!ok) continue;
+      h->running = true;
+      h->start_ns = now;
+      for (int m : h->members) busy_[m] = true;
+      running_.push_back(h);
+      started = true;
+    }
+    return started;
+  }
+
+  void end(SimTask* t, int64_t now) {
+    ++num_tasks_;
+    Delivery del;
+    del.t_ns = now + static_cast<int64_t>(opt_.completion_s * kNs);
+    del.seq = seq_++;
+    TaskKind kind = static_cast<TaskKind>(t->d.kind);
+    for (int m : t->members) {
+      busy_[m] = false;
+      queues_[m].pop_front();
+      dirty_.push_back(m);
+      Completion c;
+      c.task_id = t->d.task_id;
+      c.request_id = t->d.request_id;
+      c.kind = t->d.kind;
+      c.rank = m;
+      c.dispatch_ns = t->d.dispatch_ns;
+      c.start_ns = t->start_ns;
+      c.end_ns = now;
+      c.post_ns = now;
+      if (kind == TaskKind::kDenoise) c.step_end = t->d.step_begin + t->d.num_steps;
+      if (kind == TaskKind::kMigrate) c.step_end = t->d.step_begin;
+      if (kind == TaskKind::kEncode) c.step_end = 0;
+      del.completions.push_back(c);
+      if (now > t->start_ns) {
+        busy_rank_ns_ += static_cast<double>(now - t->start_ns);
+        if (opt_.record_intervals) {
+          intervals_.push_back({m, t->d.request_id, kind, t->start_ns / kNs, now / kNs});
+        }
+      }
+    }
+    deliveries_.push(std::move(del));
+    tasks_.erase(t);
+  }
+
+  const cost::CostModel& cost_;
+  const cost::Cluster& cluster_;
+  const SimOptions& opt_;
+  VirtualClock& clock_;
+  std::vector<std::deque<SimTask*>> queues_;
+  std::vector<bool> busy_;
+  std::vector<SimTask*> running_;
+  std::vector<int> dirty_;
+  std::unordered_map<SimTask*, std::unique_ptr<SimTask>> tasks_;
+  std::unordered_map<uint64_t, RequestShape> shapes_;
+  std::unordered_set<uint64_t> seen_groups_;
+  std::priority_queue<Delivery, std::vector<Delivery>, std::greater<Delivery>> deliveries_;
+  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<int64_t>> wakes_;
+  int cores_ = 0;
+  double regroup_ns_ = 0;
+  int64_t last_ns_ = 0;
+  uint64_t seq_ = 0;
+  uint64_t num_tasks_ = 0;
+  double busy_rank_ns_ = 0;
+  std::vector<SimInterval> intervals_;
+};
+
+}  // namespace
+
+Simulator::Simulator(std::shared_ptr<const cost::CostModel> cost, cost::Cluster cluster, std::shared_ptr<Policy> policy,
+                     SimOptions options)
+    : cost_(std::move(cost)), cluster_(std::move(cluster)), policy_(std::move(policy)), options_(options) {
+  GFDIT_CHECK(cost_ != nullptr) << "the simulator needs a cost model";
+  GFDIT_CHECK(policy_ != nullptr) << "the simulator needs a policy";
+  GFDIT_CHECK(cluster_.num_ranks >= 1 && cluster_.num_ranks <= kMaxRanks)
+      << "cluster " << cluster_.name << " has " << cluster_.num_ranks << " ranks";
+}
+
+Simulator::~Simulator() = default;
+
+SimResult Simulator::run(const std::vector<SimRequest>& requests) {
+  auto wall0 = std::chrono::steady_clock::now();
+  VirtualClock clock;
+  SimExecutor exec(*cost_, cluster_, options_, clock);
+  ControlConfig cfg;
+  cfg.world_size = cluster_.num_ranks;
+  cfg.max_inflight_steps = options_.max_inflight_steps;
+  cfg.lookahead = options_.lookahead;
+  cfg.record_stages = false;
+  cfg.node_of.resize(cluster_.num_ranks);
+  for (int w = 0; w < cluster_.num_ranks; ++w) cfg.node_of[w] = cluster_.nodeOf(w);
+  ControlPlane plane(cfg, clock, exec, policy_, cost_);
+
+  const cost::ModelArch& arch = cost_->model();
+  RequestLimits limits = RequestLimits::of(arch);
+  SimResult res;
+  res.num_ranks = cluster_.num_ranks;
+  res.requests.resize(requests.size());
+  std::unordered_map<uint64_t, size_t> index;
+  index.reserve(requests.size());
+  double prev = -1;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SimRequest& r = requests[i];
+    GFDIT_CHECK(r.arrival_s >= 0 && r.arrival_s >= prev)
+        << "simulator: request " << r.id << " arrives at " << r.arrival_s << " s, before the one ahead of it";
+    prev = r.arrival_s;
+    GFDIT_CHECK(index.emplace(r.id + 1, i).second) << "simulator: request id " << r.id << " twice";
+    SimOutcome& o = res.requests[i];
+    o.id = r.id;
+    o.arrival_s = r.arrival_s;
+    o.deadline_s = r.deadline_s;
+    o.priority = r.priority;
+  }
+  // The control plane's ids are trace ids + 1 (0 means "assign one").
+  plane.setFinishedCallback([&](RequestResult&& rr) {
+    SimOutcome& o = res.requests[index.at(rr.id)];
+    o.state = rr.state;
+    o.finish_s = clock.nowNs() / kNs;
+    for (const Transition& t : rr.transitions) {
+      if (t.state == RequestState::kEncoding) {
+        o.first_start_s = t.t_ns / kNs;
+        break;
+      }
+    }
+  });
+
+  size_t next = 0;
+  std::vector<Completion> batch;
+  while (true) {
+    int64_t t_arr = next < requests.size() ? static_cast<int64_t>(std::llround(requests[next].arrival_s * kNs))
+                                           : INT64_MAX;
+    int64_t t = std::min(t_arr, exec.nextEvent());
+    if (t == INT64_MAX) break;
+    clock.set(t);
+    exec.advance(t);
+    while (exec.popDelivery(t, batch)) {
+      for (const Completion& c : batch) plane.onCompletion(c);
+    }
+    while (next < requests.size() && static_cast<int64_t>(std::llround(requests[next].arrival_s * kNs)) <= t) {
+      const SimRequest& r = requests[next++];
+      RequestSpec spec;
+      spec.id = r.id + 1;
+      spec.shape = r.shape;
+      if (spec.shape.num_steps <= 0) spec.shape.num_steps = arch.default_steps;
+      checkRequest(spec.shape, limits);
+      spec.arrival_ns = t;
+      if (!std::isnan(r.deadline_s)) spec.deadline_ns = std::max<int64_t>(1, std::llround(r.deadline_s * kNs));
+      spec.priority = r.priority;
+      spec.max_degree = maxUlyssesDegree(arch.heads);
+      exec.addRequest(spec.id, spec.shape);
+      plane.submit(std::move(spec));
+    }
+    plane.poll();
+    exec.advance(t);  // tasks dispatched now that can start now
+  }
+  GFDIT_CHECK_CODE(kInternal, plane.numRequests() == 0)
+      << "simulator: " << plane.numRequests() << " requests never finished (the policy left them waiting)";
+  for (const SimOutcome& o : res.requests) res.makespan_s = std::max(res.makespan_s, o.finish_s);
+  res.busy_rank_s = exec.busyRankNs() / kNs;
+  res.intervals = std::move(exec.intervals());
+  res.num_tasks = exec.numTasks();
+  res.stats = plane.stats();
+  res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return res;
+}
+
+}  // namespace runtime
+}  // namespace gfdit

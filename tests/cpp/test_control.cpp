@@ -1,2 +1,448 @@
-// placeholder
+// The control plane against a scripted executor: task graph, completion aggregation, holders, lookahead,
+// cancellation, failures and recovery, deadlines, pruning, policies, request checks.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "control_harness.h"
+#include "gfdit/error.h"
+
+using namespace gfdit;
+using namespace gfdit::runtime;
+using gfdit::testing::ScriptExecutor;
+using gfdit::testing::spec;
+
+namespace {
+
+struct Fixture {
+  explicit Fixture(int world, const std::string& policy = "fcfs", ControlConfig cfg = {}) {
+    cfg.world_size = world;
+    cp = std::make_unique<ControlPlane>(cfg, clock, exec, makePolicy(policy));
+    cp->setFinishedCallback([this](RequestResult&& r) { results.push_back(std::move(r)); });
+  }
+  const RequestResult* result(uint64_t id) const {
+    for (const auto& r : results) {
+      if (r.id == id) return &r;
+    }
+    return nullptr;
+  }
+  VirtualClock clock;
+  ScriptExecutor exec;
+  std::unique_ptr<ControlPlane> cp;
+  std::vector<RequestResult> results;
+};
+
+int countKind(const ScriptExecutor& e, TaskKind k) {
+  int n = 0;
+  for (const auto& s : e.sent) n += static_cast<TaskKind>(s.d.kind) == k;
+  return n;
+}
+
+}  // namespace
+
+TEST(ControlPlane, TrajectoryEncodeStepsDecodeDoneAndPruned) {
+  Fixture f(2);
+  uint64_t id = f.cp->submit(spec(3));
+  f.cp->poll();
+  // the encode, and right behind it in the workers' FIFOs two steps (dispatch-ahead, across one-step fcfs
+  // decisions by lookahead)
+  ASSERT_EQ(f.exec.kinds(), (std::vector<std::string>{"encode", "denoise", "denoise"}));
+  const auto& enc = f.exec.sent[0];
+  EXPECT_EQ(static_cast<TaskKind>(enc.d.kind), TaskKind::kEncode);
+  EXPECT_EQ(enc.workers, (std::vector<int>{0, 1}));  // alone: both ranks
+  EXPECT_EQ(enc.payload, "{\"prompt\": \"p\"}");
+  EXPECT_EQ(f.exec.sent[1].d.step_begin, 0);
+  EXPECT_EQ(f.exec.sent[2].d.step_begin, 1);
+  // the encode is one task on two workers: it completes when both report
+  f.exec.completeHead(*f.cp, 0);
+  EXPECT_EQ(f.cp->status(id).state, RequestState::kEncoding);
+  f.exec.completeHead(*f.cp, 1);
+  EXPECT_EQ(f.cp->status(id).state, RequestState::kDenoising);
+  EXPECT_EQ(f.exec.sent.size(), 3u);  // no more than two steps in flight
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 1u);
+  const RequestResult& r = f.results[0];
+  EXPECT_EQ(r.state, RequestState::kDone);
+  EXPECT_STREQ(r.output.name, ("/out-" + std::to_string(f.exec.sent[4].d.task_id)).c_str());
+  std::vector<std::string> kinds;
+  for (const auto& s : r.stages) kinds.push_back(taskKindName(s.kind));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"encode", "denoise", "denoise", "denoise", "decode"}));
+  std::vector<RequestState> states;
+  for (const auto& t : r.transitions) states.push_back(t.state);
+  EXPECT_EQ(states.front(), RequestState::kQueued);
+  EXPECT_EQ(states.back(), RequestState::kDone);
+  EXPECT_EQ(f.cp->numRequests(), 0u);  // pruned
+  EXPECT_FALSE(f.cp->status(id).known);
+  EXPECT_EQ(countKind(f.exec, TaskKind::kFree), 1);  // the holders dropped the state
+  EXPECT_GE(f.cp->stats().lookahead_hits, 1u);
+}
+
+TEST(ControlPlane, FcfsShrinksOntoHoldersWithoutMigration) {
+  Fixture f(4);
+  uint64_t a = f.cp->submit(spec(6));
+  f.cp->poll();
+  f.exec.completeHead(*f.cp, 0);
+  f.exec.completeHead(*f.cp, 1);
+  f.exec.completeHead(*f.cp, 2);
+  f.exec.completeHead(*f.cp, 3);  // encode on all four
+  uint64_t b = f.cp->submit(spec(2, 64, 64, f.clock.nowNs() + 1));
+  f.cp->poll();
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 2u);
+  // a started on four ranks; when b came it shrank onto ranks it held: no state had to move
+  EXPECT_EQ(countKind(f.exec, TaskKind::kMigrate), 0);
+  std::set<size_t> degrees;
+  for (const auto& s : f.result(a)->stages) {
+    if (s.kind == TaskKind::kDenoise) degrees.insert(s.ranks.size());
+  }
+  EXPECT_TRUE(degrees.count(4) && degrees.size() >= 2) << "a never changed degree";
+  EXPECT_EQ(f.result(b)->state, RequestState::kDone);
+}
+
+TEST(ControlPlane, GrowingMigratesFromAHolderAndFreesStaleOnes) {
+  class Plan : public Policy {  // step k of every request on plan[k]
+   public:
+    std::string name() const override { return "plan"; }
+    std::vector<Decision> schedule(const SchedulerView& v) override {
+      std::vector<Decision> out;
+      std::vector<bool> free(v.world_size, false);
+      for (int w : v.free_ranks) free[w] = true;
+      for (const auto* r : v.ready) {
+        std::vector<int> ranks = plan[std::min<size_t>(r->step, plan.size() - 1)];
+        bool ok = true;
+        for (int w : ranks) ok = ok && free[w];
+        if (!ok) continue;
+        for (int w : ranks) free[w] = false;
+        Decision d;
+        d.request_id = r->id;
+        d.ranks = ranks;
+        d.layout.ulysses = static_cast<int>(ranks.size());
+        out.push_back(d);
+      }
+      return out;
+    }
+    std::vector<std::vector<int>> plan{{0}, {2, 0}, {1, 3}, {3}};
+  };
+  VirtualClock clock;
+  ScriptExecutor exec;
+  ControlConfig cfg;
+  cfg.world_size = 4;
+  ControlPlane cp(cfg, clock, exec, std::make_shared<Plan>());
+  std::vector<RequestResult> results;
+  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  cp.submit(spec(4));
+  cp.poll();
+  exec.drain(cp);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].state, RequestState::kDone);
+  std::vector<std::vector<int>> groups;
+  for (const auto& s : results[0].stages) {
+    if (s.kind == TaskKind::kDenoise) groups.push_back(s.ranks);
+  }
+  EXPECT_EQ(groups, (std::vector<std::vector<int>>{{0}, {2, 0}, {1, 3}, {3}}));
+  // [0] -> [2,0]: migrate 0 -> 2; [2,0] -> [1,3]: migrate from a holder to 1 and 3, free 2 and 0;
+  // [1,3] -> [3]: nothing moves, 1 is freed
+  std::vector<std::vector<int>> migrations, frees;
+  for (const auto& s : exec.sent) {
+    std::vector<int> ranks(s.d.ranks, s.d.ranks + s.d.num_ranks);
+    if (static_cast<TaskKind>(s.d.kind) == TaskKind::kMigrate) migrations.push_back(ranks);
+    if (static_cast<TaskKind>(s.d.kind) == TaskKind::kFree) frees.push_back(ranks);
+  }
+  ASSERT_EQ(migrations.size(), 2u);
+  EXPECT_EQ(migrations[0], (std::vector<int>{0, 2}));
+  EXPECT_EQ(migrations[1].size(), 3u);
+  EXPECT_TRUE(migrations[1][0] == 2 || migrations[1][0] == 0);
+  EXPECT_EQ(frees[0], (std::vector<int>{2, 0}));
+  EXPECT_EQ(frees[1], (std::vector<int>{1}));
+}
+
+TEST(ControlPlane, CancelEndsAtOnceThenDrainsAndDiscardsLateOutput) {
+  Fixture f(1);
+  uint64_t id = f.cp->submit(spec(1));
+  f.cp->poll();
+  f.exec.completeHead(*f.cp, 0);  // encode
+  f.exec.completeHead(*f.cp, 0);  // the step
+  ASSERT_EQ(static_cast<TaskKind>(f.exec.sent.back().d.kind), TaskKind::kDecode);
+  f.cp->cancel(id);
+  ASSERT_EQ(f.results.size(), 1u);
+  EXPECT_EQ(f.results[0].state, RequestState::kCancelled);
+  EXPECT_EQ(f.cp->numRequests(), 1u);  // its decode is still in flight
+  f.exec.drain(*f.cp);
+  EXPECT_EQ(f.cp->numRequests(), 0u);
+  ASSERT_EQ(f.exec.discarded.size(), 1u);  // the decoded output nobody will read
+  // a queued request cancels without any task
+  uint64_t q = f.cp->submit(spec(2));
+  f.cp->cancel(q);
+  EXPECT_EQ(f.result(q)->state, RequestState::kCancelled);
+  EXPECT_EQ(f.cp->numRequests(), 0u);
+}
+
+TEST(ControlPlane, FailedRequestDoesNotStopOthers) {
+  Fixture f(2, "static:1");
+  uint64_t bad = f.cp->submit(spec(2));
+  uint64_t good = f.cp->submit(spec(2));
+  f.cp->poll();
+  f.exec.completeHead(*f.cp, 0, TaskError::kModelError);  // bad's encode raises
+  f.exec.drain(*f.cp);
+  EXPECT_EQ(f.result(bad)->state, RequestState::kFailed);
+  EXPECT_NE(f.result(bad)->reason.find("injected model_error"), std::string::npos) << f.result(bad)->reason;
+  EXPECT_EQ(f.result(good)->state, RequestState::kDone);
+  EXPECT_EQ(f.exec.aborts, 0);
+}
+
+TEST(ControlPlane, WorkerDeathRecoversFromTheMostAdvancedSurvivingCopy) {
+  Fixture f(3);
+  uint64_t id = f.cp->submit(spec(5));
+  f.cp->poll();
+  for (int w = 0; w < 3; ++w) f.exec.completeHead(*f.cp, w);  // encode on [0,1,2]
+  for (int w = 0; w < 3; ++w) f.exec.completeHead(*f.cp, w);  // step 0
+  EXPECT_EQ(f.cp->status(id).step, 1);
+  // step 1 is in flight; worker 1 dies
+  f.exec.queues[1].clear();
+  f.cp->onWorkerDeath(1);
+  EXPECT_EQ(f.exec.aborts, 1);
+  EXPECT_TRUE(f.cp->recovering());
+  // the survivors' step-1 tasks fail (the collective lost a member), and the step-2 ones behind them: their
+  // copies stay at step 1
+  for (int w : {0, 2}) {
+    while (!f.exec.queues[w].empty() &&
+           static_cast<TaskKind>(f.exec.sent[f.exec.queues[w].front()].d.kind) == TaskKind::kDenoise) {
+      f.exec.completeHead(*f.cp, w, TaskError::kCommError, 1);
+    }
+  }
+  f.cp->poll();
+  // then the world is re-created among 0 and 2
+  const auto& last = f.exec.sent.back();
+  ASSERT_EQ(static_cast<TaskKind>(last.d.kind), TaskKind::kReinit);
+  EXPECT_EQ(last.workers, (std::vector<int>{0, 2}));
+  EXPECT_NE(last.payload.find("\"workers\": [0, 2]"), std::string::npos) << last.payload;
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 1u);
+  EXPECT_EQ(f.results[0].state, RequestState::kDone);
+  EXPECT_EQ(f.cp->stats().recoveries, 1u);
+  // it resumed at step 1 (the copies at step 1 survived), on live ranks only
+  bool resumed = false;
+  for (size_t i = 0; i < f.exec.sent.size(); ++i) {
+    const auto& s = f.exec.sent[i];
+    if (static_cast<TaskKind>(s.d.kind) == TaskKind::kReinit) resumed = true;
+    if (resumed) {
+      for (int w : s.workers) EXPECT_NE(w, 1);
+    }
+  }
+  int steps_after = 0;
+  resumed = false;
+  for (const auto& s : f.results[0].stages) {
+    if (s.kind == TaskKind::kDenoise && s.error == TaskError::kOk) ++steps_after;
+  }
+  EXPECT_EQ(steps_after, 5);
+}
+
+TEST(ControlPlane, RequestFailsAfterTooManyRecoveries) {
+  ControlConfig cfg;
+  cfg.max_attempts = 2;
+  Fixture f(2, "fcfs", cfg);
+  uint64_t id = f.cp->submit(spec(3));
+  f.cp->poll();
+  f.exec.completeHead(*f.cp, 0);
+  f.exec.completeHead(*f.cp, 1);
+  for (int round = 0; round < 2 && f.results.empty(); ++round) {
+    // the step fails with a communication error on both: recovery, again and again
+    for (int w : {0, 1}) {
+      while (!f.exec.queues[w].empty()) {
+        auto k = static_cast<TaskKind>(f.exec.sent[f.exec.queues[w].front()].d.kind);
+        f.exec.completeHead(*f.cp, w, k == TaskKind::kDenoise ? TaskError::kCommError : TaskError::kOk);
+      }
+    }
+    f.cp->poll();
+    for (int w : {0, 1}) {
+      while (!f.exec.queues[w].empty()) {
+        auto k = static_cast<TaskKind>(f.exec.sent[f.exec.queues[w].front()].d.kind);
+        if (k == TaskKind::kDenoise) break;
+        f.exec.completeHead(*f.cp, w);
+      }
+    }
+    f.cp->poll();
+  }
+  f.exec.drain(*f.cp);
+  ASSERT_NE(f.result(id), nullptr);
+  EXPECT_EQ(f.result(id)->state, RequestState::kFailed);
+  EXPECT_NE(f.result(id)->reason.find("failed 2 times"), std::string::npos) << f.result(id)->reason;
+}
+
+TEST(ControlPlane, TaskDeadlineAbortsThenKillsTheWedgedWorker) {
+  ControlConfig cfg;
+  cfg.task_timeout_s = 1.0;
+  Fixture f(2, "static:1", cfg);
+  uint64_t stuck = f.cp->submit(spec(2));
+  uint64_t fine = f.cp->submit(spec(2));
+  f.cp->poll();
+  f.exec.completeHead(*f.cp, 1);  // fine's encode; stuck's encode on worker 0 never completes
+  while (!f.exec.queues[1].empty()) {
+    f.exec.completeHead(*f.cp, 1);
+    f.cp->poll();
+  }
+  EXPECT_EQ(f.result(fine)->state, RequestState::kDone);
+  f.clock.set(int64_t{500} * 1000000);
+  f.cp->poll();
+  EXPECT_EQ(f.exec.aborts, 0);
+  f.clock.set(int64_t{1100} * 1000000);
+  f.cp->poll();
+  EXPECT_EQ(f.exec.aborts, 1);  // first an abort
+  EXPECT_TRUE(f.exec.killed.empty());
+  f.clock.set(int64_t{3200} * 1000000);
+  f.cp->poll();
+  EXPECT_EQ(f.exec.killed, (std::vector<int>{0}));  // then the kill
+  // the executor reports the death; recovery; the stuck request starts again on worker 1
+  f.exec.queues[0].clear();
+  f.cp->onWorkerDeath(0);
+  f.cp->poll();
+  f.exec.drain(*f.cp);
+  ASSERT_NE(f.result(stuck), nullptr);
+  EXPECT_EQ(f.result(stuck)->state, RequestState::kDone);  // restarted from encode on worker 1
+  EXPECT_GE(f.cp->stats().task_timeouts, 1u);
+}
+
+TEST(ControlPlane, BrokenPolicyFailsTheRequestsItWasAskedAbout) {
+  class Greedy : public Policy {
+   public:
+    std::string name() const override { return "greedy"; }
+    std::vector<Decision> schedule(const SchedulerView& v) override {
+      std::vector<Decision> out;
+      for (const auto* r : v.ready) {
+        Decision d;
+        d.request_id = r->id;
+        d.ranks = {0};  // every request on rank 0
+        out.push_back(d);
+      }
+      return out;
+    }
+  };
+  VirtualClock clock;
+  ScriptExecutor exec;
+  ControlConfig cfg;
+  cfg.world_size = 2;
+  ControlPlane cp(cfg, clock, exec, std::make_shared<Greedy>());
+  std::vector<RequestResult> results;
+  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  cp.submit(spec(1));
+  cp.submit(spec(1));
+  cp.poll();
+  ASSERT_EQ(results.size(), 2u);
+  for (const auto& r : results) {
+    EXPECT_EQ(r.state, RequestState::kFailed);
+    EXPECT_NE(r.reason.find("policy greedy"), std::string::npos) << r.reason;
+  }
+  EXPECT_TRUE(exec.sent.empty());
+}
+
+TEST(ControlPlane, StaticKeepsItsGroupForLife) {
+  Fixture f(4, "static:2");
+  for (int i = 0; i < 5; ++i) f.cp->submit(spec(3, 64, 64, 10 + i));
+  f.cp->poll();
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 5u);
+  for (const auto& r : f.results) {
+    std::set<std::vector<int>> groups;
+    for (const auto& s : r.stages) {
+      if (s.kind == TaskKind::kDenoise) groups.insert(s.ranks);
+    }
+    ASSERT_EQ(groups.size(), 1u);
+    auto g = *groups.begin();
+    EXPECT_TRUE(g == std::vector<int>({0, 1}) || g == std::vector<int>({2, 3}));
+  }
+  EXPECT_EQ(countKind(f.exec, TaskKind::kMigrate), 0);
+}
+
+TEST(ControlPlane, MemoryStaysFlatOverManyRequests) {
+  auto rss = [] {
+    std::ifstream f("/proc/self/statm");
+    long pages = 0, resident = 0;
+    f >> pages >> resident;
+    return resident * 4096L;
+  };
+  Fixture f(2);
+  f.cp->setFinishedCallback([](RequestResult&&) {});
+  long before = 0;
+  size_t most = 0;
+  for (int i = 0; i < 100000; ++i) {
+    f.cp->submit(spec(2));
+    f.cp->poll();
+    if (i % 4 == 3) f.exec.drain(*f.cp);
+    most = std::max(most, f.cp->numRequests());
+    if (i == 10000) before = rss();
+    if (i % 1000 == 999) {  // the harness's own log, not the plane's
+      f.exec.drain(*f.cp);
+      f.exec.sent.clear();
+      f.exec.queues.clear();
+    }
+  }
+  f.exec.drain(*f.cp);
+  EXPECT_LE(most, 8u);
+  EXPECT_EQ(f.cp->numTasksInFlight(), 0u);
+  EXPECT_LT(rss() - before, 8L << 20) << "resident memory grew";
+}
+
+TEST(ControlPlane, PoliciesByName) {
+  EXPECT_EQ(makePolicy("fcfs")->name(), "fcfs");
+  EXPECT_EQ(makePolicy("static:4")->name(), "static:4");
+  for (const char* bad : {"lifo", "static:0", "static:x", "static:2x", "static:"}) {
+    try {
+      makePolicy(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidUsage);
+      if (std::string(bad) == "lifo") EXPECT_NE(std::string(e.what()).find("fcfs"), std::string::npos);
+    }
+  }
+}
+
+TEST(CheckRequest, NamesTheField) {
+  RequestLimits lim = RequestLimits::of(gfdit::testing::testArch());
+  auto expectRefused = [&](RequestShape s, const char* field) {
+    try {
+      checkRequest(s, lim);
+      ADD_FAILURE() << "accepted, expected a complaint about " << field;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  RequestShape ok;
+  ok.height = 64;
+  ok.width = 128;
+  ok.num_steps = 4;
+  checkRequest(ok, lim);
+  EXPECT_EQ(ok.tokens, 4 * 8);
+  RequestShape s = ok;
+  s.height = 33;
+  expectRefused(s, "height");
+  s = ok;
+  s.width = 100000;
+  expectRefused(s, "pixels");
+  s = ok;
+  s.num_steps = 1000000000;
+  expectRefused(s, "num_inference_steps");
+  s = ok;
+  s.num_frames = 9;
+  expectRefused(s, "num_frames");
+  s = ok;
+  s.guidance_scale = INFINITY;
+  expectRefused(s, "guidance_scale");
+  s = ok;
+  s.guidance_scale = NAN;
+  expectRefused(s, "guidance_scale");
+  lim.is_video = true;
+  lim.max_frames = 33;
+  lim.temporal_stride = 4;
+  s = ok;
+  s.num_frames = 10;
+  expectRefused(s, "num_frames");
+  s.num_frames = 9;
+  checkRequest(s, lim);
+  EXPECT_EQ(s.tokens, 3 * 4 * 8);
+  EXPECT_EQ(maxUlyssesDegree(24), 8);
+  EXPECT_EQ(maxUlyssesDegree(12), 4);
+  EXPECT_EQ(maxUlyssesDegree(40), 8);
+}

@@ -1,11 +1,12 @@
-// Runtime control plane: shared-memory rings, the request state machine, the scheduler and policies.
+// The data path between control plane and workers: message rings, queue sets across processes, outputs.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <set>
-#include <thread>
+#include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "gfdit/error.h"
@@ -15,64 +16,114 @@
 using namespace gfdit;
 using namespace gfdit::runtime;
 
-TEST(ShmQueue, FifoFullAndEmpty) {
-  std::vector<uint8_t> mem(ShmQueue::footprint(4, 16) + 64, 0);
-  void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63});
-  ShmQueue q = ShmQueue::create(aligned, 4, 16);
-  uint8_t e[16] = {};
-  for (int i = 0; i < 4; ++i) {
-    e[0] = static_cast<uint8_t>(i);
-    EXPECT_TRUE(q.tryPush(e));
+namespace {
+
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t n) : mem(n + 64, 0) {}
+  void* get() { return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63}); }
+  std::vector<uint8_t> mem;
+};
+
+}  // namespace
+
+TEST(MessageRing, FifoFullEmptyAndWrap) {
+  AlignedBuffer buf(MessageRing::footprint(4096));
+  MessageRing q = MessageRing::create(buf.get(), 4096, nullptr);
+  std::string out;
+  EXPECT_FALSE(q.tryPop(out));
+  EXPECT_TRUE(q.empty());
+  // messages of varying sizes, many laps: every byte comes back in order
+  std::mt19937 gen(7);
+  uint64_t pushed = 0, popped = 0;
+  std::vector<std::string> inflight;
+  for (int round = 0; round < 2000; ++round) {
+    std::string m(gen() % 700, '\0');
+    for (auto& ch : m) ch = static_cast<char>(gen());
+    if (q.tryPush(m.data(), m.size())) {
+      inflight.push_back(m);
+      ++pushed;
+    } else {
+      ASSERT_FALSE(inflight.empty()) << "full while empty";
+    }
+    if (gen() % 3 == 0 || inflight.size() > 4) {
+      while (!inflight.empty() && gen() % 2 == 0) {
+        ASSERT_TRUE(q.tryPop(out));
+        ASSERT_EQ(out, inflight.front());
+        inflight.erase(inflight.begin());
+        ++popped;
+      }
+    }
   }
-  EXPECT_FALSE(q.tryPush(e));
-  EXPECT_EQ(q.size(), 4u);
-  for (int i = 0; i < 4; ++i) {
-    ASSERT_TRUE(q.tryPop(e));
-    EXPECT_EQ(e[0], i);
+  while (!inflight.empty()) {
+    ASSERT_TRUE(q.tryPop(out));
+    ASSERT_EQ(out, inflight.front());
+    inflight.erase(inflight.begin());
   }
-  EXPECT_FALSE(q.tryPop(e));
+  EXPECT_FALSE(q.tryPop(out));
+  EXPECT_GT(pushed, 1000u);
+  // two-part messages, and a bounded wait on an empty ring
+  const char a[] = "head", b[] = "payload";
+  ASSERT_TRUE(q.tryPush(a, 4, b, 7));
+  ASSERT_TRUE(q.tryPop(out));
+  EXPECT_EQ(out, "headpayload");
   auto t0 = std::chrono::steady_clock::now();
-  EXPECT_FALSE(q.pop(e, std::chrono::milliseconds(30)));
+  EXPECT_FALSE(q.pop(out, std::chrono::milliseconds(30)));
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(30));
+  std::string huge(q.maxMessage() + 1, 'x');
+  EXPECT_THROW(q.tryPush(huge.data(), huge.size()), Error);
 }
 
-TEST(ShmQueue, ManyProducersOneConsumerAcrossProcesses) {
-  auto set = QueueSet::create(3, 64);
-  const int kProducers = 3, kPerProducer = 20000;
+TEST(QueueSet, TasksWithPayloadsAndCompletionsAcrossProcesses) {
+  auto set = QueueSet::create(3, 1 << 18);
+  const int kWorkers = 3, kTasks = 300;
   std::vector<pid_t> kids;
-  for (int p = 0; p < kProducers; ++p) {
+  for (int w = 0; w < kWorkers; ++w) {
     pid_t pid = fork();
     if (pid == 0) {
       auto mine = QueueSet::attach(set->name());
-      // take this worker's dispatch queue in order
       TaskDescriptor t;
-      for (int i = 0; i < 100; ++i) {
-        if (!mine->dispatch(p).pop(&t, std::chrono::seconds(20)) || t.task_id != static_cast<uint64_t>(i)) _exit(3);
-      }
-      Completion c;
-      for (int i = 0; i < kPerProducer; ++i) {
-        c.rank = p;
-        c.task_id = static_cast<uint64_t>(i);
-        if (!mine->completion().push(&c, std::chrono::seconds(20))) _exit(2);
+      std::string payload;
+      for (int i = 0; i < kTasks; ++i) {
+        if (!mine->popTask(w, t, payload, std::chrono::seconds(20))) _exit(3);
+        if (t.task_id != static_cast<uint64_t>(i) || payload != std::string(i * 37 % 20000, 'a' + i % 26)) _exit(4);
+        Completion c;
+        c.task_id = t.task_id;
+        c.rank = w;
+        c.step_end = i;
+        if (!mine->pushCompletion(w, c, std::chrono::seconds(20))) _exit(2);
       }
       _exit(0);
     }
     kids.push_back(pid);
   }
-  for (int p = 0; p < kProducers; ++p) {
-    TaskDescriptor t;
-    for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < kTasks; ++i) {
+    for (int w = 0; w < kWorkers; ++w) {
+      TaskDescriptor t;
       t.task_id = static_cast<uint64_t>(i);
-      ASSERT_TRUE(set->dispatch(p).push(&t, std::chrono::seconds(20)));
+      std::string payload(i * 37 % 20000, 'a' + i % 26);  // prompts up to ~20 KB
+      t.payload_bytes = static_cast<uint32_t>(payload.size());
+      ASSERT_TRUE(set->pushTask(w, t, payload, std::chrono::seconds(20)));
     }
   }
-  std::vector<uint64_t> next(kProducers, 0);
-  Completion c;
-  for (int i = 0; i < kProducers * kPerProducer; ++i) {
-    ASSERT_TRUE(set->completion().pop(&c, std::chrono::seconds(20))) << "after " << i;
-    ASSERT_EQ(c.task_id, next[c.rank]) << "producer " << c.rank << " out of order";
-    ++next[c.rank];
+  std::vector<int> next(kWorkers, 0);
+  int got = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (got < kWorkers * kTasks && std::chrono::steady_clock::now() < deadline) {
+    uint32_t bell = __atomic_load_n(&set->controlBell()->value, __ATOMIC_SEQ_CST);
+    bool any = false;
+    for (int w = 0; w < kWorkers; ++w) {
+      Completion c;
+      while (set->tryPopCompletion(w, c)) {
+        any = true;
+        ASSERT_EQ(c.rank, w);
+        ASSERT_EQ(c.task_id, static_cast<uint64_t>(next[w])) << "worker " << w << " out of order";
+        ++next[w];
+        ++got;
+      }
+    }
+    if (!any) waitDoorbell(set->controlBell(), bell, nowNs() + 50000000);
   }
+  EXPECT_EQ(got, kWorkers * kTasks);
   for (pid_t pid : kids) {
     int status = 0;
     waitpid(pid, &status, 0);
@@ -82,105 +133,67 @@ TEST(ShmQueue, ManyProducersOneConsumerAcrossProcesses) {
   for (const auto& n : gfdit::testing::shmNames()) EXPECT_NE("/" + n, set->name());
 }
 
-TEST(Scheduler, StateMachineRecordsTransitions) {
-  Scheduler s(2, makePolicy("fcfs"));
-  RequestRecord r;
-  r.id = 7;
-  r.num_steps = 3;
-  s.addRequest(r);
-  s.transition(7, RequestState::kEncoding);
-  s.transition(7, RequestState::kDenoising, 0);
-  s.transition(7, RequestState::kDenoising, 1);
-  EXPECT_THROW(s.transition(7, RequestState::kEncoding), Error);
-  s.transition(7, RequestState::kDecoding, 3);
-  s.transition(7, RequestState::kDone);
-  EXPECT_THROW(s.transition(7, RequestState::kCancelled), Error);
-  const auto& t = s.request(7).transitions;
-  ASSERT_EQ(t.size(), 6u);
-  EXPECT_EQ(t[0].state, RequestState::kQueued);
-  EXPECT_EQ(t[5].state, RequestState::kDone);
-  for (size_t i = 1; i < t.size(); ++i) EXPECT_GE(t[i].t_ns, t[i - 1].t_ns);
-}
-
-namespace {
-
-RequestRecord req(uint64_t id, int64_t arrival, int steps = 4) {
-  RequestRecord r;
-  r.id = id;
-  r.arrival_ns = arrival;
-  r.num_steps = steps;
-  return r;
-}
-
-}  // namespace
-
-TEST(Scheduler, StaticKeepsItsGroup) {
-  Scheduler s(4, makePolicy("static:2"));
-  s.addRequest(req(1, 10));
-  s.addRequest(req(2, 20));
-  s.addRequest(req(3, 30));
-  auto d = s.schedule();
-  ASSERT_EQ(d.size(), 2u);  // two groups of two; the third request waits
-  EXPECT_EQ(d[0].request_id, 1u);
-  EXPECT_EQ(d[0].ranks, (std::vector<int>{0, 1}));
-  EXPECT_EQ(d[1].ranks, (std::vector<int>{2, 3}));
-  EXPECT_EQ(d[0].layout.ulysses, 2);
-  EXPECT_EQ(d[0].num_steps, 4);
-  // Request 1 ran on {0,1}; it must come back to {0,1} even when {2,3} is free.
-  s.mutableRequest(1).ranks = {0, 1};
-  s.mutableRequest(2).ranks = {2, 3};
-  s.occupy({0, 1});
-  s.setBusy(3, true);  // keep 3 out of the way
-  auto d2 = s.schedule();
-  for (const auto& x : d2) EXPECT_NE(x.request_id, 1u);
-  s.release({0, 1});
-  s.occupy({2, 3});
-  auto d3 = s.schedule();
-  ASSERT_EQ(d3.size(), 1u);
-  EXPECT_EQ(d3[0].request_id, 1u);
-  EXPECT_EQ(d3[0].ranks, (std::vector<int>{0, 1}));
-}
-
-TEST(Scheduler, FcfsChangesDegreeWithLoad) {
-  Scheduler s(4, makePolicy("fcfs"));
-  s.addRequest(req(1, 10));
-  auto d = s.schedule();
-  ASSERT_EQ(d.size(), 1u);
-  EXPECT_EQ(d[0].ranks.size(), 4u);  // alone: all four ranks
-  s.mutableRequest(1).ranks = d[0].ranks;
-  s.addRequest(req(2, 20));
-  s.addRequest(req(3, 30));
-  d = s.schedule();
-  ASSERT_EQ(d.size(), 3u);
-  EXPECT_EQ(d[0].request_id, 1u);
-  EXPECT_EQ(d[0].ranks.size(), 2u);  // shrinks to make room, keeping ranks it holds
-  EXPECT_EQ(d[0].ranks, (std::vector<int>{0, 1}));
-  EXPECT_EQ(d[1].ranks.size(), 1u);
-  EXPECT_EQ(d[2].ranks.size(), 1u);
-  std::set<int> used;
-  for (const auto& x : d)
-    for (int r : x.ranks) EXPECT_TRUE(used.insert(r).second);
-}
-
-TEST(Scheduler, RejectsBadPolicyAnswers) {
-  class Greedy : public Policy {
-   public:
-    std::string name() const override { return "greedy"; }
-    std::vector<Decision> schedule(const SchedulerView& v) override {
-      std::vector<Decision> out;
-      for (const auto* r : v.ready) {
-        Decision d;
-        d.request_id = r->id;
-        d.ranks = {0};  // every request on rank 0
-        out.push_back(d);
-      }
-      return out;
+TEST(QueueSet, ProducerKilledMidPushDoesNotWedgeTheRings) {
+  auto set = QueueSet::create(2, 1 << 16);
+  pid_t pid = fork();
+  if (pid == 0) {
+    auto mine = QueueSet::attach(set->name());
+    Completion c;
+    c.rank = 0;
+    for (uint64_t i = 0;; ++i) {  // as fast as it can, until killed (blocking when full)
+      c.task_id = i;
+      std::snprintf(c.message, sizeof(c.message), "completion %llu", static_cast<unsigned long long>(i));
+      c.message_bytes = static_cast<uint32_t>(std::strlen(c.message));
+      mine->pushCompletion(0, c, std::chrono::seconds(60));
     }
-  };
-  Scheduler s(2, std::make_unique<Greedy>());
-  s.addRequest(req(1, 1));
-  s.addRequest(req(2, 2));
-  EXPECT_THROW(s.schedule(), Error);
-  EXPECT_THROW(makePolicy("static:0"), Error);
-  EXPECT_THROW(makePolicy("lifo"), Error);
+  }
+  // let it fill and drain a few laps, then kill it while it pushes
+  uint64_t expect = 0;
+  Completion c;
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < until) {
+    while (set->tryPopCompletion(0, c)) {
+      ASSERT_EQ(c.task_id, expect++);
+    }
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  while (set->tryPopCompletion(0, c)) {  // whatever it published is whole and in order
+    ASSERT_EQ(c.task_id, expect);
+    ASSERT_EQ(std::string(c.message, c.message_bytes), "completion " + std::to_string(expect));
+    ++expect;
+  }
+  EXPECT_GT(expect, 100u);
+  // the other worker's ring, and the dead one's ring for a successor, still work
+  Completion d;
+  d.task_id = 42;
+  ASSERT_TRUE(set->pushCompletion(1, d, std::chrono::seconds(1)));
+  ASSERT_TRUE(set->tryPopCompletion(1, c));
+  EXPECT_EQ(c.task_id, 42u);
+  ASSERT_TRUE(set->pushCompletion(0, d, std::chrono::seconds(1)));
+  ASSERT_TRUE(set->tryPopCompletion(0, c));
+  EXPECT_EQ(c.task_id, 42u);
+}
+
+TEST(Outputs, WrittenMappedUnlinkedAndSwept) {
+  auto set = QueueSet::create(1, 1 << 16);
+  std::string prefix = outputPrefix(set->name());
+  std::vector<float> data(100000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i) * 0.5f;
+  OutputRef ref;
+  writeOutput(prefix + "7-0", data.data(), data.size() * sizeof(float), ref);
+  {
+    auto m = MappedOutput::open(ref);
+    ASSERT_EQ(m->bytes(), data.size() * sizeof(float));
+    EXPECT_EQ(std::memcmp(m->data(), data.data(), m->bytes()), 0);
+    for (const auto& n : gfdit::testing::shmNames()) EXPECT_NE("/" + n, prefix + "7-0");  // unlinked at open
+  }
+  OutputRef lost1, lost2;
+  writeOutput(prefix + "8-0", data.data(), 64, lost1);
+  writeOutput(prefix + "9-1", data.data(), 64, lost2);
+  discardOutput(lost1);
+  EXPECT_EQ(unlinkOutputs(prefix), 1);
+  EXPECT_EQ(unlinkOutputs(prefix), 0);
+  EXPECT_THROW(MappedOutput::open(lost2), Error);
 }

@@ -1,0 +1,335 @@
+// The control plane: requests, the trajectory task graph of each (encode -> migrate/free -> denoise steps ->
+// decode), completion aggregation over members, holders and layouts, dispatch-ahead, cancellation, task
+// deadlines, recovery after a worker death and pruning of finished requests. It talks to the world through
+// a Clock and an Executor, so the same code serves requests on worker processes (EngineLoop) and on a
+// simulated cluster (Simulator), and a C++ program can drive it with its own executor and policy.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gfdit/cost.h"
+#include "gfdit/layout.h"
+#include "gfdit/runtime.h"
+
+namespace gfdit {
+namespace runtime {
+
+// ---- time and execution ----
+
+/// Where the control plane reads the time. Nothing inside it calls a system clock directly.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  /// Nanoseconds on this clock's time line.
+  virtual int64_t nowNs() const = 0;
+};
+
+/// The machine's monotonic clock.
+class RealClock : public Clock {
+ public:
+  int64_t nowNs() const override { return runtime::nowNs(); }
+};
+
+/// A clock that moves only when told (the simulator, tests).
+class VirtualClock : public Clock {
+ public:
+  int64_t nowNs() const override { return now_ns_; }
+  /// Moves the clock to `t_ns` (never backwards).
+  void set(int64_t t_ns) { now_ns_ = t_ns > now_ns_ ? t_ns : now_ns_; }
+
+ private:
+  int64_t now_ns_ = 0;
+};
+
+/// Runs tasks on workers. The control plane calls it from its one thread, in its one total order
+/// (NOTE [dispatch order]); completions come back through ControlPlane::onCompletion.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  /// Queues `task` (with `payload`) on each worker in `workers`, in FIFO order per worker. Never waits for
+  /// a worker to run it.
+  virtual void dispatch(const TaskDescriptor& task, const std::vector<int>& workers, const std::string& payload) = 0;
+  /// Releases collectives blocked on a dead or wedged worker (recovery starts).
+  virtual void abortCollectives() {}
+  /// Stops a worker that missed a task deadline; its death is then reported through onWorkerDeath.
+  virtual void killWorker(int worker) {}
+  /// An output nobody will read (its request was cancelled or pruned).
+  virtual void discardOutput(const OutputRef& ref) {}
+};
+
+// ---- requests ----
+
+/// Where a request is. DENOISING carries the step in RequestRecord::step.
+enum class RequestState : int32_t { kQueued, kEncoding, kDenoising, kDecoding, kDone, kFailed, kCancelled };
+
+/// Name of a state ("QUEUED", ...).
+const char* requestStateName(RequestState s);
+/// Whether a state is final.
+inline bool isFinished(RequestState s) {
+  return s == RequestState::kDone || s == RequestState::kFailed || s == RequestState::kCancelled;
+}
+
+/// One time-stamped transition.
+struct Transition {
+  RequestState state;
+  int32_t step;
+  int64_t t_ns;
+};
+
+/// One task of a request as it ran: what, where, with which layout, when.
+struct StageRecord {
+  TaskKind kind = TaskKind::kEncode;
+  std::vector<int> ranks;
+  Layout layout;
+  int32_t step_begin = 0;
+  int32_t num_steps = 0;
+  int64_t dispatch_ns = 0;
+  int64_t start_ns = 0;  ///< earliest start over the members
+  int64_t end_ns = 0;    ///< latest end over the members
+  TaskError error = TaskError::kOk;
+};
+
+/// What a caller submits.
+struct RequestSpec {
+  uint64_t id = 0;           ///< 0: the control plane assigns one (a caller that needs ids first assigns its own)
+  RequestShape shape;        ///< num_steps >= 1; tokens filled in by checkRequest
+  int64_t arrival_ns = 0;    ///< 0: now
+  int64_t deadline_ns = 0;   ///< absolute, on the control plane's clock; 0: none
+  int32_t priority = 0;      ///< larger is more urgent
+  int32_t max_degree = kMaxRanks;  ///< largest group the model allows (heads)
+  std::string payload;       ///< opaque to the control plane: what encode tasks carry to the worker
+};
+
+/// What the control plane knows of a request; what policies see.
+struct RequestRecord {
+  uint64_t id = 0;
+  RequestState state = RequestState::kQueued;
+  int32_t step = 0;          ///< denoising steps completed
+  int32_t num_steps = 0;     ///< total denoising steps
+  int64_t arrival_ns = 0;
+  int64_t deadline_ns = 0;   ///< 0: none
+  int32_t priority = 0;
+  RequestShape shape;
+  int32_t max_degree = kMaxRanks;
+  std::vector<int> ranks;    ///< the ranks holding the request's state after its last completed step
+  Layout layout;             ///< the layout of its current or last decision
+  bool busy = false;         ///< a decision of it is running (its group's ranks are occupied)
+  int32_t steps_in_flight = 0;
+  int32_t attempts = 0;      ///< recoveries it went through
+  std::string reason;        ///< FAILED / CANCELLED
+  std::vector<Transition> transitions;
+};
+
+/// A policy's answer for one ready request: run it on `ranks` (in order) with `layout` for `num_steps`
+/// steps before the next decision.
+struct Decision {
+  uint64_t request_id = 0;
+  std::vector<int> ranks;
+  Layout layout;
+  int32_t num_steps = 1;
+};
+
+/// What a policy sees at a scheduling point. Pointers are valid during the call only.
+struct SchedulerView {
+  int64_t now_ns = 0;
+  int world_size = 0;
+  std::vector<int> free_ranks;                ///< alive ranks with no decision running
+  std::vector<const RequestRecord*> ready;    ///< waiting for a decision, in arrival order
+  std::vector<const RequestRecord*> running;  ///< a decision of theirs is running
+  std::vector<int> node_of;                   ///< node of each rank (topology)
+  const cost::CostModel* cost = nullptr;      ///< predictions, when the control plane has a model
+};
+
+/// Decides, at each scheduling point, which ready requests run next and where. Pure: reads the view,
+/// returns decisions; the control plane validates and applies them.
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  /// Name as the engine accepts it ("fcfs", "static:2").
+  virtual std::string name() const = 0;
+  /// Decisions for some ready requests; each uses distinct ranks from view.free_ranks.
+  virtual std::vector<Decision> schedule(const SchedulerView& view) = 0;
+};
+
+/// "static:D": ranks split into fixed groups of D (0..D-1, D..2D-1, ...); a request keeps the group it
+/// got first for its whole life; the baseline of fixed-degree serving systems.
+std::unique_ptr<Policy> makeStaticPolicy(int degree);
+/// "fcfs": arrival order; at every step boundary each waiting or running request gets ranks from those
+/// free, the oldest first, preferring ranks that hold its state, so degrees and groups change while
+/// requests run.
+std::unique_ptr<Policy> makeFcfsPolicy(int steps_per_decision = 1);
+/// Parses a policy name ("fcfs", "static:D"); unknown names list the built-in ones.
+std::unique_ptr<Policy> makePolicy(const std::string& spec);
+/// Names of the built-in policies ("static:D" stands for any degree).
+std::vector<std::string> policyNames();
+
+/// The largest power of two that divides `heads` (the largest Ulysses degree a model allows), at most kMaxRanks.
+int maxUlyssesDegree(int heads);
+
+/// What a request is checked against at submit: the model's strides and the serving limits.
+struct RequestLimits {
+  int32_t vae_stride_s = 8;        ///< spatial VAE compression
+  int32_t patch_s = 2;             ///< spatial patch: height and width are multiples of vae_stride_s * patch_s
+  int32_t temporal_stride = 4;     ///< video: num_frames = stride * k + 1
+  int32_t patch_t = 1;
+  bool is_video = false;           ///< image models take num_frames == 1 only
+  int32_t max_steps = 1000;
+  int64_t max_pixels = 2048 * 2048;
+  int32_t max_frames = 1;
+  int64_t max_tokens = 1 << 20;    ///< image/video tokens the transformer sees
+  size_t max_payload_bytes = kMaxPayloadBytes;
+  /// Limits of a known model (its registry entry).
+  static RequestLimits of(const cost::ModelArch& arch);
+  /// Image/video tokens of a request of this size.
+  int64_t tokens(int32_t height, int32_t width, int32_t num_frames) const;
+};
+
+/// Checks a request's shape against `limits` and fills shape.tokens; throws InvalidUsage naming the field
+/// ("height", "num_frames", "num_inference_steps", "guidance_scale", ...).
+void checkRequest(RequestShape& shape, const RequestLimits& limits);
+
+// ---- the control plane ----
+
+/// The result of a finished request, handed to the finished-callback once, when it ends.
+struct RequestResult {
+  uint64_t id = 0;
+  RequestState state = RequestState::kQueued;
+  std::string reason;
+  std::vector<StageRecord> stages;
+  std::vector<Transition> transitions;
+  OutputRef output;  ///< DONE: where the worker left the output
+  int64_t arrival_ns = 0;
+  int64_t deadline_ns = 0;
+  int32_t priority = 0;
+};
+
+/// A request's progress, for status queries.
+struct RequestStatus {
+  bool known = false;
+  RequestState state = RequestState::kQueued;
+  int32_t step = 0;
+  int32_t num_steps = 0;
+  std::vector<int> ranks;
+};
+
+/// Counters for benchmarks and metrics.
+struct ControlStats {
+  uint64_t submitted = 0;
+  uint64_t finished = 0;
+  uint64_t tasks_dispatched = 0;
+  uint64_t tasks_completed = 0;
+  uint64_t policy_calls = 0;
+  uint64_t lookahead_hits = 0;  ///< steps dispatched ahead across decisions (NOTE [lookahead])
+  uint64_t regroups = 0;        ///< decisions that changed a request's group
+  uint64_t migrations = 0;
+  uint64_t recoveries = 0;      ///< worlds re-created after a failure (the epoch)
+  uint64_t task_timeouts = 0;
+  int64_t policy_ns = 0;        ///< time spent in the policy
+};
+
+struct ControlConfig {
+  int world_size = 1;
+  int max_inflight_steps = 2;   ///< steps of one request dispatched ahead of completions
+  double task_timeout_s = 0;    ///< a task not done this long after dispatch (plus its prediction) fails: 0 off
+  int max_attempts = 3;         ///< recoveries a request may go through before it fails
+  bool record_stages = true;    ///< keep each request's timeline (the simulator may turn it off)
+  bool lookahead = true;        ///< NOTE [lookahead]
+  std::vector<int> node_of;     ///< node of each rank (empty: one node)
+};
+
+/// The control plane. Single-threaded: one thread (the engine loop, the simulator) calls everything.
+class ControlPlane {
+ public:
+  ControlPlane(ControlConfig config, Clock& clock, Executor& executor, std::shared_ptr<Policy> policy,
+               std::shared_ptr<const cost::CostModel> cost = nullptr);
+  ~ControlPlane();
+
+  /// Queues a request (QUEUED); returns its id. The shape must have passed checkRequest.
+  uint64_t submit(RequestSpec spec);
+  /// Cancels a request: at once when nothing of it runs, else after its in-flight tasks.
+  void cancel(uint64_t id);
+  /// A worker finished (or failed) one task.
+  void onCompletion(const Completion& c);
+  /// A worker is gone: tasks pending on it fail, recovery starts.
+  void onWorkerDeath(int worker);
+  /// Checks task deadlines and runs the policy when something changed; returns the time (ns) of the next
+  /// deadline, or INT64_MAX.
+  int64_t poll();
+  /// Ends every request (CANCELLED, or FAILED when `failed`) with `reason`.
+  void finishAll(const std::string& reason, bool failed = false);
+  /// Dispatches an empty task to `worker`; its completion goes to the probe callback.
+  void probe(int worker);
+
+  /// Called once per request when it ends (after which it is pruned).
+  void setFinishedCallback(std::function<void(RequestResult&&)> fn) { on_finished_ = std::move(fn); }
+  /// Called for each completed probe.
+  void setProbeCallback(std::function<void(const Completion&, int64_t seen_ns)> fn) { on_probe_ = std::move(fn); }
+
+  RequestStatus status(uint64_t id) const;
+  /// Requests not yet pruned (queued, running, or finished with tasks still in flight).
+  size_t numRequests() const { return requests_.size(); }
+  /// Tasks dispatched and not yet completed.
+  size_t numTasksInFlight() const { return tasks_.size(); }
+  bool recovering() const { return recovering_; }
+  bool alive(int worker) const { return alive_[worker]; }
+  const ControlStats& stats() const { return stats_; }
+  const ControlConfig& config() const { return config_; }
+  Policy& policy() { return *policy_; }
+  /// The earliest time an in-flight task is expected to complete (from measured durations), or INT64_MAX.
+  int64_t expectedCompletionNs() const;
+
+ private:
+  struct Task;
+  struct Request;
+
+  Request& req(uint64_t id);
+  void transition(Request& r, RequestState s, int32_t step = -1, const std::string& reason = "");
+  uint64_t dispatch(Request* r, TaskKind kind, const std::vector<int>& ranks, const Layout& layout, int32_t step_begin,
+                    int32_t num_steps, int src = -1, const std::string* payload = nullptr);
+  void schedule();
+  void buildView(SchedulerView& view, const Request* lookahead);
+  void validate(const std::vector<Decision>& ds, const SchedulerView& view, const Request* lookahead) const;
+  void startDecision(Request& r, const Decision& d);
+  void pump(Request& r);
+  bool lookahead(Request& r);
+  void taskDone(Task& t);
+  void endDecision(Request& r);
+  void dispatchDecode(Request& r);
+  void finish(Request& r, RequestState state, const std::string& reason = "");
+  void maybePrune(Request& r);
+  void occupy(const std::vector<int>& ranks);
+  void release(const std::vector<int>& ranks);
+  void startRecovery();
+  void tryReinit();
+  void reinitDone();
+  void checkDeadlines(int64_t now);
+
+  ControlConfig config_;
+  Clock& clock_;
+  Executor& executor_;
+  std::shared_ptr<Policy> policy_;
+  std::shared_ptr<const cost::CostModel> cost_;
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::vector<Request*> order_;  ///< unpruned requests in arrival order (the view's order)
+  std::unordered_map<uint64_t, std::unique_ptr<Task>> tasks_;
+  std::vector<bool> rank_busy_;
+  std::vector<bool> alive_;
+  std::vector<int64_t> worker_free_at_;  ///< expected end of each worker's queued work
+  double ewma_ns_[8] = {};               ///< measured task duration by kind
+  uint64_t next_request_id_ = 1;
+  uint64_t next_task_id_ = 1;
+  bool dirty_ = false;
+  bool recovering_ = false;
+  uint64_t epoch_ = 0;
+  ControlStats stats_;
+  std::function<void(RequestResult&&)> on_finished_;
+  std::function<void(const Completion&, int64_t)> on_probe_;
+};
+
+}  // namespace runtime
+}  // namespace gfdit

@@ -1,0 +1,114 @@
+// The control plane in real time: worker processes behind shared-memory rings, the machine's clock, one
+// control thread that blocks on a futex when there is nothing to do. gfdit.Engine is a thin facade over it;
+// a C++ program can use it directly with workers of its own that speak the ring protocol (runtime.h).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gfdit/control.h"
+#include "gfdit/runtime.h"
+
+namespace gfdit {
+namespace runtime {
+
+struct EngineOptions {
+  int num_workers = 1;
+  ControlConfig control;             ///< world_size is set to num_workers
+  uint32_t ring_bytes = 1u << 20;     ///< per ring
+  double liveness_interval_s = 0.1;  ///< how often worker processes are checked
+  double spin_window_s = 50e-6;      ///< spin instead of sleeping when a completion is expected this soon
+};
+
+/// One probe round trip: when the control plane wrote it, the worker took it, posted its completion, and
+/// the control plane saw it (monotonic ns).
+struct ProbeSample {
+  int64_t dispatch_ns = 0;
+  int64_t start_ns = 0;
+  int64_t post_ns = 0;
+  int64_t seen_ns = 0;
+};
+
+struct EngineStats {
+  ControlStats control;
+  int64_t control_cpu_ns = 0;  ///< CPU time of the control thread so far
+  int64_t loop_wakeups = 0;    ///< times the control thread woke up
+  std::vector<bool> alive;
+  size_t num_requests = 0;     ///< not yet pruned
+  size_t tasks_in_flight = 0;
+  bool recovering = false;
+};
+
+/// The real-time engine core. Thread-safe: any thread may submit, cancel, query and wait for results.
+class EngineLoop {
+ public:
+  EngineLoop(EngineOptions options, std::shared_ptr<Policy> policy,
+             std::shared_ptr<const cost::CostModel> cost = nullptr);
+  ~EngineLoop();
+
+  /// The rings' shared-memory name, for workers to attach (unlinked once start() runs).
+  const std::string& queueName() const { return queues_->name(); }
+  /// Prefix of the names workers give their outputs (NOTE [outputs]).
+  std::string outputNamePrefix() const { return output_prefix_; }
+  /// Waits until every worker posted its hello (a completion with task_id 0); returns their messages in worker
+  /// order. Throws when a worker reports an error, a process in `pids` exits, or the timeout passes.
+  std::vector<std::string> awaitWorkers(const std::vector<int>& pids, double timeout_s);
+  /// Starts the control thread (every worker attached: the rings' name is removed).
+  void start();
+
+  /// Queues a request; returns its id. The shape must have passed checkRequest.
+  uint64_t submit(RequestSpec spec);
+  /// Cancels a request.
+  void cancel(uint64_t id);
+  /// Finished requests since the last call; waits up to `timeout_s` for at least one. Empty when closed.
+  std::vector<RequestResult> waitResults(double timeout_s);
+  RequestStatus status(uint64_t id);
+  /// `count` probe round trips to an idle `worker`, one after another.
+  std::vector<ProbeSample> ping(int worker, int count, double timeout_s);
+  EngineStats stats();
+  /// Cancels what is in flight, tells the workers to leave, stops the control thread.
+  void shutdown();
+  bool closed() const { return closed_; }
+
+ private:
+  struct Event {
+    enum Kind { kSubmit, kCancel, kProbe, kShutdown } kind;
+    uint64_t id = 0;
+    RequestSpec spec;
+  };
+  class RingExecutor;
+
+  void loop();
+  void post(Event e);
+  void checkWorkers(int64_t now);
+
+  EngineOptions options_;
+  std::unique_ptr<QueueSet> queues_;
+  std::string output_prefix_;
+  std::unique_ptr<RingExecutor> executor_;
+  RealClock clock_;
+  std::unique_ptr<ControlPlane> plane_;
+  std::vector<int> pids_;
+  std::thread thread_;
+  std::mutex plane_mu_;  // held by the control thread while it works (not while it waits)
+  std::mutex inbox_mu_;
+  std::vector<Event> inbox_;
+  std::mutex results_mu_;
+  std::condition_variable results_cv_;
+  std::deque<RequestResult> results_;
+  std::vector<ProbeSample> probes_;
+  uint64_t next_id_ = 1;
+  bool started_ = false;
+  bool stop_ = false;
+  bool closed_ = false;
+  int64_t loop_wakeups_ = 0;
+};
+
+}  // namespace runtime
+}  // namespace gfdit

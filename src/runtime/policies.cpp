@@ -1,0 +1,229 @@
+// The built-in policies and the request checks at submit.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "gfdit/control.h"
+#include "gfdit/error.h"
+
+namespace gfdit {
+namespace runtime {
+
+const char* requestStateName(RequestState s) {
+  switch (s) {
+    case RequestState::kQueued: return "QUEUED";
+    case RequestState::kEncoding: return "ENCODING";
+    case RequestState::kDenoising: return "DENOISING";
+    case RequestState::kDecoding: return "DECODING";
+    case RequestState::kDone: return "DONE";
+    case RequestState::kFailed: return "FAILED";
+    case RequestState::kCancelled: return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+namespace {
+
+int largestPowerOfTwoAtMost(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+Layout ulyssesLayout(int degree) {
+  Layout l;
+  l.ulysses = degree;
+  l.ring = 1;
+  return l;
+}
+
+class StaticPolicy : public Policy {
+ public:
+  explicit StaticPolicy(int degree) : degree_(degree) { GFDIT_CHECK(degree >= 1) << "static degree " << degree; }
+  std::string name() const override { return "static:" + std::to_string(degree_); }
+
+  std::vector<Decision> schedule(const SchedulerView& view) override {
+    GFDIT_CHECK(view.world_size % degree_ == 0)
+        << "static:" << degree_ << " needs a world size divisible by " << degree_ << ", got " << view.world_size;
+    free_.assign(view.world_size, false);
+    for (int r : view.free_ranks) free_[r] = true;
+    auto groupFree = [&](int g) {
+      for (int r = g * degree_; r < (g + 1) * degree_; ++r) {
+        if (!free_[r]) return false;
+      }
+      return true;
+    };
+    std::vector<Decision> out;
+    bool waiting = false;  // an earlier new request found no group: later new ones wait too (FCFS)
+    for (const RequestRecord* req : view.ready) {
+      int g = -1;
+      if (!req->ranks.empty()) {
+        g = req->ranks[0] / degree_;  // keeps the group it got first
+        if (!groupFree(g)) continue;
+      } else {
+        if (waiting) continue;
+        for (int c = 0; c < view.world_size / degree_; ++c) {
+          if (groupFree(c)) {
+            g = c;
+            break;
+          }
+        }
+        if (g < 0) {
+          waiting = true;
+          continue;
+        }
+      }
+      Decision d;
+      d.request_id = req->id;
+      for (int r = g * degree_; r < (g + 1) * degree_; ++r) {
+        d.ranks.push_back(r);
+        free_[r] = false;
+      }
+      d.layout = ulyssesLayout(degree_);
+      d.num_steps = std::max(1, req->num_steps - req->step);  // the whole rest: the degree never changes
+      out.push_back(std::move(d));
+    }
+    return out;
+  }
+
+ private:
+  int degree_;
+  std::vector<bool> free_;
+};
+
+class FcfsPolicy : public Policy {
+ public:
+  explicit FcfsPolicy(int steps) : steps_(steps) {}
+  std::string name() const override { return "fcfs"; }
+
+  std::vector<Decision> schedule(const SchedulerView& view) override {
+    free_.assign(view.world_size, false);
+    int num_free = 0;
+    for (int r : view.free_ranks) {
+      free_[r] = true;
+      ++num_free;
+    }
+    std::vector<Decision> out;
+    size_t n_ready = view.ready.size();
+    for (size_t i = 0; i < n_ready && num_free > 0; ++i) {
+      const RequestRecord* req = view.ready[i];
+      // The oldest gets what it can use, but leaves one rank for each younger ready request.
+      int leave = static_cast<int>(std::min<size_t>(n_ready - i - 1, static_cast<size_t>(num_free - 1)));
+      int degree = largestPowerOfTwoAtMost(std::max(1, std::min(num_free - leave, req->max_degree)));
+      Decision d;
+      d.request_id = req->id;
+      // Ranks that hold the request's state first: shrinking moves nothing, and keeping them moves less.
+      for (int r : req->ranks) {
+        if (static_cast<int>(d.ranks.size()) < degree && r >= 0 && r < view.world_size && free_[r]) {
+          d.ranks.push_back(r);
+          free_[r] = false;
+        }
+      }
+      for (int r = 0; r < view.world_size && static_cast<int>(d.ranks.size()) < degree; ++r) {
+        if (free_[r]) {
+          d.ranks.push_back(r);
+          free_[r] = false;
+        }
+      }
+      num_free -= degree;
+      d.layout = ulyssesLayout(degree);
+      d.num_steps = steps_;
+      out.push_back(std::move(d));
+    }
+    return out;
+  }
+
+ private:
+  int steps_;
+  std::vector<bool> free_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> makeStaticPolicy(int degree) { return std::make_unique<StaticPolicy>(degree); }
+
+std::unique_ptr<Policy> makeFcfsPolicy(int steps_per_decision) {
+  GFDIT_CHECK(steps_per_decision >= 1) << "steps per decision must be >= 1";
+  return std::make_unique<FcfsPolicy>(steps_per_decision);
+}
+
+std::vector<std::string> policyNames() { return {"fcfs", "static:D"}; }
+
+std::unique_ptr<Policy> makePolicy(const std::string& spec) {
+  if (spec == "fcfs") return makeFcfsPolicy();
+  if (spec.rfind("static:", 0) == 0) {
+    int d = 0;
+    try {
+      size_t used = 0;
+      d = std::stoi(spec.substr(7), &used);
+      if (used != spec.size() - 7) d = 0;
+    } catch (...) {
+      d = 0;
+    }
+    GFDIT_CHECK(d >= 1 && d <= kMaxRanks) << "policy '" << spec << "': the degree must be an integer in [1, " << kMaxRanks
+                                          << "]";
+    return makeStaticPolicy(d);
+  }
+  std::ostringstream os;
+  os << "unknown policy '" << spec << "'; built in:";
+  for (const auto& n : policyNames()) os << " " << n;
+  throw Error(ErrorCode::kInvalidUsage, os.str());
+}
+
+// ---- request checks ----
+
+int maxUlyssesDegree(int heads) {
+  int d = 1;
+  while (d * 2 <= kMaxRanks && heads > 0 && heads % (d * 2) == 0) d *= 2;
+  return d;
+}
+
+RequestLimits RequestLimits::of(const cost::ModelArch& arch) {
+  RequestLimits l;
+  l.vae_stride_s = arch.vae_stride_s;
+  l.patch_s = arch.patch_s;
+  l.temporal_stride = arch.vae_stride_t;
+  l.patch_t = arch.patch_t;
+  l.is_video = arch.is_video;
+  if (arch.max_steps > 0) l.max_steps = arch.max_steps;
+  if (arch.max_pixels > 0) l.max_pixels = arch.max_pixels;
+  l.max_frames = arch.is_video ? std::max(1, arch.max_frames) : 1;
+  if (arch.max_tokens > 0) l.max_tokens = arch.max_tokens;
+  return l;
+}
+
+int64_t RequestLimits::tokens(int32_t height, int32_t width, int32_t num_frames) const {
+  int64_t m = static_cast<int64_t>(vae_stride_s) * patch_s;
+  int64_t latent_frames = is_video ? (num_frames - 1) / std::max(1, temporal_stride) + 1 : 1;
+  return latent_frames / std::max(1, patch_t) * (height / m) * (width / m);
+}
+
+void checkRequest(RequestShape& s, const RequestLimits& limits) {
+  GFDIT_CHECK(s.num_steps >= 1 && s.num_steps <= limits.max_steps)
+      << "num_inference_steps " << s.num_steps << " is outside [1, " << limits.max_steps << "]";
+  GFDIT_CHECK(s.height >= 1 && s.width >= 1) << "height and width must be positive, got " << s.height << "x" << s.width;
+  int m = std::max(1, limits.vae_stride_s * limits.patch_s);
+  GFDIT_CHECK(s.height % m == 0) << "height " << s.height << " is not a multiple of " << m << " (the model's stride)";
+  GFDIT_CHECK(s.width % m == 0) << "width " << s.width << " is not a multiple of " << m << " (the model's stride)";
+  GFDIT_CHECK(static_cast<int64_t>(s.height) * s.width <= limits.max_pixels)
+      << "height x width " << s.height << "x" << s.width << " = " << static_cast<int64_t>(s.height) * s.width
+      << " pixels exceeds the limit of " << limits.max_pixels;
+  if (!limits.is_video) {
+    GFDIT_CHECK(s.num_frames == 1) << "num_frames " << s.num_frames << ": this is an image model (num_frames must be 1)";
+  } else {
+    GFDIT_CHECK(s.num_frames >= 1 && s.num_frames <= limits.max_frames)
+        << "num_frames " << s.num_frames << " is outside [1, " << limits.max_frames << "]";
+    int t = std::max(1, limits.temporal_stride);
+    GFDIT_CHECK((s.num_frames - 1) % t == 0)
+        << "num_frames " << s.num_frames << " must be " << t << " * k + 1 (the model's temporal stride)";
+  }
+  GFDIT_CHECK(std::isfinite(s.guidance_scale) && s.guidance_scale >= 0 && s.guidance_scale <= 100)
+      << "guidance_scale " << s.guidance_scale << " must be a finite number in [0, 100]";
+  s.tokens = limits.tokens(s.height, s.width, s.num_frames);
+  GFDIT_CHECK(s.tokens <= limits.max_tokens)
+      << "the request has " << s.tokens << " tokens (height x width x num_frames), over the limit of "
+      << limits.max_tokens;
+}
+
+}  // namespace runtime
+}  // namespace gfdit

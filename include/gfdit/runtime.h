@@ -194,7 +194,7 @@ class QueueSet {
 std::string outputPrefix(const std::string& queue_name);
 /// Writes `bytes` from `data` into a new shm object `name` (mode 0600); fills `ref` except dtype/shape.
 void writeOutput(const std::string& name, const void* data, size_t bytes, OutputRef& ref);
-/// A mapped output: read-only view of the bytes; unmapped when destroyed.
+/// A mapped output: the bytes, writable and no longer shared with anyone; unmapped when destroyed.
 class MappedOutput {
  public:
   /// Maps `ref`'s object and unlinks its name.

@@ -388,13 +388,13 @@ void writeOutput(const std::string& name, const void* data, size_t bytes, Output
 
 std::shared_ptr<MappedOutput> MappedOutput::open(const OutputRef& ref) {
   std::string name(ref.name, strnlen(ref.name, sizeof(ref.name)));
-  int fd = ::shm_open(name.c_str(), O_RDONLY, 0600);
+  int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) GFDIT_THROW(kSystemError) << "output " << name << ": " << std::strerror(errno);
   ::shm_unlink(name.c_str());  // mapped below: the name is no longer needed (NOTE [outputs])
   std::shared_ptr<MappedOutput> out(new MappedOutput());
   out->bytes_ = ref.bytes;
   if (ref.bytes > 0) {
-    void* p = ::mmap(nullptr, ref.bytes, PROT_READ, MAP_SHARED, fd, 0);
+    void* p = ::mmap(nullptr, ref.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       ::close(fd);
       GFDIT_THROW(kSystemError) << "mmap output " << name << ": " << std::strerror(errno);

@@ -341,6 +341,7 @@ SimResult Simulator::run(const std::vector<SimRequest>& requests) {
       spec.id = r.id + 1;
       spec.shape = r.shape;
       if (spec.shape.num_steps <= 0) spec.shape.num_steps = arch.default_steps;
+      if (spec.shape.guidance_scale < 0) spec.shape.guidance_scale = arch.default_guidance;
       checkRequest(spec.shape, limits);
       spec.arrival_ns = t;
       if (!std::isnan(r.deadline_s)) spec.deadline_ns = std::max<int64_t>(1, std::llround(r.deadline_s * kNs));

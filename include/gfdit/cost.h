@@ -26,6 +26,8 @@ enum class Stage : int32_t {
 
 /// Name of a stage ("encode", "step", "migrate", "decode").
 const char* stageName(Stage s);
+/// The stage of a name as stageName writes it; other names throw InvalidUsage listing the valid ones.
+Stage stageFromName(const std::string& name);
 
 /// Architecture facts of a model family member, from its public config (see DESIGN.md's table).
 struct ModelArch {
@@ -86,6 +88,10 @@ struct Hardware {
   double regroup_s = 1e-6;          ///< cost of forming a new group (gfdit: ~1 us; NCCL: ~0.78 s)
   int32_t ranks_per_node = 8;
   int32_t num_cores = 0;            ///< ranks share this many cores (CPU); 0: one device per rank
+  double conv_efficiency = 0.3;     ///< share of peak the VAE decoder's 3-D convolutions reach
+  double layer_overhead_s = 0;      ///< fixed host/launch cost of one transformer block in one pass
+  double peer_latency_s = 0;        ///< added cost per peer of an all-to-all (one send/recv pair each)
+  int32_t dtype_bytes = 2;          ///< bytes of a weight or activation element (bf16; float32 on "cpu")
 };
 
 /// A known piece of hardware by name; unknown names throw InvalidUsage listing the known ones.

@@ -1,7 +1,295 @@
-// placeholder: gfdit._C.cost
+// gfdit._C.cost: the cost model (model, hardware and cluster registries; analytic and profiled models).
+// Thin: names become snake_case; the C++ checks the arguments and its errors map to gfdit.InvalidUsage.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
 #include "bindings.h"
+#include "gfdit/cost.h"
+#include "gfdit/error.h"
+
+namespace py = pybind11;
+
 namespace gfdit {
 namespace python {
-void register_cost(pybind11::module_& m) { m.def_submodule("cost", "cost model"); }
+namespace {
+
+using cost::Cluster;
+using cost::CostModel;
+using cost::Hardware;
+using cost::ModelArch;
+using cost::Profile;
+using cost::ProfileEntry;
+using cost::Stage;
+
+// A copy of `hw` with the fields named in `kw` replaced (for what-if studies and the calibration fit).
+Hardware replaceHardware(const Hardware& hw, const py::kwargs& kw) {
+  Hardware h = hw;
+  for (const auto& item : kw) {
+    const std::string key = item.first.cast<std::string>();
+    py::handle v = item.second;
+    if (key == "name")
+      h.name = v.cast<std::string>();
+    else if (key == "peak_flops")
+      h.peak_flops = v.cast<double>();
+    else if (key == "mem_bw")
+      h.mem_bw = v.cast<double>();
+    else if (key == "link_bw")
+      h.link_bw = v.cast<double>();
+    else if (key == "inter_node_bw")
+      h.inter_node_bw = v.cast<double>();
+    else if (key == "collective_latency_s")
+      h.collective_latency_s = v.cast<double>();
+    else if (key == "inter_node_latency_s")
+      h.inter_node_latency_s = v.cast<double>();
+    else if (key == "matmul_efficiency")
+      h.matmul_efficiency = v.cast<double>();
+    else if (key == "attention_efficiency")
+      h.attention_efficiency = v.cast<double>();
+    else if (key == "half_efficiency_tokens")
+      h.half_efficiency_tokens = v.cast<double>();
+    else if (key == "regroup_s")
+      h.regroup_s = v.cast<double>();
+    else if (key == "ranks_per_node")
+      h.ranks_per_node = v.cast<int32_t>();
+    else if (key == "num_cores")
+      h.num_cores = v.cast<int32_t>();
+    else if (key == "conv_efficiency")
+      h.conv_efficiency = v.cast<double>();
+    else if (key == "layer_overhead_s")
+      h.layer_overhead_s = v.cast<double>();
+    else if (key == "dtype_bytes")
+      h.dtype_bytes = v.cast<int32_t>();
+    else if (key == "peer_latency_s")
+      h.peer_latency_s = v.cast<double>();
+    else
+      GFDIT_THROW(kInvalidUsage) << "Hardware.replace: unknown field '" << key << "'";
+  }
+  return h;
+}
+
+// A copy of `arch` with the fields named in `kw` replaced (what-if studies: another prompt length, ...).
+ModelArch replaceModelArch(const ModelArch& arch, const py::kwargs& kw) {
+  ModelArch a = arch;
+  for (const auto& item : kw) {
+    const std::string key = item.first.cast<std::string>();
+    py::handle v = item.second;
+    if (key == "name")
+      a.name = v.cast<std::string>();
+    else if (key == "is_video")
+      a.is_video = v.cast<bool>();
+    else if (key == "joint_attention")
+      a.joint_attention = v.cast<bool>();
+    else if (key == "num_layers")
+      a.num_layers = v.cast<int32_t>();
+    else if (key == "hidden")
+      a.hidden = v.cast<int32_t>();
+    else if (key == "heads")
+      a.heads = v.cast<int32_t>();
+    else if (key == "head_dim")
+      a.head_dim = v.cast<int32_t>();
+    else if (key == "ffn")
+      a.ffn = v.cast<int32_t>();
+    else if (key == "num_experts")
+      a.num_experts = v.cast<int32_t>();
+    else if (key == "transformer_params")
+      a.transformer_params = v.cast<double>();
+    else if (key == "text_hidden")
+      a.text_hidden = v.cast<int32_t>();
+    else if (key == "text_tokens")
+      a.text_tokens = v.cast<int32_t>();
+    else if (key == "text_encoder_params")
+      a.text_encoder_params = v.cast<double>();
+    else if (key == "vae_decode_flops_per_pixel")
+      a.vae_decode_flops_per_pixel = v.cast<double>();
+    else
+      GFDIT_THROW(kInvalidUsage) << "ModelArch.replace: unknown or fixed field '" << key << "'";
+  }
+  return a;
+}
+
+}  // namespace
+
+void register_cost(py::module_& m) {
+  py::module_ c = m.def_submodule("cost", "cost model: stage times of a request on a group of ranks");
+
+  py::enum_<Stage>(c, "Stage", "a stage of a request's trajectory")
+      .value("ENCODE", Stage::kEncode)
+      .value("STEP", Stage::kDenoiseStep)
+      .value("MIGRATE", Stage::kMigrate)
+      .value("DECODE", Stage::kDecode);
+  c.def("stage_name", &cost::stageName, py::arg("stage"), "name of a stage: encode, step, migrate, decode");
+  c.def("stage_from_name", &cost::stageFromName, py::arg("name"), "the stage of a name");
+
+  py::class_<ModelArch>(c, "ModelArch", "architecture facts, serving defaults and limits of a model")
+      .def_readonly("name", &ModelArch::name)
+      .def_readonly("is_video", &ModelArch::is_video)
+      .def_readonly("joint_attention", &ModelArch::joint_attention)
+      .def_readonly("num_layers", &ModelArch::num_layers)
+      .def_readonly("hidden", &ModelArch::hidden)
+      .def_readonly("heads", &ModelArch::heads)
+      .def_readonly("head_dim", &ModelArch::head_dim)
+      .def_readonly("ffn", &ModelArch::ffn)
+      .def_readonly("num_experts", &ModelArch::num_experts)
+      .def_readonly("transformer_params", &ModelArch::transformer_params)
+      .def_readonly("text_hidden", &ModelArch::text_hidden)
+      .def_readonly("text_tokens", &ModelArch::text_tokens)
+      .def_readonly("text_encoder_params", &ModelArch::text_encoder_params)
+      .def_readonly("vae_stride_t", &ModelArch::vae_stride_t)
+      .def_readonly("vae_stride_s", &ModelArch::vae_stride_s)
+      .def_readonly("latent_channels", &ModelArch::latent_channels)
+      .def_readonly("patch_t", &ModelArch::patch_t)
+      .def_readonly("patch_s", &ModelArch::patch_s)
+      .def_readonly("vae_decode_flops_per_pixel", &ModelArch::vae_decode_flops_per_pixel)
+      .def_readonly("default_height", &ModelArch::default_height)
+      .def_readonly("default_width", &ModelArch::default_width)
+      .def_readonly("default_frames", &ModelArch::default_frames)
+      .def_readonly("default_steps", &ModelArch::default_steps)
+      .def_readonly("default_guidance", &ModelArch::default_guidance)
+      .def_readonly("max_steps", &ModelArch::max_steps)
+      .def_readonly("max_pixels", &ModelArch::max_pixels)
+      .def_readonly("max_frames", &ModelArch::max_frames)
+      .def_readonly("max_tokens", &ModelArch::max_tokens)
+      .def("replace", &replaceModelArch, "a copy with the named fields replaced")
+      .def("spatial_multiple", &ModelArch::spatialMultiple, "height and width must be multiples of this")
+      .def("tokens", &ModelArch::tokens, py::arg("height"), py::arg("width"), py::arg("num_frames") = 1,
+           "image/video tokens of a request of this size")
+      .def("__repr__", [](const ModelArch& a) { return "<gfdit._C.cost.ModelArch " + a.name + ">"; });
+
+  py::class_<Hardware>(c, "Hardware", "one device type (datasheet rates and fitted efficiency factors)")
+      .def_readonly("name", &Hardware::name)
+      .def_readonly("peak_flops", &Hardware::peak_flops)
+      .def_readonly("mem_bw", &Hardware::mem_bw)
+      .def_readonly("link_bw", &Hardware::link_bw)
+      .def_readonly("inter_node_bw", &Hardware::inter_node_bw)
+      .def_readonly("collective_latency_s", &Hardware::collective_latency_s)
+      .def_readonly("inter_node_latency_s", &Hardware::inter_node_latency_s)
+      .def_readonly("matmul_efficiency", &Hardware::matmul_efficiency)
+      .def_readonly("attention_efficiency", &Hardware::attention_efficiency)
+      .def_readonly("half_efficiency_tokens", &Hardware::half_efficiency_tokens)
+      .def_readonly("regroup_s", &Hardware::regroup_s)
+      .def_readonly("ranks_per_node", &Hardware::ranks_per_node)
+      .def_readonly("num_cores", &Hardware::num_cores)
+      .def_readonly("conv_efficiency", &Hardware::conv_efficiency)
+      .def_readonly("layer_overhead_s", &Hardware::layer_overhead_s)
+      .def_readonly("dtype_bytes", &Hardware::dtype_bytes)
+      .def_readonly("peer_latency_s", &Hardware::peer_latency_s)
+      .def("replace", &replaceHardware, "a copy with the named fields replaced")
+      .def("__repr__", [](const Hardware& h) { return "<gfdit._C.cost.Hardware " + h.name + ">"; });
+
+  py::class_<Cluster>(c, "Cluster", "nodes of ranks of one hardware")
+      .def_readonly("name", &Cluster::name)
+      .def_readonly("hw", &Cluster::hw)
+      .def_readonly("num_ranks", &Cluster::num_ranks)
+      .def_readonly("ranks_per_node", &Cluster::ranks_per_node)
+      .def("node_of", &Cluster::nodeOf, py::arg("rank"), "node of a rank")
+      .def(
+          "replace",
+          [](const Cluster& cl, py::object hw, py::object num_ranks) {
+            Cluster out = cl;
+            if (!hw.is_none()) out.hw = hw.cast<Hardware>();
+            if (!num_ranks.is_none()) out.num_ranks = num_ranks.cast<int32_t>();
+            return out;
+          },
+          py::kw_only(), py::arg("hw") = py::none(), py::arg("num_ranks") = py::none(),
+          "a copy with another hardware or rank count")
+      .def("__repr__", [](const Cluster& cl) {
+        return "<gfdit._C.cost.Cluster " + cl.name + " " + std::to_string(cl.num_ranks) + " x " + cl.hw.name + ">";
+      });
+
+  c.def("model_arch", &cost::modelArch, py::arg("name"), py::return_value_policy::copy, "a known model");
+  c.def("model_names", &cost::modelNames, "names of the known models");
+  c.def("hardware", &cost::hardware, py::arg("name"), py::return_value_policy::copy, "a known hardware");
+  c.def("hardware_names", &cost::hardwareNames, "names of the known hardware");
+  c.def("cluster", &cost::cluster, py::arg("name"), py::arg("num_ranks") = 0,
+        "a known cluster; num_ranks > 0 overrides its rank count (needed for 'cpu')");
+  c.def("cluster_names", &cost::clusterNames, "names of the known clusters");
+
+  py::class_<CostModel, std::shared_ptr<CostModel>>(c, "CostModel", "predicts stage times in seconds")
+      .def(
+          "seconds",
+          [](const CostModel& cm, Stage stage, int32_t height, int32_t width, int32_t num_frames,
+             int32_t num_steps, double guidance_scale, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode,
+             int32_t num_nodes, int32_t num_new, int32_t placement) {
+            cost::StageQuery q;
+            q.shape.height = height;
+            q.shape.width = width;
+            q.shape.num_frames = num_frames;
+            q.shape.num_steps = num_steps;
+            q.shape.guidance_scale = guidance_scale;
+            q.shape.tokens = cm.model().tokens(height, width, num_frames);
+            q.degree = degree;
+            q.layout.ulysses = ulysses;
+            q.layout.ring = ring;
+            q.layout.mode = mode;
+            q.layout.placement = placement;
+            q.num_nodes = num_nodes;
+            q.num_new = num_new;
+            return cm.seconds(stage, q);
+          },
+          py::arg("stage"), py::arg("height"), py::arg("width"), py::arg("num_frames") = 1,
+          py::arg("num_steps") = 1, py::arg("guidance_scale") = 1.0, py::arg("degree") = 1, py::arg("ulysses") = 1,
+          py::arg("ring") = 1, py::arg("mode") = 0, py::arg("num_nodes") = 1, py::arg("num_new") = 0,
+          py::arg("placement") = 0,
+          "seconds `stage` takes for a request of this size on a group of `degree` ranks")
+      .def("describe", &CostModel::describe, "a one-line description")
+      .def_property_readonly(
+          "model", [](const CostModel& cm) { return cm.model(); }, "the model it predicts for")
+      .def("__repr__", [](const CostModel& cm) { return "<gfdit._C.cost.CostModel " + cm.describe() + ">"; });
+
+  c.def(
+      "analytic",
+      [](const std::string& model_name, const Cluster& cluster) {
+        return cost::makeAnalyticCostModel(cost::modelArch(model_name), cluster);
+      },
+      py::arg("model_name"), py::arg("cluster"), "the analytic cost model of a model on a cluster");
+  c.def(
+      "analytic",
+      [](const ModelArch& model, const Cluster& cluster) { return cost::makeAnalyticCostModel(model, cluster); },
+      py::arg("model"), py::arg("cluster"), "the analytic cost model of a (modified) ModelArch on a cluster");
+
+  py::class_<ProfileEntry>(c, "ProfileEntry", "one measurement of a profile")
+      .def(py::init([](Stage stage, int64_t tokens, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode,
+                       bool guidance, int32_t num_new, double seconds) {
+             ProfileEntry e;
+             e.stage = stage;
+             e.tokens = tokens;
+             e.degree = degree;
+             e.ulysses = ulysses;
+             e.ring = ring;
+             e.mode = mode;
+             e.guidance = guidance;
+             e.num_new = num_new;
+             e.seconds = seconds;
+             return e;
+           }),
+           py::kw_only(), py::arg("stage") = Stage::kDenoiseStep, py::arg("tokens") = 0, py::arg("degree") = 1,
+           py::arg("ulysses") = 1, py::arg("ring") = 1, py::arg("mode") = 0, py::arg("guidance") = false,
+           py::arg("num_new") = 0, py::arg("seconds") = 0.0)
+      .def_readwrite("stage", &ProfileEntry::stage)
+      .def_readwrite("tokens", &ProfileEntry::tokens)
+      .def_readwrite("degree", &ProfileEntry::degree)
+      .def_readwrite("ulysses", &ProfileEntry::ulysses)
+      .def_readwrite("ring", &ProfileEntry::ring)
+      .def_readwrite("mode", &ProfileEntry::mode)
+      .def_readwrite("guidance", &ProfileEntry::guidance)
+      .def_readwrite("num_new", &ProfileEntry::num_new)
+      .def_readwrite("seconds", &ProfileEntry::seconds);
+
+  py::class_<Profile>(c, "Profile", "measured stage times of one model on one machine")
+      .def(py::init<>())
+      .def_readwrite("model", &Profile::model)
+      .def_readwrite("hardware", &Profile::hardware)
+      .def_readwrite("world_size", &Profile::world_size)
+      .def_readwrite("num_cores", &Profile::num_cores)
+      .def_readwrite("dispatch_s", &Profile::dispatch_s)
+      .def_readwrite("completion_s", &Profile::completion_s)
+      .def_readwrite("entries", &Profile::entries, "the measurements (a list; assign a new list to change it)");
+
+  c.def("profiled", &cost::makeProfiledCostModel, py::arg("profile"),
+        "a cost model interpolating a profile's measurements");
+}
+
 }  // namespace python
 }  // namespace gfdit

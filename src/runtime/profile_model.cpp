@@ -1,2 +1,189 @@
-// placeholder: the profiled cost model
+// The profiled cost model: stage times measured on the machine at hand (`gfdit profile`), interpolated.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <tuple>
+#include <utility>
+
 #include "gfdit/cost.h"
+#include "gfdit/error.h"
+
+namespace gfdit {
+namespace cost {
+
+namespace {
+
+// NOTE [profile interpolation]
+// Entries are grouped by everything but the token count: (stage, degree, ulysses, ring, mode, guidance,
+// num_new). A step, decode or migrate query is answered piecewise linearly in tokens between the two
+// nearest measured token counts of its group (exact at a measured point); outside the measured range, or
+// for a group never measured, the query is refused: a profile says nothing about shapes it did not see,
+// and a policy must not schedule on a guess it cannot tell from a measurement.
+// Fallbacks, each for a quantity the time does not depend on:
+// - kMigrate: the nearest measured num_new of the same layout (a pipelined broadcast barely depends on it).
+// - kDecode runs on one rank whatever the group: without entries for the query's own degree and layout it
+//   uses the degree-1 entries; guidance does not change a decode, so either guidance's entries serve.
+// - kEncode does not depend on tokens: the mean of the entries of that degree (same guidance preferred).
+// Repeated measurements of one point are averaged.
+using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, bool, int32_t>;
+
+Key keyOf(Stage stage, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode, bool guidance,
+          int32_t num_new) {
+  return Key{static_cast<int32_t>(stage), degree, ulysses, ring, mode, guidance, num_new};
+}
+
+using Curve = std::vector<std::pair<int64_t, double>>;  // (tokens, seconds), sorted, unique tokens
+
+class ProfiledCostModel : public CostModel {
+ public:
+  explicit ProfiledCostModel(const Profile& profile) : profile_(profile), model_(modelArch(profile.model)) {
+    GFDIT_CHECK(!profile_.entries.empty()) << "profile of " << profile_.model << " has no entries";
+    std::map<Key, std::map<int64_t, std::pair<double, int>>> acc;
+    for (size_t i = 0; i < profile_.entries.size(); ++i) {
+      const ProfileEntry& e = profile_.entries[i];
+      GFDIT_CHECK(e.seconds > 0 && std::isfinite(e.seconds))
+          << "profile entry " << i << ": seconds must be positive, got " << e.seconds;
+      GFDIT_CHECK(e.tokens > 0) << "profile entry " << i << ": tokens must be positive, got " << e.tokens;
+      GFDIT_CHECK(e.degree >= 1 && e.ulysses >= 1 && e.ring >= 1)
+          << "profile entry " << i << ": degree, ulysses and ring must be >= 1";
+      GFDIT_CHECK(e.stage != Stage::kDenoiseStep || e.ulysses * e.ring == e.degree)
+          << "profile entry " << i << ": ulysses " << e.ulysses << " x ring " << e.ring << " != degree "
+          << e.degree;
+      GFDIT_CHECK(e.num_new >= 0) << "profile entry " << i << ": num_new must be >= 0";
+      auto& slot = acc[keyOf(e.stage, e.degree, e.ulysses, e.ring, e.mode, e.guidance, e.num_new)][e.tokens];
+      slot.first += e.seconds;
+      slot.second += 1;
+    }
+    for (const auto& [key, points] : acc) {
+      Curve& c = curves_[key];
+      for (const auto& [tokens, sum] : points) c.emplace_back(tokens, sum.first / sum.second);
+    }
+  }
+
+  double seconds(Stage stage, const StageQuery& q) const override {
+    const int64_t tokens =
+        q.shape.tokens > 0 ? q.shape.tokens : model_.tokens(q.shape.height, q.shape.width, q.shape.num_frames);
+    const bool g = q.shape.guidance();
+    const Layout& l = q.layout;
+    switch (stage) {
+      case Stage::kEncode:
+        return encode(q);
+      case Stage::kDenoiseStep: {
+        const Curve* c = find(keyOf(stage, q.degree, l.ulysses, l.ring, l.mode, g, 0));
+        if (c == nullptr) refuseLayout(stage, q, tokens);
+        return interpolate(*c, stage, q, tokens);
+      }
+      case Stage::kDecode: {
+        const Curve* c = find(keyOf(stage, q.degree, l.ulysses, l.ring, l.mode, g, 0));
+        for (bool guidance : {g, !g}) {
+          if (c == nullptr) c = find(keyOf(stage, 1, 1, 1, 0, guidance, 0));
+        }
+        if (c == nullptr) refuseLayout(stage, q, tokens);
+        return interpolate(*c, stage, q, tokens);
+      }
+      case Stage::kMigrate: {
+        if (q.num_new <= 0) return 0.0;  // nothing moves
+        const Curve* best = nullptr;
+        int32_t best_gap = 0;
+        for (const auto& [key, curve] : curves_) {
+          if (std::get<0>(key) != static_cast<int32_t>(stage) || std::get<1>(key) != q.degree ||
+              std::get<2>(key) != l.ulysses || std::get<3>(key) != l.ring || std::get<4>(key) != l.mode ||
+              std::get<5>(key) != g) {
+            continue;
+          }
+          const int32_t gap = std::abs(std::get<6>(key) - q.num_new);
+          if (best == nullptr || gap < best_gap) {
+            best = &curve;
+            best_gap = gap;
+          }
+        }
+        if (best == nullptr) refuseLayout(stage, q, tokens);
+        return interpolate(*best, stage, q, tokens);
+      }
+    }
+    return 0.0;
+  }
+
+  std::string describe() const override {
+    std::ostringstream os;
+    os << "profile of " << profile_.model << " on " << profile_.hardware << " (world " << profile_.world_size
+       << ", " << profile_.entries.size() << " entries)";
+    return os.str();
+  }
+
+  const ModelArch& model() const override { return model_; }
+
+ private:
+  const Curve* find(const Key& key) const {
+    auto it = curves_.find(key);
+    return it == curves_.end() ? nullptr : &it->second;
+  }
+
+  std::string describeQuery(Stage stage, const StageQuery& q, int64_t tokens) const {
+    std::ostringstream os;
+    os << "profile of " << profile_.model << " on " << profile_.hardware << ": stage " << stageName(stage)
+       << ", shape " << tokens << " tokens (" << q.shape.height << "x" << q.shape.width << "x"
+       << q.shape.num_frames << "), degree " << q.degree << " (ulysses " << q.layout.ulysses << " x ring "
+       << q.layout.ring << ", " << (q.layout.mode == 1 ? "torus" : "usp") << ", guidance "
+       << (q.shape.guidance() ? "on" : "off");
+    if (stage == Stage::kMigrate) os << ", num_new " << q.num_new;
+    os << ")";
+    return os.str();
+  }
+
+  [[noreturn]] void refuseLayout(Stage stage, const StageQuery& q, int64_t tokens) const {
+    GFDIT_THROW(kInvalidUsage) << describeQuery(stage, q, tokens)
+                               << ": this degree/layout was never measured; run `gfdit profile` for it";
+    std::abort();  // unreachable: the builder throws
+  }
+
+  double interpolate(const Curve& c, Stage stage, const StageQuery& q, int64_t tokens) const {
+    if (tokens < c.front().first || tokens > c.back().first) {
+      GFDIT_THROW(kInvalidUsage) << describeQuery(stage, q, tokens) << ": outside the measured range "
+                                 << c.front().first << ".." << c.back().first
+                                 << " tokens; profile larger/smaller shapes with `gfdit profile`";
+    }
+    auto hi = std::lower_bound(c.begin(), c.end(), tokens,
+                               [](const std::pair<int64_t, double>& p, int64_t t) { return p.first < t; });
+    if (hi->first == tokens) return hi->second;
+    auto lo = hi - 1;
+    const double w = static_cast<double>(tokens - lo->first) / static_cast<double>(hi->first - lo->first);
+    return lo->second + w * (hi->second - lo->second);
+  }
+
+  double encode(const StageQuery& q) const {
+    const bool g = q.shape.guidance();
+    for (bool same_guidance : {true, false}) {
+      double sum = 0;
+      int count = 0;
+      for (const auto& [key, curve] : curves_) {
+        if (std::get<0>(key) != static_cast<int32_t>(Stage::kEncode) || std::get<1>(key) != q.degree) continue;
+        if (same_guidance && std::get<5>(key) != g) continue;
+        for (const auto& point : curve) {
+          sum += point.second;
+          ++count;
+        }
+      }
+      if (count > 0) return sum / count;
+    }
+    GFDIT_THROW(kInvalidUsage) << "profile of " << profile_.model << " on " << profile_.hardware
+                               << ": stage encode on degree " << q.degree
+                               << " was never measured; run `gfdit profile` for it";
+    return 0.0;  // unreachable
+  }
+
+  Profile profile_;
+  ModelArch model_;
+  std::map<Key, Curve> curves_;
+};
+
+}  // namespace
+
+std::shared_ptr<CostModel> makeProfiledCostModel(const Profile& profile) {
+  return std::make_shared<ProfiledCostModel>(profile);
+}
+
+}  // namespace cost
+}  // namespace gfdit

@@ -1,8 +1,11 @@
 """A worker: one process per rank. It joins the group-free collectives world, loads a staged model and runs
-its dispatch queue in FIFO order (see DESIGN.md, "Runtime").
+its dispatch ring in FIFO order (see DESIGN.md, "Runtime").
 
 Task ranks are worker ids; the collectives world may be re-created among the survivors after a worker dies
-(a REINIT task, epoch e), so each worker maps worker ids to its current world's ranks.
+(a REINIT task, epoch e), so each worker maps worker ids to its current world's ranks. Every completion
+carries an error code (gfdit._C.runtime.TaskError) that decides what the control plane does, and the step its
+copy of the request's state is at (-1: none). Decoded outputs go into shared memory (NOTE [outputs] in
+include/gfdit/runtime.h), never through the ring.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import time
 import traceback
 from typing import Any
 
@@ -17,18 +21,22 @@ import torch
 
 from gfdit._C import runtime as rt
 
-SHUTDOWN_POLL_S = 0.2
+POLL_S = 1.0  # how often an idle worker checks that the engine still exists
+TaskError = rt.TaskError
+# NOTE [fault injection]: tests make a worker fail or hang on purpose with a prompt starting with
+# FAULT_PREFIX ("gfdit-fault:raise", "gfdit-fault:sleep=30"); honoured only when GFDIT_FAULT_INJECTION=1.
+FAULT_PREFIX = "gfdit-fault:"
 
 
 class Worker:
     def __init__(self, worker_id: int, num_workers: int, store_host: str, store_port: int, queue_name: str,
-                 model: str, model_path: str | None, results: Any, timeout_s: float, heap_bytes: int) -> None:
+                 output_prefix: str, model: str, model_path: str | None, timeout_s: float, heap_bytes: int) -> None:
         import gfdit  # noqa: F401  (imports the extension in the child)
         import torch.distributed as dist
 
         self.id = worker_id
         self.queues = rt.QueueSet.attach(queue_name)
-        self.results = results
+        self.output_prefix = output_prefix
         self.timeout_s = timeout_s
         self.heap_bytes = heap_bytes
         self.store = dist.TCPStore(store_host, store_port, None, False,
@@ -41,6 +49,7 @@ class Worker:
         self.rank_of: dict[int, int] = {}
         self.world: Any = None
         self.parent = os.getppid()
+        self.faults = os.environ.get("GFDIT_FAULT_INJECTION") == "1"
         self._init_world(0, list(range(num_workers)))
 
     def _init_world(self, epoch: int, workers: list[int]) -> None:
@@ -68,12 +77,18 @@ class Worker:
         return ParallelSpec(ulysses=layout.ulysses, ring=layout.ring, mode=mode, placement=placement)
 
     def load_model(self) -> dict:
+        """Loads the model; returns what the engine needs to check requests (hello message)."""
         from gfdit import models
 
         self.model = models.load(self.model_name, self.model_path)
-        heads = int(self.model.transformer.config.num_attention_heads)
-        d = self.model.defaults
-        return {"heads": heads, "is_video": bool(self.model.is_video),
+        m = self.model
+        heads = int(m.transformer.config.num_attention_heads)
+        d = m.defaults
+        pt, ps, _ = m.patch_size
+        stride_s = int(getattr(m, "scale_spatial", 0) or getattr(m, "vae_scale", 8))
+        stride_t = int(getattr(m, "scale_temporal", 1) or 1) if m.is_video else 1
+        return {"heads": heads, "is_video": bool(m.is_video), "patch_t": int(pt), "patch_s": int(ps),
+                "vae_stride_s": stride_s, "vae_stride_t": stride_t,
                 "defaults": {"height": d.height, "width": d.width, "num_frames": d.num_frames,
                              "num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale}}
 
@@ -82,25 +97,25 @@ class Worker:
         hello.task_id = 0
         hello.rank = self.id
         try:
-            info = self.load_model()
-            hello.message = json.dumps(info)
+            hello.message = json.dumps(self.load_model())
         except Exception as e:  # the engine reports it and stops
-            hello.ok = False
-            hello.message = f"loading model {self.model_name!r} failed: {e}"
-        self.queues.push_completion(hello, 30.0)
+            hello.error = TaskError.MODEL_ERROR
+            hello.message = f"loading model {self.model_name!r} failed: {type(e).__name__}: {e}"
+        self.queues.push_completion(self.id, hello, 30.0)
         if not hello.ok:
             return
         while True:
-            task = self.queues.pop_task(self.id, SHUTDOWN_POLL_S)
-            if task is None:
+            got = self.queues.pop_task(self.id, POLL_S)
+            if got is None:
                 if os.getppid() != self.parent:  # the engine is gone
                     return
                 continue
+            task, payload = got
             if task.kind == rt.TaskKind.SHUTDOWN:
                 return
-            self.execute(task)
+            self.execute(task, payload)
 
-    def execute(self, task: Any) -> None:
+    def execute(self, task: Any, payload: bytes) -> None:
         import gfdit
 
         c = rt.Completion()
@@ -116,54 +131,69 @@ class Worker:
             if self.broken and kind in (rt.TaskKind.DENOISE, rt.TaskKind.MIGRATE):
                 raise gfdit.RemoteError("the collectives world is down until the engine re-creates it")
             if kind == rt.TaskKind.ENCODE:
-                self.encode(rid, json.loads(task.payload.decode()))
-                c.step_end = 0
+                self.encode(rid, json.loads(payload.decode()))
             elif kind == rt.TaskKind.REINIT:
-                payload = json.loads(task.payload.decode())
-                self._init_world(int(payload["epoch"]), [int(w) for w in payload["workers"]])
+                p = json.loads(payload.decode())
+                self._init_world(int(p["epoch"]), [int(w) for w in p["workers"]])
             elif kind == rt.TaskKind.DENOISE:
-                state = self.states[rid]
+                state = self._state(rid, task.step_begin)
                 group = self._group(task.ranks)
                 spec = self._spec(task)
                 for k in range(task.step_begin, task.step_begin + task.num_steps):
                     state = self.model.denoise_step(state, k, group=group, spec=spec)
                     self.states[rid] = state  # a later failure leaves the last completed step here
                     self.steps[rid] = k + 1
-                c.step_end = self.steps[rid]
             elif kind == rt.TaskKind.MIGRATE:
                 group = self._group(task.ranks)
                 src = self.rank_of[task.src_rank]
                 state = self.model.migrate(self.states.get(rid), group, src)
                 self.states[rid] = state
                 self.steps[rid] = int(state.step_idx)
-                c.step_end = self.steps[rid]
             elif kind == rt.TaskKind.DECODE:
-                out = self.model.decode(self.states[rid])
-                self.results.put((rid, out.contiguous().numpy()))
+                out = self.model.decode(self._state(rid, None)).contiguous()
+                c.set_output(f"{self.output_prefix}{task.task_id}-{self.id}", out.numpy())
             elif kind == rt.TaskKind.FREE:
                 self.states.pop(rid, None)
                 self.steps.pop(rid, None)
         except (gfdit.Timeout, gfdit.RemoteError) as e:
             # The world is unusable: report, and wait for the engine to re-create it (a REINIT task).
             self.broken = True
-            c.ok = False
-            c.message = f"comm: {e}"
-            c.step_end = self.steps.get(rid, 0)
-        except Exception as e:
-            c.ok = False
+            c.error = TaskError.COMM_ERROR
             c.message = f"{type(e).__name__}: {e}"
-            c.step_end = self.steps.get(rid, 0)
+        except _StateLost as e:
+            c.error = TaskError.STATE_LOST
+            c.message = str(e)
+        except gfdit.InvalidUsage as e:
+            c.error = TaskError.INVALID_REQUEST
+            c.message = f"InvalidUsage: {e}"
+        except Exception as e:
+            c.error = TaskError.MODEL_ERROR
+            c.message = f"{type(e).__name__}: {e}"
             if os.environ.get("GFDIT_WORKER_TRACEBACK"):
                 traceback.print_exc()
+        c.step_end = self.steps.get(rid, -1)
         c.end_ns = rt.now_ns()
         c.post_ns = rt.now_ns()
-        self.queues.push_completion(c, 30.0)
+        self.queues.push_completion(self.id, c, 30.0)
+
+    def _state(self, rid: int, step: int | None) -> Any:
+        state = self.states.get(rid)
+        if state is None:
+            raise _StateLost(f"worker {self.id} holds no state of request {rid}")
+        if step is not None and int(state.step_idx) != step:
+            raise _StateLost(f"worker {self.id} holds request {rid} at step {state.step_idx}, not {step}")
+        return state
 
     def encode(self, rid: int, req: dict) -> None:
-        if req.get("fail_in_worker"):
-            raise RuntimeError(str(req["fail_in_worker"]))
+        prompt = req["prompt"]
+        if self.faults and prompt.startswith(FAULT_PREFIX):
+            what = prompt[len(FAULT_PREFIX):].split()[0]
+            if what == "raise":
+                raise RuntimeError("injected failure")
+            if what.startswith("sleep="):
+                time.sleep(float(what.split("=", 1)[1]))
         m = self.model
-        cond = m.encode(req["prompt"], req.get("negative_prompt"), guidance_scale=req.get("guidance_scale"))
+        cond = m.encode(prompt, req.get("negative_prompt"), guidance_scale=req.get("guidance_scale"))
         shape = m.latent_shape(height=req.get("height"), width=req.get("width"), num_frames=req.get("num_frames"))
         latent = m.init_latent(int(req.get("seed", 0)), shape)
         self.states[rid] = m.initial_state(cond, latent, num_inference_steps=req.get("num_inference_steps"),
@@ -171,11 +201,15 @@ class Worker:
         self.steps[rid] = 0
 
 
-def main(worker_id: int, num_workers: int, store_host: str, store_port: int, queue_name: str, model: str,
-         model_path: str | None, results: Any, timeout_s: float, heap_bytes: int, threads: int) -> None:
+class _StateLost(Exception):
+    """The worker does not hold the request's state at the step asked for."""
+
+
+def main(worker_id: int, num_workers: int, store_host: str, store_port: int, queue_name: str, output_prefix: str,
+         model: str, model_path: str | None, timeout_s: float, heap_bytes: int, threads: int) -> None:
     torch.set_num_threads(threads)
     try:
-        Worker(worker_id, num_workers, store_host, store_port, queue_name, model, model_path, results, timeout_s,
-               heap_bytes).run()
+        Worker(worker_id, num_workers, store_host, store_port, queue_name, output_prefix, model, model_path,
+               timeout_s, heap_bytes).run()
     except KeyboardInterrupt:
         pass

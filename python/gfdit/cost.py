@@ -1,0 +1,244 @@
+"""The cost model from Python: stage estimates, profiles, and the ``gfdit cost`` command.
+
+The model lives in C++ (``gfdit._C.cost``); this module fills in defaults, reads profile files and prints.
+
+    >>> import gfdit.cost
+    >>> gfdit.cost.estimate("qwen-image", "h20", ulysses=4)["step_s"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from gfdit._C import InvalidUsage
+from gfdit._C import cost as _C
+
+Stage = _C.Stage
+Profile = _C.Profile
+ProfileEntry = _C.ProfileEntry
+CostModel = _C.CostModel
+ModelArch = _C.ModelArch
+Hardware = _C.Hardware
+Cluster = _C.Cluster
+
+model_arch = _C.model_arch
+model_names = _C.model_names
+hardware = _C.hardware
+hardware_names = _C.hardware_names
+cluster = _C.cluster
+cluster_names = _C.cluster_names
+
+PROFILE_FORMAT = "gfdit-profile/1"
+MODES = {"usp": 0, "torus": 1}
+STAGES = {"encode": Stage.ENCODE, "step": Stage.STEP, "migrate": Stage.MIGRATE, "decode": Stage.DECODE}
+
+
+def _cluster_for(hw: str, degree: int, num_nodes: int) -> Cluster:
+    """A cluster of `hw` large enough for a group of `degree` ranks over `num_nodes` nodes."""
+    if hw not in hardware_names():
+        raise InvalidUsage(
+            f"gfdit.cost: unknown hardware {hw!r}; valid hardware: {', '.join(hardware_names())}"
+        )
+    if hw == "cpu":
+        return cluster("cpu", max(degree, 1))
+    per_node = hardware(hw).ranks_per_node
+    return cluster(f"{hw}x8", max(per_node * num_nodes, degree))
+
+
+def estimate(
+    model: str,
+    hardware: str = "h20",
+    *,
+    height: int | None = None,
+    width: int | None = None,
+    num_frames: int | None = None,
+    ulysses: int = 1,
+    ring: int = 1,
+    mode: str = "usp",
+    guidance_scale: float | None = None,
+    num_nodes: int = 1,
+) -> dict[str, float]:
+    """Analytic stage times (seconds) of one request of `model` on `hardware` with a ulysses x ring layout.
+
+    Unset sizes and guidance take the model's serving defaults. ``migrate_s`` is the state hand-off to the
+    ``ulysses * ring - 1`` other members of the group (to one member when the degree is 1).
+    """
+    arch = model_arch(model)
+    if mode not in MODES:
+        raise InvalidUsage(f"gfdit.cost: mode must be one of {sorted(MODES)}, got {mode!r}")
+    height = arch.default_height if height is None else height
+    width = arch.default_width if width is None else width
+    num_frames = arch.default_frames if num_frames is None else num_frames
+    guidance = arch.default_guidance if guidance_scale is None else guidance_scale
+    degree = ulysses * ring
+    cm = _C.analytic(model, _cluster_for(hardware, max(degree, 2), num_nodes))
+    common = {"num_steps": arch.default_steps, "guidance_scale": guidance}
+    group = {"num_nodes": num_nodes}
+    layout = {"degree": degree, "ulysses": ulysses, "ring": ring, "mode": MODES[mode]}
+    num_new = degree - 1 if degree > 1 else 1
+    return {
+        "encode_s": cm.seconds(Stage.ENCODE, height, width, num_frames, degree=degree, **group, **common),
+        "step_s": cm.seconds(Stage.STEP, height, width, num_frames, **layout, **group, **common),
+        "decode_s": cm.seconds(Stage.DECODE, height, width, num_frames, **common),
+        "migrate_s": cm.seconds(
+            Stage.MIGRATE,
+            height,
+            width,
+            num_frames,
+            degree=max(degree, 2),
+            num_new=num_new,
+            **group,
+            **common,
+        ),
+    }
+
+
+def _positive(value: Any, where: str, *, integer: bool) -> Any:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and integer:
+        ok = float(value).is_integer()
+    if not ok or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a positive number"
+        raise InvalidUsage(f"gfdit.cost: {where} must be {kind}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Reads and checks a profile file written by ``gfdit profile``; errors name the entry and field."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InvalidUsage(f"gfdit.cost: cannot read profile {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise InvalidUsage(f"gfdit.cost: profile {path} must be a JSON object")
+    if data.get("format") != PROFILE_FORMAT:
+        raise InvalidUsage(
+            f"gfdit.cost: profile {path}: format must be {PROFILE_FORMAT!r}, got {data.get('format')!r}"
+        )
+    if data.get("model") not in model_names():
+        raise InvalidUsage(
+            f"gfdit.cost: profile {path}: unknown model {data.get('model')!r}; valid models: "
+            f"{', '.join(model_names())}"
+        )
+    p = Profile()
+    p.model = data["model"]
+    p.hardware = str(data.get("hardware", "cpu"))
+    p.world_size = _positive(data.get("world_size"), f"profile {path}: world_size", integer=True)
+    p.num_cores = int(data.get("num_cores", 0) or 0)
+    for key in ("dispatch_s", "completion_s"):
+        value = data.get(key, 0.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise InvalidUsage(f"gfdit.cost: profile {path}: {key} must be a number >= 0, got {value!r}")
+        setattr(p, key, float(value))
+    entries = data.get("entries")
+    if not isinstance(entries, list) or not entries:
+        raise InvalidUsage(f"gfdit.cost: profile {path}: entries must be a non-empty list")
+    out = []
+    for i, e in enumerate(entries):
+        where = f"profile {path}: entry {i}"
+        if not isinstance(e, dict):
+            raise InvalidUsage(f"gfdit.cost: {where} must be an object")
+        if e.get("stage") not in STAGES:
+            raise InvalidUsage(
+                f"gfdit.cost: {where}: stage must be one of {list(STAGES)}, got {e.get('stage')!r}"
+            )
+        if e.get("mode", "usp") not in MODES:
+            raise InvalidUsage(
+                f"gfdit.cost: {where}: mode must be one of {list(MODES)}, got {e.get('mode')!r}"
+            )
+        guidance = e.get("guidance", False)
+        if not isinstance(guidance, bool):
+            raise InvalidUsage(f"gfdit.cost: {where}: guidance must be true or false, got {guidance!r}")
+        num_new = e.get("num_new", 0)
+        if isinstance(num_new, bool) or not isinstance(num_new, int) or num_new < 0:
+            raise InvalidUsage(f"gfdit.cost: {where}: num_new must be an integer >= 0, got {num_new!r}")
+        entry = ProfileEntry(
+            stage=STAGES[e["stage"]],
+            tokens=_positive(e.get("tokens"), f"{where}: tokens", integer=True),
+            degree=_positive(e.get("degree", 1), f"{where}: degree", integer=True),
+            ulysses=_positive(e.get("ulysses", 1), f"{where}: ulysses", integer=True),
+            ring=_positive(e.get("ring", 1), f"{where}: ring", integer=True),
+            mode=MODES[e.get("mode", "usp")],
+            guidance=guidance,
+            num_new=num_new,
+            seconds=_positive(e.get("seconds"), f"{where}: seconds", integer=False),
+        )
+        if entry.stage == Stage.STEP and entry.ulysses * entry.ring != entry.degree:
+            raise InvalidUsage(
+                f"gfdit.cost: {where}: ulysses {entry.ulysses} x ring {entry.ring} != degree {entry.degree}"
+            )
+        out.append(entry)
+    p.entries = out
+    return p
+
+
+def cost_model(
+    model: str, cluster: str | Cluster = "h20x8", profile: str | Path | Profile | None = None
+) -> CostModel:
+    """The profiled model when `profile` is given (a Profile or a file), else the analytic one on `cluster`."""
+    if profile is not None:
+        prof = profile if isinstance(profile, Profile) else load_profile(profile)
+        if prof.model != model:
+            raise InvalidUsage(f"gfdit.cost: the profile is of {prof.model!r}, not {model!r}")
+        return _C.profiled(prof)
+    cl = cluster if isinstance(cluster, Cluster) else _C.cluster(cluster)
+    return _C.analytic(model, cl)
+
+
+# -- the `gfdit cost` command --------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Arguments of ``gfdit cost``."""
+    parser.add_argument("--model", default="qwen-image", help=f"one of: {', '.join(model_names())}")
+    parser.add_argument("--hardware", default="h20", help=f"one of: {', '.join(hardware_names())}")
+    parser.add_argument("--height", type=int, default=None, help="pixels (default: the model's)")
+    parser.add_argument("--width", type=int, default=None, help="pixels (default: the model's)")
+    parser.add_argument("--num-frames", type=int, default=None, help="frames (default: the model's)")
+    parser.add_argument("--ulysses", type=int, default=1)
+    parser.add_argument("--ring", type=int, default=1)
+    parser.add_argument("--mode", choices=sorted(MODES), default="usp")
+    parser.add_argument("--num-nodes", type=int, default=1, help="nodes the group spans")
+    parser.add_argument("--guidance-scale", type=float, default=None, help="(default: the model's)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    """Runs ``gfdit cost``: prints the stage estimates; exit code 2 on bad arguments."""
+    if args.model not in model_names():
+        print(
+            f"gfdit cost: unknown model {args.model!r}; valid models: {', '.join(model_names())}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.hardware not in hardware_names():
+        print(
+            f"gfdit cost: unknown hardware {args.hardware!r}; valid hardware: {', '.join(hardware_names())}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        est = estimate(
+            args.model,
+            args.hardware,
+            height=args.height,
+            width=args.width,
+            num_frames=args.num_frames,
+            ulysses=args.ulysses,
+            ring=args.ring,
+            mode=args.mode,
+            guidance_scale=args.guidance_scale,
+            num_nodes=args.num_nodes,
+        )
+    except InvalidUsage as e:
+        print(f"gfdit cost: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(est))
+    else:
+        print("  ".join(f"{k}={v:.6g}" for k, v in est.items()))
+    return 0

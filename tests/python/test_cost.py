@@ -1,0 +1,295 @@
+"""The cost model from Python: the tiny models' architectures against the real tiny models, the facade,
+profile files, and the ``gfdit cost`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import gfdit
+import pytest
+from gfdit import cost
+from gfdit._C import cost as C
+
+
+# -- the tiny architectures are the tiny models ---------------------------------------------------------------
+@pytest.mark.parametrize("name", ["tiny-wan", "tiny-qwen-image"])
+def test_tiny_arch_matches_the_tiny_model(name: str) -> None:
+    model = gfdit.models.load(name)
+    arch = C.model_arch(name)
+    cfg = model.transformer.config
+    assert arch.num_layers == cfg.num_layers
+    assert arch.heads == cfg.num_attention_heads
+    assert arch.head_dim == cfg.attention_head_dim
+    assert arch.hidden == cfg.num_attention_heads * cfg.attention_head_dim
+    assert arch.transformer_params == sum(p.numel() for p in model.transformer.parameters())
+    assert arch.text_encoder_params == sum(p.numel() for p in model.text_encoder.parameters())
+    assert (arch.patch_t, arch.patch_s, arch.patch_s) == tuple(model.patch_size)
+    assert arch.is_video == model.is_video
+    d = model.defaults
+    assert (arch.default_height, arch.default_width, arch.default_frames) == (d.height, d.width, d.num_frames)
+    assert arch.default_steps == d.num_inference_steps
+    assert arch.default_guidance == d.guidance_scale
+    assert arch.text_tokens == d.max_sequence_length
+    if name == "tiny-wan":
+        assert arch.ffn == cfg.ffn_dim
+        assert arch.text_hidden == cfg.text_dim
+        assert arch.vae_stride_s == model.scale_spatial == model.vae.config.scale_factor_spatial
+        assert arch.vae_stride_t == model.scale_temporal == model.vae.config.scale_factor_temporal
+        assert arch.latent_channels == cfg.in_channels
+        assert arch.spatial_multiple() == model.scale_spatial * model.patch_size[1]
+    else:
+        assert arch.joint_attention
+        assert arch.ffn == model.transformer.transformer_blocks[0].img_mlp.net[0].proj.out_features
+        assert arch.text_hidden == cfg.joint_attention_dim
+        assert arch.vae_stride_s == model.vae_scale == 2 ** len(model.vae.temperal_downsample)
+        assert arch.latent_channels == cfg.in_channels // 4
+        assert arch.spatial_multiple() == model.vae_scale * 2
+    sizes = [(d.height, d.width, d.num_frames), (64, 96, 17 if arch.is_video else 1), (128, 128, 1)]
+    for h, w, f in sizes:
+        shape = model.latent_shape(height=h, width=w, num_frames=f)
+        assert arch.tokens(h, w, f) == model.sequence_length(tuple(shape[2:])), (h, w, f)
+    # The limits admit the defaults and refuse what a CPU cannot finish.
+    assert d.height * d.width <= arch.max_pixels <= 256 * 256
+    assert arch.max_frames <= 33 and arch.max_steps <= 200 and arch.max_tokens <= 4096
+
+
+def test_registries_and_unknown_names() -> None:
+    assert {"qwen-image", "wan2.2", "wan2.2-5b", "wan2.1-1.3b", "tiny-wan", "tiny-qwen-image"} == set(
+        C.model_names()
+    )
+    assert C.model_arch("wan2.2").tokens(720, 1280, 81) == 75600
+    assert C.model_arch("qwen-image").tokens(1024, 1024) == 4096
+    with pytest.raises(gfdit.InvalidUsage, match="qwen-image"):
+        C.model_arch("flux")
+    with pytest.raises(gfdit.InvalidUsage, match="h200"):
+        C.hardware("b200")
+    with pytest.raises(gfdit.InvalidUsage, match="h20x16"):
+        C.cluster("h20x2")
+    cl = C.cluster("h20x16")
+    assert cl.num_ranks == 16 and cl.node_of(9) == 1
+    assert C.cluster("cpu", 3).num_ranks == 3
+
+
+# -- the facade -----------------------------------------------------------------------------------------------
+def test_estimate_defaults_and_shape() -> None:
+    est = cost.estimate("qwen-image", "h20")
+    assert set(est) == {"encode_s", "step_s", "decode_s", "migrate_s"}
+    assert all(v > 0 and math.isfinite(v) for v in est.values())
+    # The model's default guidance (4.0) doubles the step.
+    off = cost.estimate("qwen-image", "h20", guidance_scale=1.0)
+    assert est["step_s"] == pytest.approx(2 * off["step_s"])
+    # A large image scales with the degree, a small one does not.
+    big1 = cost.estimate("qwen-image", "h20", height=1536, width=1536)["step_s"]
+    big4 = cost.estimate("qwen-image", "h20", height=1536, width=1536, ulysses=4)["step_s"]
+    assert big1 / big4 > 2.5
+    small2 = cost.estimate("qwen-image", "h20", height=512, width=512, ulysses=2)["step_s"]
+    small4 = cost.estimate("qwen-image", "h20", height=512, width=512, ulysses=4)["step_s"]
+    assert small4 > 0.95 * small2
+    # Across two nodes: Ulysses over the NIC is slower; Torus recovers part of it.
+    intra = cost.estimate("wan2.1-1.3b", "h100", ulysses=4)["step_s"]
+    inter = cost.estimate("wan2.1-1.3b", "h100", ulysses=4, num_nodes=2)["step_s"]
+    assert inter > intra
+    with pytest.raises(gfdit.InvalidUsage, match="mode"):
+        cost.estimate("qwen-image", mode="ring")
+
+
+def test_cost_model_analytic_and_profiled(tmp_path: Path) -> None:
+    cm = cost.cost_model("tiny-wan", C.cluster("cpu", 4))
+    assert isinstance(cm, C.CostModel)
+    assert "analytic tiny-wan" in cm.describe() and cm.model.name == "tiny-wan"
+    path = _write_profile(tmp_path)
+    pm = cost.cost_model("tiny-wan", profile=path)
+    assert "profile of tiny-wan" in pm.describe()
+    assert pm.seconds(C.Stage.STEP, 32, 48, 9, guidance_scale=4.0, degree=2, ulysses=2) == pytest.approx(
+        0.004
+    )
+    with pytest.raises(gfdit.InvalidUsage, match="tiny-qwen-image"):
+        cost.cost_model("tiny-qwen-image", profile=path)
+
+
+# -- profiles -------------------------------------------------------------------------------------------------
+def _profile_dict() -> dict:
+    step = {
+        "stage": "step",
+        "degree": 2,
+        "ulysses": 2,
+        "ring": 1,
+        "mode": "usp",
+        "guidance": True,
+        "num_new": 0,
+        "samples": 5,
+    }
+    return {
+        "format": "gfdit-profile/1",
+        "model": "tiny-wan",
+        "hardware": "cpu",
+        "world_size": 4,
+        "num_cores": 2,
+        "dispatch_s": 2.5e-05,
+        "completion_s": 1.5e-05,
+        "entries": [
+            {**step, "tokens": 18, "seconds": 0.004},
+            {**step, "tokens": 120, "seconds": 0.010},
+            {"stage": "encode", "tokens": 18, "degree": 2, "guidance": True, "seconds": 0.002},
+            {"stage": "decode", "tokens": 18, "degree": 1, "guidance": True, "seconds": 0.09},
+            {"stage": "decode", "tokens": 120, "degree": 1, "guidance": True, "seconds": 0.3},
+            {
+                "stage": "migrate",
+                "tokens": 18,
+                "degree": 2,
+                "ulysses": 2,
+                "guidance": True,
+                "num_new": 1,
+                "seconds": 0.0003,
+            },
+        ],
+    }
+
+
+def _write_profile(tmp_path: Path, data: dict | None = None) -> Path:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(_profile_dict() if data is None else data))
+    return path
+
+
+def test_load_profile_good(tmp_path: Path) -> None:
+    p = cost.load_profile(_write_profile(tmp_path))
+    assert p.model == "tiny-wan" and p.world_size == 4 and p.num_cores == 2
+    assert p.dispatch_s == pytest.approx(2.5e-5)
+    assert len(p.entries) == 6 and p.entries[0].stage == C.Stage.STEP and p.entries[0].guidance
+    pm = C.profiled(p)
+    # Exact at measured points, linear between (tokens 18 -> 32x48x9, 120 -> 64x96x17).
+    assert pm.seconds(C.Stage.STEP, 64, 96, 17, guidance_scale=4.0, degree=2, ulysses=2) == pytest.approx(
+        0.010
+    )
+    assert pm.seconds(C.Stage.DECODE, 64, 96, 17, guidance_scale=4.0) == pytest.approx(0.3)
+    assert pm.seconds(C.Stage.ENCODE, 256, 256, 33, guidance_scale=4.0, degree=2) == pytest.approx(0.002)
+    with pytest.raises(gfdit.InvalidUsage, match=r"128x128x33"):
+        pm.seconds(C.Stage.STEP, 128, 128, 33, guidance_scale=4.0, degree=2, ulysses=2)
+    with pytest.raises(gfdit.InvalidUsage, match="degree 4"):
+        pm.seconds(C.Stage.STEP, 32, 48, 9, guidance_scale=4.0, degree=4, ulysses=4)
+    # A Profile built in Python works the same.
+    q = C.Profile()
+    q.model = "tiny-qwen-image"
+    q.entries = [
+        C.ProfileEntry(stage=C.Stage.STEP, tokens=15, seconds=0.01),
+        C.ProfileEntry(stage=C.Stage.STEP, tokens=60, seconds=0.03),
+    ]
+    assert C.profiled(q).seconds(C.Stage.STEP, 96, 80, 1) == pytest.approx(0.01 + 0.02 * 15 / 45)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d: d.update(format="gfdit-profile/0"), "format"),
+        (lambda d: d.update(model="flux"), "unknown model 'flux'"),
+        (lambda d: d.update(world_size=0), "world_size"),
+        (lambda d: d.update(entries=[]), "entries"),
+        (lambda d: d["entries"][1].update(stage="denoise"), r"entry 1: stage"),
+        (lambda d: d["entries"][0].update(seconds=-0.1), r"entry 0: seconds"),
+        (lambda d: d["entries"][2].update(tokens=0), r"entry 2: tokens"),
+        (lambda d: d["entries"][0].update(ulysses=4), r"entry 0: ulysses 4 x ring 1 != degree 2"),
+        (lambda d: d["entries"][5].update(num_new=-1), r"entry 5: num_new"),
+        (lambda d: d["entries"][0].update(mode="ring"), r"entry 0: mode"),
+    ],
+)
+def test_load_profile_bad(tmp_path: Path, edit, match: str) -> None:
+    data = _profile_dict()
+    edit(data)
+    with pytest.raises(gfdit.InvalidUsage, match=match):
+        cost.load_profile(_write_profile(tmp_path, data))
+
+
+def test_load_profile_not_json(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text("{not json")
+    with pytest.raises(gfdit.InvalidUsage, match="cannot read"):
+        cost.load_profile(path)
+
+
+# -- the command ----------------------------------------------------------------------------------------------
+def _cli(argv: list[str]) -> int:
+    """`gfdit <argv>` through gfdit.cli when every subcommand module is importable, else the cost module's
+    own add_arguments/run on the same kind of subparser (other subcommands may not exist yet)."""
+    import importlib
+
+    from gfdit import cli
+
+    try:
+        for module, _ in cli.COMMANDS.values():
+            importlib.import_module(module)
+    except ModuleNotFoundError:
+        parser = argparse.ArgumentParser(prog="gfdit")
+        sub = parser.add_subparsers(dest="command", required=True)
+        cost.add_arguments(sub.add_parser("cost"), "cost")
+        args = parser.parse_args(argv)
+        return cost.run(args, args.command)
+    return cli.main(argv)
+
+
+def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "cost",
+        "--model",
+        "qwen-image",
+        "--hardware",
+        "h20",
+        "--height",
+        "1024",
+        "--width",
+        "1024",
+        "--num-frames",
+        "1",
+        "--ulysses",
+        "4",
+        "--ring",
+        "1",
+        "--json",
+    ]
+    assert _cli(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"encode_s", "step_s", "decode_s", "migrate_s"}
+    assert out["step_s"] == pytest.approx(cost.estimate("qwen-image", "h20", ulysses=4)["step_s"])
+
+
+def test_cli_readable_and_torus(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        _cli(
+            [
+                "cost",
+                "--model",
+                "wan2.2",
+                "--hardware",
+                "h20",
+                "--ulysses",
+                "2",
+                "--ring",
+                "8",
+                "--mode",
+                "torus",
+                "--num-nodes",
+                "2",
+                "--guidance-scale",
+                "1",
+            ]
+        )
+        == 0
+    )
+    line = capsys.readouterr().out
+    assert "step_s=" in line and "migrate_s=" in line
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["cost", "--model", "flux"], "valid models: qwen-image"),
+        (["cost", "--hardware", "b200"], "valid hardware: h20"),
+        (["cost", "--model", "qwen-image", "--ulysses", "5"], "does not divide"),
+    ],
+)
+def test_cli_refuses(argv: list[str], match: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli(argv) == 2
+    assert match in capsys.readouterr().err

@@ -358,6 +358,8 @@ def plot_latency_cdf(outcomes: Sequence[Outcome], path: str, title: str = "") ->
                 [x for x, _ in late],
                 [y for _, y in late],
                 marker="x",
+                s=14,
+                linewidths=0.8,
                 color="red",
                 zorder=3,
                 label=f"missed deadline ({len(late)})",
@@ -366,7 +368,7 @@ def plot_latency_cdf(outcomes: Sequence[Outcome], path: str, title: str = "") ->
         ax.text(0.5, 0.5, "no request completed", ha="center", va="center", transform=ax.transAxes)
     budgets = sorted(o.deadline_s - o.arrival_s for o in outcomes if o.deadline_s is not None)
     if budgets:
-        if budgets[0] == budgets[-1]:
+        if budgets[-1] - budgets[0] <= 1e-6 * max(1.0, budgets[-1]):  # one budget (up to rounding)
             ax.axvline(
                 budgets[0], color="red", linestyle="--", label=f"deadline ({budgets[0]:.3g} s after arrival)"
             )

@@ -1,0 +1,380 @@
+"""``gfdit profile``: measure every stage of a model on this machine, for the profiled cost model.
+
+One ``gfdit.Engine`` runs at the given world size with a policy that pins each request to the group and
+layout being measured (``PinnedPolicy``). Requests go one at a time, so every task runs alone, and each
+task's duration is read from the request's timeline (the workers' own start and end times). For every
+shape and every layout the model allows on the world, ``--repeats`` requests of ``--steps`` steps give the
+encode, step and decode times; requests that start on rank 0 and move to a group of degree d give the
+migration times (one holder, d - 1 new members). Control-plane latencies come from ``Engine.ping``.
+
+The file (format ``gfdit-profile/1``) holds the median of each stage's samples; ``gfdit simulate --cluster
+cpu --profile FILE`` and ``gfdit.cost.cost_model(..., profile=FILE)`` read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from gfdit._C import InvalidUsage
+
+FORMAT = "gfdit-profile/1"
+STAGES = ("encode", "step", "migrate", "decode")
+_KIND_TO_STAGE = {"encode": "encode", "denoise": "step", "migrate": "migrate", "decode": "decode"}
+
+
+@dataclasses.dataclass
+class ProfileEntry:
+    """The median time of one stage of one request shape on one group layout."""
+
+    stage: str  # "encode", "step", "migrate", "decode"
+    tokens: int  # image/video tokens of the request
+    degree: int  # ranks in the group
+    ulysses: int
+    ring: int
+    mode: str  # "usp" or "torus"
+    guidance: bool  # two transformer passes per step
+    num_new: int  # migrate: members that received the state
+    seconds: float
+    samples: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutSpec:
+    """A group of the first ``ulysses * ring`` ranks with this layout."""
+
+    ulysses: int
+    ring: int
+    mode: str = "usp"
+
+    @property
+    def degree(self) -> int:
+        return self.ulysses * self.ring
+
+    def layout(self) -> Any:
+        import gfdit
+
+        return gfdit.Layout(ulysses=self.ulysses, ring=self.ring, mode=1 if self.mode == "torus" else 0)
+
+    def __str__(self) -> str:
+        return f"{self.mode} {self.ulysses}x{self.ring}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """Steps of a request that run on one group: ``num_steps`` steps on ``ranks`` with ``layout``."""
+
+    ranks: tuple[int, ...]
+    layout: LayoutSpec
+    num_steps: int
+
+
+def layouts_for(world_size: int, heads: int) -> list[LayoutSpec]:
+    """Every layout to measure: degrees that divide both the world size and the heads; for each, Ulysses
+    only, Ring only, every Ulysses x Ring mix, and Torus on the mixes whose Ulysses part divides the heads."""
+    out = [LayoutSpec(1, 1)]
+    for d in range(2, world_size + 1):
+        if world_size % d or heads % d:
+            continue
+        out += [LayoutSpec(d, 1), LayoutSpec(1, d)]
+        for u in range(2, d):
+            if d % u == 0 and heads % u == 0:
+                out.append(LayoutSpec(u, d // u))
+                out.append(LayoutSpec(u, d // u, "torus"))
+    return out
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"HxWxF,HxW,..."`` as (height, width, frames) tuples (F defaults to 1)."""
+    shapes = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        fields = part.split("x")
+        try:
+            values = [int(v) for v in fields]
+        except ValueError:
+            values = []
+        if len(values) not in (2, 3) or min(values) < 1:
+            raise InvalidUsage(f"--shapes: {part!r} is not HxW or HxWxF with positive integers")
+        shapes.append((values[0], values[1], values[2] if len(values) == 3 else 1))
+    if not shapes:
+        raise InvalidUsage("--shapes: no shape given")
+    return shapes
+
+
+class _ModelFacts:
+    """Defaults, size rules and token counts of the model the engine serves: the cost model's table where
+    the build has it (the tokens the cost model will be asked about), else the staged model itself."""
+
+    def __init__(self, name: str) -> None:
+        from gfdit._C import cost
+
+        self.name = name
+        self.arch = cost.model_arch(name) if hasattr(cost, "model_arch") else None
+        if self.arch is not None:
+            a = self.arch
+            self.is_video = bool(a.is_video)
+            self.default = (int(a.default_height), int(a.default_width), int(a.default_frames))
+            self.staged = None
+        else:
+            from gfdit import models
+
+            self.staged = models.load(name)
+            d = self.staged.defaults
+            self.is_video = bool(self.staged.is_video)
+            self.default = (int(d.height), int(d.width), int(d.num_frames))
+
+    def check(self, h: int, w: int, f: int) -> None:
+        if self.arch is not None:
+            from gfdit.trace import check_size
+
+            check_size(self.name, h, w, f, 1)
+        else:
+            self.staged.latent_shape(height=h, width=w, num_frames=f)
+
+    def tokens(self, h: int, w: int, f: int) -> int:
+        if self.arch is not None:
+            return int(self.arch.tokens(h, w, f))
+        shape = self.staged.latent_shape(height=h, width=w, num_frames=f)
+        return int(self.staged.sequence_length(tuple(shape[2:])))
+
+    def default_shapes(self) -> list[tuple[int, int, int]]:
+        """From the model's default size up to 4x its tokens (multiples of the default size, so always
+        patchable); images and short videos for a video model."""
+        h, w, f = self.default
+        if self.is_video:
+            shapes = [(h, w, 1), (2 * h, 2 * w, 1), (h, w, f), (2 * h, 2 * w, f)]
+        else:
+            shapes = [(h, w, 1), (2 * h, w, 1), (2 * h, 2 * w, 1)]
+        return list(dict.fromkeys(shapes))
+
+
+class PinnedPolicy:
+    """Runs every ready request by ``plan``: phase after phase, each on its ranks with its layout.
+
+    Made a ``gfdit.Policy`` subclass on first use (``make``), so that importing this module needs no engine.
+    The plan is set before each submit; the profile runs one request at a time.
+    """
+
+    @staticmethod
+    def make() -> Any:
+        import gfdit
+
+        class _Pinned(gfdit.Policy):
+            def __init__(self) -> None:
+                super().__init__()
+                self.plan: list[Phase] = []
+
+            def name(self) -> str:
+                return "profile-pinned"
+
+            def schedule(self, view: Any) -> list[Any]:
+                free = set(view.free_ranks)
+                out = []
+                for r in view.ready:
+                    begin = 0
+                    for phase in self.plan:
+                        if r.step < begin + phase.num_steps or phase is self.plan[-1]:
+                            break
+                        begin += phase.num_steps
+                    if not set(phase.ranks) <= free:
+                        continue
+                    steps = max(1, min(begin + phase.num_steps, r.num_steps) - r.step)
+                    out.append(gfdit.Decision(r.id, list(phase.ranks), phase.layout.layout(), steps))
+                    free -= set(phase.ranks)
+                return out
+
+        return _Pinned()
+
+
+def _run(
+    engine: Any, policy: Any, plan: list[Phase], shape: tuple[int, int, int], seed: int, timeout_s: float
+) -> list[Any]:
+    """One request with ``plan``; its timeline."""
+    import gfdit
+
+    policy.plan = plan
+    h, w, f = shape
+    steps = sum(p.num_steps for p in plan)
+    handle = engine.submit(
+        gfdit.Request(
+            prompt=f"profile {h}x{w}x{f}",
+            height=h,
+            width=w,
+            num_frames=f,
+            num_inference_steps=steps,
+            seed=seed,
+        )
+    )
+    return handle.result(timeout=timeout_s).timeline
+
+
+def measure(
+    model: str,
+    world_size: int,
+    shapes: list[tuple[int, int, int]] | None = None,
+    steps: int = 3,
+    repeats: int = 3,
+    pings: int = 50,
+    timeout_s: float = 120.0,
+    log: Any = None,
+) -> dict[str, Any]:
+    """Measures every stage of ``model`` on this machine at ``world_size`` ranks; returns the profile
+    (the JSON object ``gfdit profile`` writes)."""
+    import gfdit
+
+    if world_size < 1:
+        raise InvalidUsage(f"--world-size must be positive, got {world_size}")
+    if steps < 1 or repeats < 1:
+        raise InvalidUsage("--steps and --repeats must be positive")
+    facts = _ModelFacts(model)
+    shapes = shapes or facts.default_shapes()
+    for h, w, f in shapes:
+        try:
+            facts.check(h, w, f)
+        except InvalidUsage as e:
+            raise InvalidUsage(f"--shapes: {h}x{w}x{f}: {e}") from None
+    policy = PinnedPolicy.make()
+    samples: dict[tuple, list[float]] = {}
+    t0 = time.perf_counter()
+    with gfdit.Engine(model=model, world_size=world_size, policy=policy) as eng:
+        heads = int(eng.model_info.get("heads", 1))
+        guidance = float(eng.model_info.get("defaults", {}).get("guidance_scale", 1.0)) > 1.0
+        layouts = layouts_for(world_size, heads)
+        if log:
+            log(
+                f"engine up in {time.perf_counter() - t0:.1f} s; {len(shapes)} shapes x {len(layouts)} layouts "
+                f"({', '.join(map(str, layouts))}), {repeats} repeats of {steps} steps"
+            )
+        seed = 0
+        for shape in shapes:
+            tokens = facts.tokens(*shape)
+            for lay in layouts:
+                group = tuple(range(lay.degree))
+                _run(eng, policy, [Phase(group, lay, 1)], shape, seed, timeout_s)  # warm-up: not counted
+                for _ in range(repeats):
+                    seed += 1
+                    for s in _run(eng, policy, [Phase(group, lay, steps)], shape, seed, timeout_s):
+                        stage = _KIND_TO_STAGE.get(s.kind)
+                        if stage is None or stage == "migrate":
+                            continue
+                        if stage == "decode":
+                            key = ("decode", tokens, 1, 1, 1, "usp", 0)
+                        else:
+                            key = (stage, tokens, lay.degree, lay.ulysses, lay.ring, lay.mode, 0)
+                        samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
+            for lay in layouts:
+                if lay.degree == 1 or lay.ring != 1 or lay.mode != "usp":
+                    continue  # one migration per degree: the state it moves does not depend on the layout
+                for _ in range(repeats):
+                    seed += 1
+                    plan = [Phase((0,), LayoutSpec(1, 1), 1), Phase(tuple(range(lay.degree)), lay, 1)]
+                    for s in _run(eng, policy, plan, shape, seed, timeout_s):
+                        if s.kind == "migrate":
+                            key = (
+                                "migrate",
+                                tokens,
+                                lay.degree,
+                                lay.ulysses,
+                                lay.ring,
+                                lay.mode,
+                                len(s.ranks) - 1,
+                            )
+                            samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
+            if log:
+                log(
+                    f"  {shape[0]}x{shape[1]}x{shape[2]} ({tokens} tokens) done at {time.perf_counter() - t0:.1f} s"
+                )
+        ping = eng.ping(0, pings)
+    entries = [
+        ProfileEntry(
+            stage=k[0],
+            tokens=k[1],
+            degree=k[2],
+            ulysses=k[3],
+            ring=k[4],
+            mode=k[5],
+            guidance=guidance,
+            num_new=k[6],
+            seconds=statistics.median(v),
+            samples=len(v),
+        )
+        for k, v in sorted(samples.items(), key=lambda kv: (STAGES.index(kv[0][0]), *kv[0][1:]))
+    ]
+    return {
+        "format": FORMAT,
+        "model": model,
+        "hardware": "cpu",
+        "world_size": world_size,
+        "num_cores": os.cpu_count() or 1,
+        "dispatch_s": statistics.median([(start - disp) / 1e9 for disp, start, _, _ in ping]),
+        "completion_s": statistics.median([(seen - post) / 1e9 for _, _, post, seen in ping]),
+        "entries": [dataclasses.asdict(e) for e in entries],
+    }
+
+
+def format_table(profile: dict[str, Any]) -> str:
+    """The entries of a profile as a table a person can read."""
+    head = f"{'stage':<8} {'tokens':>7} {'degree':>6} {'layout':<12} {'new':>3} {'ms':>9} {'n':>3}"
+    title = (
+        f"{profile['model']} on {profile['hardware']}: world {profile['world_size']}, {profile['num_cores']} cores; "
+        f"dispatch {profile['dispatch_s'] * 1e6:.1f} us, completion {profile['completion_s'] * 1e6:.1f} us"
+    )
+    lines = [
+        title,
+        head,
+        "-" * len(head),
+    ]
+    for e in profile["entries"]:
+        layout = f"{e['mode']} {e['ulysses']}x{e['ring']}"
+        lines.append(
+            f"{e['stage']:<8} {e['tokens']:>7} {e['degree']:>6} {layout:<12} {e['num_new']:>3} "
+            f"{e['seconds'] * 1e3:>9.3f} {e['samples']:>3}"
+        )
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Arguments of ``gfdit profile``."""
+    parser.add_argument("--model", required=True, help="model to measure (tiny-wan, tiny-qwen-image)")
+    parser.add_argument("--world-size", type=int, required=True, help="ranks (worker processes)")
+    parser.add_argument("--out", required=True, help="profile file to write (JSON)")
+    parser.add_argument(
+        "--shapes",
+        help="HxWxF,... to measure (default: 3-4 sizes from the model's default up to ~4x its tokens)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=3, help="denoising steps per measured request (default 3)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="requests per shape and layout (default 3)")
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    """Runs ``gfdit profile``; 2 for bad input (message on stderr)."""
+    try:
+        shapes = parse_shapes(args.shapes) if args.shapes else None
+        profile = measure(
+            args.model,
+            args.world_size,
+            shapes,
+            steps=args.steps,
+            repeats=args.repeats,
+            log=lambda s: print(s, flush=True),
+        )
+    except InvalidUsage as e:
+        print(f"gfdit {command}: {e}", file=sys.stderr)
+        return 2
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(profile, f, indent=1)
+        f.write("\n")
+    print(format_table(profile))
+    print(f"wrote {args.out} ({len(profile['entries'])} entries)")
+    return 0

@@ -1,0 +1,556 @@
+"""``gfdit simulate`` and ``gfdit run-trace``: one trace, replayed on the simulator or on the real engine.
+
+Both produce the same records (``gfdit.trace.Outcome`` per request, ``gfdit.trace.Interval`` per task and
+rank), summarised by the same ``gfdit.trace.summarize`` and drawn by the same plots, so a simulated and a
+real replay of a trace compare line by line.
+
+- ``simulate``: the C++ control plane on a virtual clock (``gfdit._C.runtime.Simulator``) with the cost
+  model of a cluster (analytic, or fitted from ``gfdit profile``'s file).
+- ``run-trace``: a ``gfdit.Engine`` through its public API, each request submitted at its arrival time
+  (relative to the replay's start) by a thread that sleeps until then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import CancelledError
+from typing import Any
+
+from gfdit._C import InvalidUsage
+from gfdit.trace import (
+    Interval,
+    Outcome,
+    TraceRequest,
+    format_summary,
+    load_trace,
+    summarize,
+)
+
+# Legend entries of the timeline plot beyond the stage kinds: one per request, at most this many.
+MAX_LEGEND_REQUESTS = 12
+
+
+@dataclasses.dataclass
+class Replay:
+    """The outcome of replaying a trace, real or simulated."""
+
+    policy: str
+    outcomes: list[Outcome]
+    busy_rank_s: float  # rank-seconds spent running tasks
+    num_ranks: int
+    intervals: list[Interval]  # per task and rank (empty unless recorded)
+    wall_s: float  # how long the replay took to compute or run
+    where: str  # what it ran on, for people ("engine tiny-wan x2", "h20x8: analytic ...")
+
+    def summary(self) -> dict[str, Any]:
+        return summarize(self.policy, self.outcomes, self.busy_rank_s, self.num_ranks)
+
+
+# ------------------------------------------------------------------------------------------------ simulate
+def _load_profile(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            profile = json.load(f)
+    except OSError as e:
+        raise InvalidUsage(f"cannot read profile {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise InvalidUsage(f"profile {path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(profile, dict) or not isinstance(profile.get("world_size"), int):
+        raise InvalidUsage(
+            f"profile {path} is not a gfdit profile (no integer world_size); write one with `gfdit profile`"
+        )
+    return profile
+
+
+def simulate_trace(
+    requests: Sequence[TraceRequest],
+    *,
+    model: str,
+    cluster: str,
+    policy: str,
+    profile: str | None = None,
+    max_inflight_steps: int = 2,
+    record_intervals: bool = False,
+) -> Replay:
+    """Runs the trace through the simulator: the control plane and ``policy`` on ``cluster``'s ranks, stage
+    times from the cost model (analytic, or ``profile``'s measurements). The ``cpu`` cluster needs a profile
+    and has as many ranks as the profile's world size. Unknown clusters or policies raise InvalidUsage
+    naming the valid ones."""
+    from gfdit._C import cost as cost_c
+    from gfdit._C import runtime as rt
+
+    num_ranks = 0
+    if cluster == "cpu":
+        if profile is None:
+            raise InvalidUsage(
+                "the cpu cluster is this machine: it needs --profile (written by `gfdit profile`)"
+            )
+        num_ranks = int(_load_profile(profile)["world_size"])
+    elif profile is not None:
+        _load_profile(profile)
+    if not hasattr(cost_c, "cluster"):
+        raise InvalidUsage("this build of gfdit has no cost model binding (gfdit._C.cost.cluster)")
+    cl = cost_c.cluster(cluster, num_ranks)  # unknown names: InvalidUsage listing the valid ones
+    _check_policy(policy, int(cl.num_ranks))
+    if not hasattr(rt, "Simulator"):
+        raise InvalidUsage("this build of gfdit has no simulator (gfdit._C.runtime.Simulator)")
+    from gfdit import cost
+
+    cm = cost.cost_model(model, cluster, profile=profile)
+    sim_requests = [
+        rt.SimRequest(
+            id=r.id,
+            arrival_s=r.arrival_s,
+            height=r.height,
+            width=r.width,
+            num_frames=r.num_frames,
+            num_steps=r.num_inference_steps,
+            guidance_scale=None,
+            deadline_s=r.deadline_s,
+            priority=r.priority,
+        )
+        for r in requests
+    ]
+    sim = rt.Simulator(
+        cm, cl, policy, max_inflight_steps=max_inflight_steps, record_intervals=record_intervals
+    )
+    t0 = time.perf_counter()
+    res = sim.run(sim_requests)
+    wall = time.perf_counter() - t0
+    by_id = {r.id: r for r in requests}
+    outcomes = []
+    for o in res.requests:
+        r = by_id[int(o.id)]
+        state = str(getattr(o.state, "name", o.state))
+        finish = float(o.finish_s) if state == "DONE" and o.finish_s is not None else None
+        # the trace's own times: the simulator's arrival is the trace's, and the deadline is read the same way
+        outcomes.append(
+            Outcome(
+                id=r.id,
+                arrival_s=r.arrival_s,
+                finish_s=finish,
+                deadline_s=r.deadline_s,
+                state=state,
+                priority=r.priority,
+            )
+        )
+    missing = set(by_id) - {o.id for o in outcomes}
+    outcomes += [
+        Outcome(
+            id=i,
+            arrival_s=by_id[i].arrival_s,
+            finish_s=None,
+            deadline_s=by_id[i].deadline_s,
+            state="MISSING",
+            priority=by_id[i].priority,
+        )
+        for i in sorted(missing)
+    ]
+    outcomes.sort(key=lambda o: (o.arrival_s, o.id))
+    intervals = [
+        Interval(rank=int(rank), request_id=int(rid), kind=str(kind), start_s=float(s), end_s=float(e))
+        for rank, rid, kind, s, e in (res.intervals if record_intervals else [])
+    ]
+    describe = cm.describe() if hasattr(cm, "describe") else type(cm).__name__
+    return Replay(
+        policy=policy,
+        outcomes=outcomes,
+        busy_rank_s=float(res.busy_rank_s),
+        num_ranks=int(res.num_ranks),
+        intervals=intervals,
+        wall_s=wall,
+        where=f"{cluster} ({int(res.num_ranks)} ranks), {describe}",
+    )
+
+
+def _check_policy(policy: str, num_ranks: int) -> None:
+    """Refuses an unknown policy with the valid names (from the runtime, the one place that knows them)."""
+    from gfdit._C import runtime as rt
+
+    if hasattr(rt, "policy_names"):
+        names = list(rt.policy_names())
+        base = policy.split(":", 1)[0]
+        if not any(base == n.split(":", 1)[0] for n in names):
+            raise InvalidUsage(f"unknown policy {policy!r} (valid: {', '.join(names)})")
+    rt.Scheduler(num_ranks, policy)  # parses the name the way the simulator and the engine do
+
+
+# ------------------------------------------------------------------------------------------------ run-trace
+def _engine_request(
+    r: TraceRequest, prompt: str | None = None, num_steps: int | None = None, deadline: bool = True
+) -> Any:
+    import gfdit
+
+    rel_deadline = r.deadline_s - r.arrival_s if deadline and r.deadline_s is not None else None
+    return gfdit.Request(
+        prompt=prompt or f"trace request {r.id}",
+        height=r.height,
+        width=r.width,
+        num_frames=r.num_frames,
+        num_inference_steps=num_steps or r.num_inference_steps,
+        seed=r.id,
+        deadline_s=rel_deadline,
+        priority=r.priority,
+    )
+
+
+def replay_trace(
+    requests: Sequence[TraceRequest],
+    *,
+    model: str,
+    world_size: int,
+    policy: str,
+    timeout_s: float = 600.0,
+    threads_per_worker: int = 1,
+) -> Replay:
+    """Replays the trace on a real ``gfdit.Engine`` in real time.
+
+    The engine starts (workers load the model) and runs one small warm-up request before the replay clock
+    starts; then a thread submits each request at its arrival time. Latency is the request's DONE time
+    minus its QUEUED time, a deadline is met when DONE comes by the replay's start + deadline_s. Requests
+    that fail, are cancelled or are not done ``timeout_s`` after the replay's start count as not completed.
+    """
+    import gfdit
+    from gfdit._C import runtime as rt
+
+    _check_policy(policy, world_size)
+    with gfdit.Engine(
+        model=model, world_size=world_size, policy=policy, threads_per_worker=threads_per_worker
+    ) as eng:
+        smallest = min(requests, key=lambda r: (r.height * r.width * r.num_frames, r.num_inference_steps))
+        eng.submit(_engine_request(smallest, prompt="warm-up", num_steps=1, deadline=False)).result(
+            timeout=120
+        )
+
+        start_ns = rt.now_ns()
+        t0 = time.perf_counter()
+        handles: list[tuple[TraceRequest, Any, BaseException | None]] = []
+        stop = threading.Event()
+
+        def submit_all() -> None:
+            for r in requests:
+                delay = (start_ns + int(r.arrival_s * 1e9) - rt.now_ns()) / 1e9
+                if delay > 0 and stop.wait(delay):
+                    return
+                try:
+                    handles.append((r, eng.submit(_engine_request(r)), None))
+                except (gfdit.Error, ValueError, RuntimeError) as e:  # refused at submit: not completed
+                    handles.append((r, None, e))
+
+        submitter = threading.Thread(target=submit_all, name="gfdit-trace-submit", daemon=True)
+        submitter.start()
+        end = time.monotonic() + timeout_s
+        submitter.join(max(0.0, end - time.monotonic()))
+        stop.set()
+        submitter.join()
+
+        outcomes: list[Outcome] = []
+        intervals: list[Interval] = []
+        busy_ns = 0
+        submitted = {r.id for r, _, _ in handles}
+        for r, handle, error in handles:
+            state, finish = "FAILED", None
+            arrival = r.arrival_s
+            if handle is not None:
+                try:
+                    res = handle.result(timeout=max(0.0, end - time.monotonic()))
+                except gfdit.RequestFailed:
+                    state = "FAILED"
+                except CancelledError:
+                    state = "CANCELLED"
+                except TimeoutError:
+                    state = "TIMEOUT"
+                    handle.cancel()
+                else:
+                    times = {name: t_ns for name, _, t_ns in res.transitions}
+                    state = res.state
+                    arrival = (res.transitions[0][2] - start_ns) / 1e9  # QUEUED, at submit
+                    finish = (times["DONE"] - start_ns) / 1e9
+                    for s in res.timeline:
+                        busy_ns += (s.end_ns - s.start_ns) * len(s.ranks)
+                        kind = "step" if s.kind == "denoise" else s.kind
+                        for rank in s.ranks:
+                            intervals.append(
+                                Interval(
+                                    rank=rank,
+                                    request_id=r.id,
+                                    kind=kind,
+                                    start_s=(s.start_ns - start_ns) / 1e9,
+                                    end_s=(s.end_ns - start_ns) / 1e9,
+                                )
+                            )
+            elif error is not None:
+                state = "REFUSED"
+            outcomes.append(
+                Outcome(
+                    id=r.id,
+                    arrival_s=arrival,
+                    finish_s=finish,
+                    deadline_s=r.deadline_s,
+                    state=state,
+                    priority=r.priority,
+                )
+            )
+        outcomes += [
+            Outcome(
+                id=r.id,
+                arrival_s=r.arrival_s,
+                finish_s=None,
+                deadline_s=r.deadline_s,
+                state="NOT_SUBMITTED",
+                priority=r.priority,
+            )
+            for r in requests
+            if r.id not in submitted
+        ]
+        wall = time.perf_counter() - t0
+    return Replay(
+        policy=policy,
+        outcomes=outcomes,
+        busy_rank_s=busy_ns / 1e9,
+        num_ranks=world_size,
+        intervals=intervals,
+        wall_s=wall,
+        where=f"engine {model} x{world_size}",
+    )
+
+
+# ------------------------------------------------------------------------------------------------ plots
+_KIND_STYLE: dict[str, dict[str, Any]] = {
+    # steps: solid in the request's colour; encode/decode: pale and hatched; migrations: near-black marks
+    "step": {"alpha": 1.0, "hatch": None, "edgecolor": "white", "linewidth": 0.3},
+    "encode": {"alpha": 0.45, "hatch": "////", "edgecolor": "0.25", "linewidth": 0.3},
+    "decode": {"alpha": 0.45, "hatch": "....", "edgecolor": "0.25", "linewidth": 0.3},
+    "migrate": {"alpha": 1.0, "hatch": None, "edgecolor": "black", "linewidth": 0.6, "facecolor": "0.1"},
+}
+
+
+def plot_latency_cdf(outcomes: Sequence[Outcome], path: str, title: str = "") -> None:
+    """Writes the CDF of completed requests' latencies to ``path`` (PNG). With deadlines, the latency
+    budgets (deadline - arrival) are drawn too (a line when all are equal, else their CDF) and requests
+    that completed late are marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    done = sorted((o for o in outcomes if o.completed), key=lambda o: o.latency_s)
+    n = len(done)
+    if n:
+        xs = [o.latency_s for o in done]
+        ys = [(i + 1) / n for i in range(n)]
+        ax.step([0.0] + xs, [0.0] + ys, where="post", color="C0", label=f"latency ({n} completed)")
+        late = [
+            (o.latency_s, (i + 1) / n)
+            for i, o in enumerate(done)
+            if o.deadline_s is not None and not o.met_deadline
+        ]
+        if late:
+            ax.scatter(
+                [x for x, _ in late],
+                [y for _, y in late],
+                marker="x",
+                s=14,
+                linewidths=0.8,
+                color="red",
+                zorder=3,
+                label=f"missed deadline ({len(late)})",
+            )
+    else:
+        ax.text(0.5, 0.5, "no request completed", ha="center", va="center", transform=ax.transAxes)
+    budgets = sorted(o.deadline_s - o.arrival_s for o in outcomes if o.deadline_s is not None)
+    if budgets:
+        if budgets[-1] - budgets[0] <= 1e-6 * max(1.0, budgets[-1]):  # one budget (up to rounding)
+            ax.axvline(
+                budgets[0], color="red", linestyle="--", label=f"deadline ({budgets[0]:.3g} s after arrival)"
+            )
+        else:
+            ax.step(
+                [0.0] + budgets,
+                [0.0] + [(i + 1) / len(budgets) for i in range(len(budgets))],
+                where="post",
+                color="red",
+                linestyle="--",
+                label="deadline budgets (CDF)",
+            )
+    ax.set_xlabel("latency (s)")
+    ax.set_ylabel("fraction of completed requests")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlim(left=0)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title or "latency CDF")
+    if n or budgets:
+        ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_timeline(intervals: Sequence[Interval], num_ranks: int, path: str, title: str = "") -> None:
+    """Writes a per-rank Gantt chart to ``path`` (PNG): one row per rank, one bar per task, coloured by
+    request; encode and decode hatched, migrations dark, so that regroupings show. The legend names the
+    stage kinds and at most MAX_LEGEND_REQUESTS requests."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    fig = Figure(figsize=(12, max(2.5, 0.4 * num_ranks + 1.6)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    palette = colormaps["tab20"]
+    order: dict[int, int] = {}
+    for iv in sorted(intervals, key=lambda iv: (iv.start_s, iv.request_id)):
+        order.setdefault(iv.request_id, len(order))
+
+    def colour(rid: int) -> Any:
+        return palette(order[rid] % palette.N)
+
+    # one broken_barh per (rank, kind): hundreds of requests stay a handful of artists
+    groups: dict[tuple[int, str], list[Interval]] = {}
+    for iv in intervals:
+        groups.setdefault((iv.rank, iv.kind), []).append(iv)
+    for (rank, kind), ivs in groups.items():
+        style = dict(_KIND_STYLE.get(kind, _KIND_STYLE["step"]))
+        face = style.pop("facecolor", None)
+        alpha = style.pop("alpha")
+        colours = [face if face is not None else colour(iv.request_id) for iv in ivs]
+        bars = ax.broken_barh(
+            [(iv.start_s, max(iv.end_s - iv.start_s, 0.0)) for iv in ivs],
+            (rank - 0.4, 0.8),
+            facecolors=colours,
+            **style,
+        )
+        bars.set_alpha(alpha)
+    ax.set_ylim(num_ranks - 0.5, -0.5)
+    ax.set_yticks(range(num_ranks) if num_ranks <= 32 else range(0, num_ranks, max(1, num_ranks // 16)))
+    ax.set_ylabel("rank")
+    ax.set_xlabel("time since the trace's start (s)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title(title or "timeline")
+    handles = [Patch(facecolor="0.6", edgecolor="white", label="denoising step")]
+    kinds = {iv.kind for iv in intervals}
+    for kind, label in (("encode", "encode"), ("decode", "decode"), ("migrate", "migrate")):
+        if kind in kinds:
+            s = _KIND_STYLE[kind]
+            handles.append(
+                Patch(
+                    facecolor=s.get("facecolor", "0.6"),
+                    alpha=s["alpha"],
+                    hatch=s["hatch"],
+                    edgecolor=s["edgecolor"],
+                    label=label,
+                )
+            )
+    shown = list(order)[:MAX_LEGEND_REQUESTS]
+    handles += [Patch(facecolor=colour(rid), label=f"request {rid}") for rid in shown]
+    if len(order) > len(shown):
+        handles.append(Patch(facecolor="none", edgecolor="none", label=f"... {len(order) - len(shown)} more"))
+    if not intervals:
+        ax.text(0.5, 0.5, "no tasks recorded", ha="center", va="center", transform=ax.transAxes)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_plots(replay: Replay, directory: str) -> list[str]:
+    """latency_cdf.png and timeline.png of a replay in ``directory`` (created); returns their paths."""
+    os.makedirs(directory, exist_ok=True)
+    summary = replay.summary()
+    slo = summary["slo_attainment"]
+    slo_text = f", SLO {slo:.0%}" if slo is not None else ""
+    cdf = os.path.join(directory, "latency_cdf.png")
+    timeline = os.path.join(directory, "timeline.png")
+    plot_latency_cdf(replay.outcomes, cdf, f"latency CDF: {replay.policy} on {replay.where}{slo_text}")
+    plot_timeline(replay.intervals, replay.num_ranks, timeline, f"{replay.policy} on {replay.where}")
+    return [cdf, timeline]
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Arguments of ``gfdit simulate`` and ``gfdit run-trace``."""
+    parser.add_argument("--trace", required=True, help="JSONL trace (see gfdit.trace)")
+    parser.add_argument("--policy", required=True, help="scheduling policy: fcfs, static:D, ...")
+    if command == "simulate":
+        parser.add_argument(
+            "--cluster",
+            required=True,
+            help="simulated cluster: h20x8, a100x8, h100x8, h200x8, h20x16, or cpu (needs --profile)",
+        )
+        parser.add_argument(
+            "--model", required=True, help="model name of the cost model (qwen-image, wan2.2, ...)"
+        )
+        parser.add_argument(
+            "--profile", help="profile file from `gfdit profile`: stage times from measurements"
+        )
+        parser.add_argument(
+            "--max-inflight-steps",
+            type=int,
+            default=2,
+            help="steps of one request dispatched ahead of completions (as the engine)",
+        )
+    else:
+        parser.add_argument(
+            "--model", required=True, help="model the engine serves (tiny-wan, tiny-qwen-image)"
+        )
+        parser.add_argument("--world-size", type=int, required=True, help="ranks (worker processes)")
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=600.0,
+            help="seconds after the replay's start past which unfinished requests count as "
+            "not completed (default 600)",
+        )
+    parser.add_argument("--json", metavar="OUT", help="also write the metrics to this JSON file")
+    parser.add_argument("--plot", metavar="DIR", help="write latency_cdf.png and timeline.png into DIR")
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    """Runs ``gfdit simulate`` or ``gfdit run-trace``; 2 for bad input (message on stderr)."""
+    try:
+        requests = load_trace(args.trace, model=args.model)
+        if command == "simulate":
+            replay = simulate_trace(
+                requests,
+                model=args.model,
+                cluster=args.cluster,
+                policy=args.policy,
+                profile=args.profile,
+                max_inflight_steps=args.max_inflight_steps,
+                record_intervals=bool(args.plot),
+            )
+        else:
+            if args.world_size < 1:
+                raise InvalidUsage(f"--world-size must be positive, got {args.world_size}")
+            replay = replay_trace(
+                requests,
+                model=args.model,
+                world_size=args.world_size,
+                policy=args.policy,
+                timeout_s=args.timeout,
+            )
+    except InvalidUsage as e:
+        print(f"gfdit {command}: {e}", file=sys.stderr)
+        return 2
+    summary = replay.summary()
+    completed = sum(o.completed for o in replay.outcomes)
+    print(
+        f"gfdit {command}: {args.trace}: {completed} of {len(replay.outcomes)} requests completed; "
+        f"{replay.policy} on {replay.where}; {replay.wall_s:.3g} s"
+    )
+    print(format_summary(summary))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+            f.write("\n")
+    if args.plot:
+        for p in write_plots(replay, args.plot):
+            print(f"wrote {p}")
+    return 0

@@ -1,0 +1,107 @@
+"""gfdit profile: a reduced run (one or two tiny shapes, world 2, one repeat) writes a valid profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from gfdit import profile
+from gfdit._C import InvalidUsage
+
+
+def _cli(argv: list[str]) -> int:
+    """What `gfdit profile ARGV` runs (gfdit.cli dispatches to these two functions)."""
+    parser = argparse.ArgumentParser(prog="gfdit profile")
+    profile.add_arguments(parser, "profile")
+    return profile.run(parser.parse_args(argv), "profile")
+
+
+def test_layouts_cover_degrees_and_modes():
+    got = {(s.ulysses, s.ring, s.mode) for s in profile.layouts_for(4, 4)}
+    assert got == {
+        (1, 1, "usp"),
+        (2, 1, "usp"),
+        (1, 2, "usp"),
+        (4, 1, "usp"),
+        (1, 4, "usp"),
+        (2, 2, "usp"),
+        (2, 2, "torus"),
+    }
+    assert {s.degree for s in profile.layouts_for(2, 4)} == {1, 2}
+    assert {s.degree for s in profile.layouts_for(4, 2)} == {1, 2}  # degree 4 does not divide 2 heads
+    assert {s.degree for s in profile.layouts_for(3, 4)} == {1}
+    assert profile.layouts_for(1, 4) == [profile.LayoutSpec(1, 1)]
+
+
+def test_parse_shapes():
+    assert profile.parse_shapes("32x48x9, 64x96") == [(32, 48, 9), (64, 96, 1)]
+    for bad in ("32", "32xx48", "0x16", "axb", ","):
+        with pytest.raises(InvalidUsage, match="--shapes"):
+            profile.parse_shapes(bad)
+
+
+def test_bad_arguments_exit_2(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert _cli(["--model", "tiny-wan", "--world-size", "2", "--out", str(out), "--shapes", "33x48x1"]) == 2
+    assert "33x48x1" in capsys.readouterr().err
+    assert _cli(["--model", "tiny-wan", "--world-size", "0", "--out", str(out), "--shapes", "32x48"]) == 2
+    assert "world-size" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.timeout(120)
+def test_reduced_profile_run(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    shapes = [(32, 48, 1), (32, 48, 9)]
+    argv = [
+        "--model",
+        "tiny-wan",
+        "--world-size",
+        "2",
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--repeats",
+        "1",
+        "--shapes",
+        ",".join(f"{h}x{w}x{f}" for h, w, f in shapes),
+    ]
+    assert _cli(argv) == 0
+    table = capsys.readouterr().out
+    assert "stage" in table and "migrate" in table
+    p = json.loads(out.read_text())
+    assert p["format"] == "gfdit-profile/1" and p["model"] == "tiny-wan" and p["hardware"] == "cpu"
+    assert p["world_size"] == 2 and p["num_cores"] >= 1
+    assert 0 < p["dispatch_s"] < 1 and 0 < p["completion_s"] < 1
+    entries = p["entries"]
+    keys = {
+        "stage",
+        "tokens",
+        "degree",
+        "ulysses",
+        "ring",
+        "mode",
+        "guidance",
+        "num_new",
+        "seconds",
+        "samples",
+    }
+    assert all(set(e) == keys for e in entries)
+    assert all(e["seconds"] > 0 and e["samples"] >= 1 and e["guidance"] for e in entries)
+    assert {e["stage"] for e in entries} == {"encode", "step", "migrate", "decode"}
+    facts = profile._ModelFacts("tiny-wan")
+    tokens = {facts.tokens(*s) for s in shapes}
+    assert len(tokens) == 2
+    for stage in ("encode", "step", "decode", "migrate"):
+        assert {e["tokens"] for e in entries if e["stage"] == stage} == tokens, stage
+    steps = {
+        (e["tokens"], e["degree"], e["ulysses"], e["ring"], e["mode"])
+        for e in entries
+        if e["stage"] == "step"
+    }
+    assert steps == {(t, d, u, r, "usp") for t in tokens for d, u, r in ((1, 1, 1), (2, 2, 1), (2, 1, 2))}
+    assert all(e["samples"] == 2 for e in entries if e["stage"] == "step")  # --steps 2 x --repeats 1
+    assert {(e["degree"], e["num_new"]) for e in entries if e["stage"] == "migrate"} == {(2, 1)}
+    assert {e["degree"] for e in entries if e["stage"] == "decode"} == {1}

@@ -118,8 +118,16 @@ def simulate_trace(
         )
         for r in requests
     ]
+    overheads = {}
+    if profile is not None:  # what this machine measured: ring round trips, and the cores the ranks share
+        prof = _load_profile(profile)
+        overheads = {
+            "dispatch_s": float(prof.get("dispatch_s", 0.0)),
+            "completion_s": float(prof.get("completion_s", 0.0)),
+            "num_cores": int(prof.get("num_cores", 0)) if cluster == "cpu" else -1,
+        }
     sim = rt.Simulator(
-        cm, cl, policy, max_inflight_steps=max_inflight_steps, record_intervals=record_intervals
+        cm, cl, policy, max_inflight_steps=max_inflight_steps, record_intervals=record_intervals, **overheads
     )
     t0 = time.perf_counter()
     res = sim.run(sim_requests)
@@ -174,12 +182,12 @@ def _check_policy(policy: str, num_ranks: int) -> None:
     """Refuses an unknown policy with the valid names (from the runtime, the one place that knows them)."""
     from gfdit._C import runtime as rt
 
-    if hasattr(rt, "policy_names"):
-        names = list(rt.policy_names())
-        base = policy.split(":", 1)[0]
-        if not any(base == n.split(":", 1)[0] for n in names):
-            raise InvalidUsage(f"unknown policy {policy!r} (valid: {', '.join(names)})")
-    rt.Scheduler(num_ranks, policy)  # parses the name the way the simulator and the engine do
+    try:
+        rt.make_policy(policy)  # parses the name the way the simulator and the engine do
+    except InvalidUsage as e:
+        raise InvalidUsage(f"unknown policy {policy!r} (valid: {', '.join(rt.policy_names())}): {e}") from None
+    if policy.startswith("static:") and num_ranks % int(policy.split(":", 1)[1]) != 0:
+        raise InvalidUsage(f"policy {policy!r} needs a rank count divisible by its degree; the cluster has {num_ranks}")
 
 
 # ------------------------------------------------------------------------------------------------ run-trace

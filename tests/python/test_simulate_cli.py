@@ -137,7 +137,7 @@ def test_simulate_cpu_with_profile(tmp_path, cpu_profile):
     ]
     assert _cli(argv) == 0
     _check_metrics(json.loads(out.read_text()), "fcfs", 6)
-    assert _cli([*argv[:6], "cpu", "--model", "tiny-wan"]) == 2  # the cpu cluster needs a profile
+    assert _cli([*argv[:6], "--model", "tiny-wan"]) == 2  # the cpu cluster needs a profile
 
 
 @needs_cost

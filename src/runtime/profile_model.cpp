@@ -22,10 +22,12 @@ namespace {
 // for a group never measured, the query is refused: a profile says nothing about shapes it did not see,
 // and a policy must not schedule on a guess it cannot tell from a measurement.
 // Fallbacks, each for a quantity the time does not depend on:
-// - kMigrate: the nearest measured num_new of the same layout (a pipelined broadcast barely depends on it).
+// - kMigrate: a broadcast from one holder to num_new members, whatever layout the group runs later: the
+//   entries with the nearest measured num_new (the same degree preferred among equals), either guidance.
 // - kDecode runs on one rank whatever the group: without entries for the query's own degree and layout it
 //   uses the degree-1 entries; guidance does not change a decode, so either guidance's entries serve.
-// - kEncode does not depend on tokens: the mean of the entries of that degree (same guidance preferred).
+// - kEncode does not depend on tokens: the mean of the entries of that degree (same guidance preferred), or
+//   of the nearest measured degree (every member encodes alone; only contention for cores changes).
 // Repeated measurements of one point are averaged.
 using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, bool, int32_t>;
 
@@ -86,17 +88,14 @@ class ProfiledCostModel : public CostModel {
       case Stage::kMigrate: {
         if (q.num_new <= 0) return 0.0;  // nothing moves
         const Curve* best = nullptr;
-        int32_t best_gap = 0;
+        std::tuple<int32_t, int32_t, int32_t> best_rank;
         for (const auto& [key, curve] : curves_) {
-          if (std::get<0>(key) != static_cast<int32_t>(stage) || std::get<1>(key) != q.degree ||
-              std::get<2>(key) != l.ulysses || std::get<3>(key) != l.ring || std::get<4>(key) != l.mode ||
-              std::get<5>(key) != g) {
-            continue;
-          }
-          const int32_t gap = std::abs(std::get<6>(key) - q.num_new);
-          if (best == nullptr || gap < best_gap) {
+          if (std::get<0>(key) != static_cast<int32_t>(stage)) continue;
+          auto rank = std::make_tuple(std::abs(std::get<6>(key) - q.num_new), std::get<1>(key) == q.degree ? 0 : 1,
+                                      std::get<5>(key) == g ? 0 : 1);
+          if (best == nullptr || rank < best_rank) {
             best = &curve;
-            best_gap = gap;
+            best_rank = rank;
           }
         }
         if (best == nullptr) refuseLayout(stage, q, tokens);
@@ -155,11 +154,17 @@ class ProfiledCostModel : public CostModel {
 
   double encode(const StageQuery& q) const {
     const bool g = q.shape.guidance();
+    int32_t nearest = -1;
+    for (const auto& [key, curve] : curves_) {
+      if (std::get<0>(key) != static_cast<int32_t>(Stage::kEncode)) continue;
+      int32_t d = std::get<1>(key);
+      if (nearest < 0 || std::abs(d - q.degree) < std::abs(nearest - q.degree)) nearest = d;
+    }
     for (bool same_guidance : {true, false}) {
       double sum = 0;
       int count = 0;
       for (const auto& [key, curve] : curves_) {
-        if (std::get<0>(key) != static_cast<int32_t>(Stage::kEncode) || std::get<1>(key) != q.degree) continue;
+        if (std::get<0>(key) != static_cast<int32_t>(Stage::kEncode) || std::get<1>(key) != nearest) continue;
         if (same_guidance && std::get<5>(key) != g) continue;
         for (const auto& point : curve) {
           sum += point.second;
@@ -169,8 +174,7 @@ class ProfiledCostModel : public CostModel {
       if (count > 0) return sum / count;
     }
     GFDIT_THROW(kInvalidUsage) << "profile of " << profile_.model << " on " << profile_.hardware
-                               << ": stage encode on degree " << q.degree
-                               << " was never measured; run `gfdit profile` for it";
+                               << ": stage encode was never measured; run `gfdit profile` for it";
     return 0.0;  // unreachable
   }
 

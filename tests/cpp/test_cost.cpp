@@ -267,8 +267,8 @@ TEST(CostProfile, OutOfRangeAndUnmeasuredLayoutsNameTheShape) {
   EXPECT_NE(msg.find("never measured"), std::string::npos) << msg;
   msg = errorOf([&] { cm->seconds(Stage::kDenoiseStep, tinyQuery(54, 2, false)); });
   EXPECT_NE(msg.find("guidance off"), std::string::npos) << msg;
-  msg = errorOf([&] { cm->seconds(Stage::kEncode, tinyQuery(54, 4)); });
-  EXPECT_NE(msg.find("encode"), std::string::npos) << msg;
+  // encode on a degree never measured: the nearest measured degree (only core contention differs)
+  EXPECT_NEAR(cm->seconds(Stage::kEncode, tinyQuery(54, 4)), 0.05, 1e-12);
 }
 
 TEST(CostProfile, RefusesBadProfiles) {

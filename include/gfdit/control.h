@@ -234,7 +234,8 @@ struct ControlStats {
 
 struct ControlConfig {
   int world_size = 1;
-  int max_inflight_steps = 2;   ///< steps of one request dispatched ahead of completions
+  int max_inflight_steps = 2;   ///< steps of one request dispatched ahead of completions (at least)
+  double min_queued_s = 0.02;   ///< more steps go ahead when steps are short: at least this much work (NOTE [lookahead])
   double task_timeout_s = 0;    ///< a task not done this long after dispatch (plus its prediction) fails: 0 off
   int max_attempts = 3;         ///< recoveries a request may go through before it fails
   bool record_stages = true;    ///< keep each request's timeline (the simulator may turn it off)
@@ -280,7 +281,8 @@ class ControlPlane {
   const ControlStats& stats() const { return stats_; }
   const ControlConfig& config() const { return config_; }
   Policy& policy() { return *policy_; }
-  /// The earliest time an in-flight task is expected to complete (from measured durations), or INT64_MAX.
+  /// The earliest time an in-flight task is expected to complete (from measured durations; NOTE [expected
+  /// completions] in control.cpp), or INT64_MAX.
   int64_t expectedCompletionNs() const;
 
  private:
@@ -308,6 +310,8 @@ class ControlPlane {
   void tryReinit();
   void reinitDone();
   void checkDeadlines(int64_t now);
+  void expectNext(int worker, int64_t now);
+  int inflightLimit() const;
 
   ControlConfig config_;
   Clock& clock_;

@@ -116,10 +116,14 @@ class MessageRing {
   static MessageRing attach(void* memory, Doorbell* data_bell);
 
   MessageRing() = default;
-  /// Appends one message made of two parts; false when it does not fit now.
-  bool tryPush(const void* a, size_t a_bytes, const void* b = nullptr, size_t b_bytes = 0);
+  /// Appends one message made of two parts; false when it does not fit now. `wake`: ring the data bell (a
+  /// consumer that will look anyway may be spared the wake-up, NOTE [quiet completions]).
+  bool tryPush(const void* a, size_t a_bytes, const void* b = nullptr, size_t b_bytes = 0, bool wake = true);
   /// Appends, waiting while full at most `timeout`; false on timeout.
-  bool push(const void* a, size_t a_bytes, const void* b, size_t b_bytes, std::chrono::microseconds timeout);
+  bool push(const void* a, size_t a_bytes, const void* b, size_t b_bytes, std::chrono::microseconds timeout,
+            bool wake = true);
+  /// Messages in the ring (exact for its producer and its consumer, a hint for anyone else).
+  uint64_t size() const;
   /// Bytes of the oldest message, or -1 when empty.
   int64_t peekBytes() const;
   /// Takes the oldest message into `out` (resized); false when empty.
@@ -167,8 +171,10 @@ class QueueSet {
   bool pushTask(int worker, const TaskDescriptor& t, const std::string& payload, std::chrono::microseconds timeout);
   /// Takes `worker`'s next task; false on timeout.
   bool popTask(int worker, TaskDescriptor& t, std::string& payload, std::chrono::microseconds timeout);
-  /// Writes a completion into `worker`'s completion ring and rings the control bell.
-  bool pushCompletion(int worker, const Completion& c, std::chrono::microseconds timeout);
+  /// Writes a completion into `worker`'s completion ring; rings the control bell when `wake`.
+  bool pushCompletion(int worker, const Completion& c, std::chrono::microseconds timeout, bool wake = true);
+  /// Tasks waiting in `worker`'s dispatch ring.
+  uint64_t pendingTasks(int worker) const { return dispatch_[worker].size(); }
   /// Takes a completion of `worker` if there is one.
   bool tryPopCompletion(int worker, Completion& c);
 

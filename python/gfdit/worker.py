@@ -26,6 +26,7 @@ TaskError = rt.TaskError
 # NOTE [fault injection]: tests make a worker fail or hang on purpose with a prompt starting with
 # FAULT_PREFIX ("gfdit-fault:raise", "gfdit-fault:sleep=30"); honoured only when GFDIT_FAULT_INJECTION=1.
 FAULT_PREFIX = "gfdit-fault:"
+_QUIET_WITH_WORK = (rt.TaskKind.ENCODE, rt.TaskKind.DENOISE, rt.TaskKind.MIGRATE)
 
 
 class Worker:
@@ -50,6 +51,7 @@ class Worker:
         self.world: Any = None
         self.parent = os.getppid()
         self.faults = os.environ.get("GFDIT_FAULT_INJECTION") == "1"
+        self.unannounced = False  # a quiet completion was posted and no bell rung since
         self._init_world(0, list(range(num_workers)))
 
     def _init_world(self, epoch: int, workers: list[int]) -> None:
@@ -105,6 +107,10 @@ class Worker:
         if not hello.ok:
             return
         while True:
+            if self.unannounced and self.queues.pending_tasks(self.id) == 0:
+                # about to wait for work: the control plane must have heard of every quiet completion
+                self.queues.wake_control()
+                self.unannounced = False
             got = self.queues.pop_task(self.id, POLL_S)
             if got is None:
                 if os.getppid() != self.parent:  # the engine is gone
@@ -174,7 +180,14 @@ class Worker:
         c.step_end = self.steps.get(rid, -1)
         c.end_ns = rt.now_ns()
         c.post_ns = rt.now_ns()
-        self.queues.push_completion(self.id, c, 30.0)
+        # NOTE [quiet completions] in src/runtime/queue.cpp: a stage done with more work queued, or a state
+        # dropped, need not wake the control plane.
+        quiet = c.ok and (
+            (task.kind == rt.TaskKind.FREE and task.request_id != 0)  # request 0: a probe, someone waits
+            or (task.kind in _QUIET_WITH_WORK and self.queues.pending_tasks(self.id) >= 2)
+        )
+        self.queues.push_completion(self.id, c, 30.0, not quiet)
+        self.unannounced = quiet
 
     def _state(self, rid: int, step: int | None) -> Any:
         state = self.states.get(rid)

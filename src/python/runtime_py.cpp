@@ -264,11 +264,15 @@ void register_runtime(py::module_& m) {
           py::arg("worker"), py::arg("timeout_s"), "(TaskDescriptor, payload bytes), or None on timeout.")
       .def(
           "push_completion",
-          [](QueueSet& q, int w, const Completion& c, double timeout_s) {
-            return q.pushCompletion(w, c, micros(timeout_s));
+          [](QueueSet& q, int w, const Completion& c, double timeout_s, bool wake) {
+            return q.pushCompletion(w, c, micros(timeout_s), wake);
           },
-          py::arg("worker"), py::arg("completion"), py::arg("timeout_s") = 10.0,
+          py::arg("worker"), py::arg("completion"), py::arg("timeout_s") = 10.0, py::arg("wake") = true,
           py::call_guard<py::gil_scoped_release>())
+      .def("pending_tasks", &QueueSet::pendingTasks, py::arg("worker"), "Tasks waiting in a worker's ring.")
+      .def(
+          "wake_control", [](QueueSet& q) { ringDoorbell(q.controlBell()); },
+          "Rings the control plane's bell (a worker about to idle after quiet completions).")
       .def(
           "push_task",
           [](QueueSet& q, int w, const TaskDescriptor& t, const std::string& payload, double timeout_s) {

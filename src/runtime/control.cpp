@@ -20,11 +20,21 @@
 // decision's last step has been dispatched but not completed, the control plane asks the policy what it
 // would decide for this request once that step is done (a view where the request is ready at its next step
 // and its own ranks are free). If the answer keeps the same ranks and layout, the next steps are dispatched
-// at once (dispatch-ahead, at most max_inflight_steps in flight); otherwise the request waits for its
-// boundary and the real decision. Policies are pure, so asking early is safe; the answer for other
-// requests is ignored.
+// at once (dispatch-ahead); otherwise the request waits for its boundary and the real decision. Policies are
+// pure, so asking early is safe; the answer for other requests is ignored. At most max_inflight_steps
+// steps of a request are in flight, or more when steps are short: enough to hold min_queued_s of measured
+// step time (at most 8), so that a worker with tiny steps always has work queued (NOTE [quiet completions]
+// in queue.cpp) while long steps stay responsive to the policy.
+//
+// NOTE [expected completions]
+// The control plane predicts when each task in flight ends, from the measured length of tasks of its kind
+// (a moving average) and from when its workers get to it: a task starts once every member finished what
+// was queued before it. When a worker reports a task, the oldest task still queued on it starts now; when
+// one member of a collective task reports, the others are due at once. The engine loop spins rather than
+// sleeps only when a completion is due within a few tens of microseconds (NOTE [control thread]).
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -410,18 +420,26 @@ void ControlPlane::startDecision(Request& r, const Decision& d) {
 void ControlPlane::pump(Request& r) {
   RequestRecord& rec = r.rec;
   while (true) {
-    while (r.todo > 0 && rec.steps_in_flight < config_.max_inflight_steps) {
+    const int limit = inflightLimit();
+    while (r.todo > 0 && rec.steps_in_flight < limit) {
       dispatch(&r, TaskKind::kDenoise, r.group, r.layout, r.next_step, 1);
       --r.todo;
       ++r.next_step;
       ++rec.steps_in_flight;
     }
-    if (r.todo == 0 && r.inflight > 0 && rec.steps_in_flight < config_.max_inflight_steps &&
+    if (r.todo == 0 && r.inflight > 0 && rec.steps_in_flight < limit &&
         r.next_step < rec.num_steps && lookahead(r)) {
       continue;
     }
     return;
   }
+}
+
+int ControlPlane::inflightLimit() const {
+  double step_ns = ewma_ns_[static_cast<int>(TaskKind::kDenoise) & 7];
+  if (step_ns <= 0 || config_.min_queued_s <= 0) return config_.max_inflight_steps;
+  int want = static_cast<int>(std::ceil(config_.min_queued_s * 1e9 / step_ns));
+  return std::max(config_.max_inflight_steps, std::min(8, want));
 }
 
 bool ControlPlane::lookahead(Request& r) {
@@ -496,6 +514,10 @@ void ControlPlane::onCompletion(const Completion& c) {
     return;
   }
   t.pending &= ~bit;
+  // see NOTE [expected completions]
+  const int64_t now = clock_.nowNs();
+  if (t.pending != 0) t.expected_end_ns = std::min(t.expected_end_ns, now);
+  expectNext(c.rank, now);
   t.start_ns = t.start_ns == 0 ? c.start_ns : std::min(t.start_ns, c.start_ns);
   t.end_ns = std::max(t.end_ns, c.end_ns);
   if (c.output.name[0] != '\0') t.output = c.output;
@@ -512,6 +534,25 @@ void ControlPlane::onCompletion(const Completion& c) {
   }
   if (t.probe && on_probe_) on_probe_(c, clock_.nowNs());
   if (t.pending == 0) taskDone(t);
+}
+
+void ControlPlane::expectNext(int worker, int64_t now) {
+  // The oldest task still queued on the worker starts now: it cannot end before now + its usual length.
+  uint64_t bit = uint64_t{1} << worker;
+  Task* next = nullptr;
+  for (auto& kv : tasks_) {
+    Task& t = *kv.second;
+    if ((t.pending & bit) && (next == nullptr || t.id < next->id)) next = &t;
+  }
+  int64_t free_at = now;
+  if (next != nullptr) {
+    int64_t end = now + static_cast<int64_t>(ewma_ns_[static_cast<int>(next->kind) & 7]);
+    if (next->expected_end_ns < end) next->expected_end_ns = end;
+    for (auto& kv : tasks_) {
+      if (kv.second->pending & bit) free_at = std::max(free_at, kv.second->expected_end_ns);
+    }
+  }
+  worker_free_at_[worker] = free_at;
 }
 
 void ControlPlane::taskDone(Task& done) {

@@ -238,6 +238,7 @@ void EngineLoop::checkWorkers(int64_t now) {
 }
 
 void EngineLoop::loop() {
+  pthread_setname_np(pthread_self(), "gfdit-control");
   Doorbell* bell = queues_->controlBell();
   const int64_t liveness_ns = static_cast<int64_t>(options_.liveness_interval_s * 1e9);
   const int64_t spin_ns = static_cast<int64_t>(options_.spin_window_s * 1e9);
@@ -298,9 +299,9 @@ void EngineLoop::loop() {
     if (worked) continue;
     int64_t now = nowNs();
     int64_t expected = plane_->expectedCompletionNs();
-    if (expected != INT64_MAX && expected - now < spin_ns && now - expected < 4 * spin_ns) {
+    if (expected != INT64_MAX && expected - now < spin_ns && now - expected < spin_ns) {
       // a completion is due: spin (NOTE [control thread])
-      int64_t spin_end = std::max(expected, now) + spin_ns;
+      int64_t spin_end = expected + spin_ns;
       while (__atomic_load_n(&bell->value, __ATOMIC_SEQ_CST) == seen && nowNs() < spin_end) cpuRelax();
       continue;
     }

@@ -10,6 +10,17 @@
 // writing never published its tail, so the consumer sees nothing of the frame and the ring stays usable.
 // Waiting uses NOTE [doorbell] of src/collectives/edge.h: a push rings the data bell (which several rings
 // may share: all completion rings ring the control plane's one bell), a pop rings the ring's space bell.
+//
+// NOTE [quiet completions]
+// Waking the control thread costs about 20 us of CPU when the cores are busy with workers (a futex wake
+// that preempts a running process, on a virtual machine). A worker therefore posts without ringing the bell
+// the completion of a successful encode, denoising step or migration when at least two more tasks wait in
+// its dispatch ring (it
+// has work for a while, and the control plane reads the completion with the next one that does ring), and
+// of a FREE (nothing waits for it). No task waits for such a completion: everything in those rings was
+// dispatched to all its members already (NOTE [dispatch order]). And before a worker waits for work it rings
+// the bell if it posted a quiet completion since it last rang, so the control plane never sleeps on news
+// from an idle worker. Failures and every other kind always ring.
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -83,7 +94,9 @@ struct MessageRing::Header {
   uint32_t capacity;
   uint32_t reserved;
   alignas(kLine) uint64_t head;  // consumer position (bytes)
+  uint64_t popped;               // messages taken
   alignas(kLine) uint64_t tail;  // producer position (bytes)
+  uint64_t pushed;               // messages published
   alignas(kLine) Doorbell space_bell;
   Doorbell own_data_bell;
 };
@@ -112,7 +125,13 @@ MessageRing MessageRing::attach(void* memory, Doorbell* data_bell) {
 
 size_t MessageRing::maxMessage() const { return header_->capacity / 2 - sizeof(FrameHeader); }
 
-bool MessageRing::tryPush(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+uint64_t MessageRing::size() const {
+  uint64_t popped = __atomic_load_n(&header_->popped, __ATOMIC_ACQUIRE);
+  uint64_t pushed = __atomic_load_n(&header_->pushed, __ATOMIC_ACQUIRE);
+  return pushed > popped ? pushed - popped : 0;
+}
+
+bool MessageRing::tryPush(const void* a, size_t a_bytes, const void* b, size_t b_bytes, bool wake) {
   Header* h = header_;
   size_t n = a_bytes + b_bytes;
   GFDIT_CHECK(n <= maxMessage()) << "a message of " << n << " bytes exceeds the ring's " << maxMessage();
@@ -136,7 +155,8 @@ bool MessageRing::tryPush(const void* a, size_t a_bytes, const void* b, size_t b
   if (b_bytes) std::memcpy(data_ + off + sizeof(FrameHeader) + a_bytes, b, b_bytes);
   // release: the frame is written before the consumer can see the new tail (NOTE [message ring])
   __atomic_store_n(&h->tail, tail + frame, __ATOMIC_RELEASE);
-  ringDoorbell(data_bell_);
+  __atomic_fetch_add(&h->pushed, uint64_t{1}, __ATOMIC_RELEASE);  // a count for size(), not a signal
+  if (wake) ringDoorbell(data_bell_);
   return true;
 }
 
@@ -167,6 +187,7 @@ bool MessageRing::tryPop(std::string& out) {
     out.assign(reinterpret_cast<const char*>(data_ + head % cap + sizeof(FrameHeader)), fh->bytes);
     // release: our read is done before the producer reuses the bytes
     __atomic_store_n(&h->head, head + sizeof(FrameHeader) + alignUp(fh->bytes, 8), __ATOMIC_RELEASE);
+    __atomic_fetch_add(&h->popped, uint64_t{1}, __ATOMIC_RELEASE);
     ringDoorbell(&h->space_bell);
     return true;
   }
@@ -206,8 +227,9 @@ bool waitFor(Doorbell* bell, std::chrono::microseconds timeout, F attempt) {
 
 }  // namespace
 
-bool MessageRing::push(const void* a, size_t a_bytes, const void* b, size_t b_bytes, std::chrono::microseconds timeout) {
-  return waitFor(&header_->space_bell, timeout, [&] { return tryPush(a, a_bytes, b, b_bytes); });
+bool MessageRing::push(const void* a, size_t a_bytes, const void* b, size_t b_bytes, std::chrono::microseconds timeout,
+                       bool wake) {
+  return waitFor(&header_->space_bell, timeout, [&] { return tryPush(a, a_bytes, b, b_bytes, wake); });
 }
 
 bool MessageRing::pop(std::string& out, std::chrono::microseconds timeout) {
@@ -329,9 +351,9 @@ bool QueueSet::popTask(int worker, TaskDescriptor& t, std::string& payload, std:
   return true;
 }
 
-bool QueueSet::pushCompletion(int worker, const Completion& c, std::chrono::microseconds timeout) {
+bool QueueSet::pushCompletion(int worker, const Completion& c, std::chrono::microseconds timeout, bool wake) {
   GFDIT_CHECK(worker >= 0 && worker < num_workers_) << "worker " << worker;
-  return completion_[worker].push(&c, sizeof(c), nullptr, 0, timeout);
+  return completion_[worker].push(&c, sizeof(c), nullptr, 0, timeout, wake);
 }
 
 bool QueueSet::tryPopCompletion(int worker, Completion& c) {

@@ -19,8 +19,9 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -94,7 +95,9 @@ def fmt_pct(x: float | None) -> str:
     return f"{100 * x:.0f}%"
 
 
-def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]], notes: Sequence[str] = ()) -> str:
+def print_table(
+    title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]], notes: Sequence[str] = ()
+) -> str:
     """Prints a plain-text table (right-aligned except the first column) and returns it."""
     cells = [[str(c) for c in r] for r in rows]
     widths = [len(h) for h in headers]
@@ -170,11 +173,17 @@ def environment() -> dict[str, Any]:
 def header(title: str, env: dict[str, Any]) -> None:
     """First line of a benchmark's output; warns when other work loads the machine (numbers will be noisy)."""
     load = env.get("loadavg_1_5_15")
-    print(f"{title} | cpus {env.get('cpu_count')} | load {load} | torch {env.get('torch')} | "
-          f"gfdit {env.get('gfdit_build_info')}", flush=True)
+    print(
+        f"{title} | cpus {env.get('cpu_count')} | load {load} | torch {env.get('torch')} | "
+        f"gfdit {env.get('gfdit_build_info')}",
+        flush=True,
+    )
     if load and load[0] > 0.5 * (env.get("cpu_count") or 1):
-        print(f"warning: 1-minute load average {load[0]} on {env.get('cpu_count')} cpus: other processes compete "
-              "for the cores, timings will be noisy", flush=True)
+        print(
+            f"warning: 1-minute load average {load[0]} on {env.get('cpu_count')} cpus: other processes compete "
+            "for the cores, timings will be noisy",
+            flush=True,
+        )
 
 
 def _jsonable(x: Any) -> Any:
@@ -211,7 +220,13 @@ class Target:
     detail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "value": self.value, "target": self.target, "met": self.met, "detail": self.detail}
+        return {
+            "name": self.name,
+            "value": self.value,
+            "target": self.target,
+            "met": self.met,
+            "detail": self.detail,
+        }
 
 
 def target_summary(targets: Sequence[Target], max_listed: int = 12) -> str:
@@ -273,8 +288,14 @@ class RankContext:
             print(msg, flush=True)
 
 
-def _rank_main(fn: Callable[[RankContext], Any], rank: int, world_size: int, port: int, options: dict[str, Any],
-               results: Any) -> None:
+def _rank_main(
+    fn: Callable[[RankContext], Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    options: dict[str, Any],
+    results: Any,
+) -> None:
     try:
         import torch
         import torch.distributed as dist
@@ -283,15 +304,25 @@ def _rank_main(fn: Callable[[RankContext], Any], rank: int, world_size: int, por
         import warnings
 
         # torch 2.13 deprecates dist.all_gather_into_tensor (the baseline keeps the name gfdit mirrors)
-        warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning
+        )
         timeout = datetime.timedelta(seconds=float(options.get("store_timeout_s", 120)))
-        store = dist.TCPStore("127.0.0.1", port, world_size, rank == 0, timeout=timeout, wait_for_workers=True)
+        store = dist.TCPStore(
+            "127.0.0.1", port, world_size, rank == 0, timeout=timeout, wait_for_workers=True
+        )
         import gfdit
 
-        gfdit.init(rank, world_size, store, timeout=float(options.get("gfdit_timeout_s", 60.0)),
-                   heap_bytes=options.get("heap_bytes"))
-        dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world_size,
-                                timeout=timeout)
+        gfdit.init(
+            rank,
+            world_size,
+            store,
+            timeout=float(options.get("gfdit_timeout_s", 60.0)),
+            heap_bytes=options.get("heap_bytes"),
+        )
+        dist.init_process_group(
+            "gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world_size, timeout=timeout
+        )
         ctx = RankContext(rank, world_size, store, options)
         try:
             out = fn(ctx)
@@ -313,8 +344,9 @@ def _rank_main(fn: Callable[[RankContext], Any], rank: int, world_size: int, por
         os._exit(1)
 
 
-def run_ranks(fn: Callable[[RankContext], Any], world_size: int, options: dict[str, Any],
-              timeout_s: float = 900.0) -> list[Any]:
+def run_ranks(
+    fn: Callable[[RankContext], Any], world_size: int, options: dict[str, Any], timeout_s: float = 900.0
+) -> list[Any]:
     """Runs fn(ctx) in world_size fresh processes; returns every rank's return value, by rank.
 
     fn must be a module-level function (processes are spawned). Raises RuntimeError with the traceback of
@@ -323,8 +355,10 @@ def run_ranks(fn: Callable[[RankContext], Any], world_size: int, options: dict[s
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, options, results), daemon=True)
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(fn, r, world_size, port, options, results), daemon=True)
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     out: dict[int, Any] = {}

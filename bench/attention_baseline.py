@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
 from gfdit.attention.local import PartialMerger
 
 

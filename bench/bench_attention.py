@@ -40,7 +40,8 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,8 +122,9 @@ def comm_only():
         PartialMerger.add_block = saved
 
 
-def measure(ctx: C.RankContext, fns: list[tuple[str, Callable[[], Any]]], opts: dict[str, Any],
-            target_s: float) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+def measure(
+    ctx: C.RankContext, fns: list[tuple[str, Callable[[], Any]]], opts: dict[str, Any], target_s: float
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Warm-up (one call each, outputs kept), then alternating timed repetitions, each after a barrier.
 
     Returns ({name: {"median_s", "times_s" (max over ranks per repetition), "reps"}}, {name: warm-up output}).
@@ -165,8 +167,8 @@ def make_qkv(tokens_local: int, opts: dict[str, Any], rank: int):
 
 def world1_fn(ctx: C.RankContext) -> dict[str, Any]:
     """T1: the attention layer and the plain tiny Wan in a world of one process."""
-    import torch
     import gfdit
+    import torch
     from gfdit.attention import ParallelSpec
 
     opts = ctx.options
@@ -178,9 +180,12 @@ def world1_fn(ctx: C.RankContext) -> dict[str, Any]:
         layer_fn = lambda: gfdit.attention.attention(q, k, v, group=one, spec=spec)  # noqa: E731
         res, _ = measure(ctx, [("t1", layer_fn)], opts, opts["layer_target_s"])
         out["layer"][tokens] = res["t1"]
-        print(f"  world 1, {fmt_tokens(tokens)} tokens: T1 {fmt_ms(res['t1']['median_s'])} ms "
-              f"({res['t1']['reps']} reps)", flush=True)
-        del q, k, v
+        print(
+            f"  world 1, {fmt_tokens(tokens)} tokens: T1 {fmt_ms(res['t1']['median_s'])} ms "
+            f"({res['t1']['reps']} reps)",
+            flush=True,
+        )
+        q = k = v = None  # free them before the next benchmark
     if opts["wan"]:
         from gfdit.models import tiny
 
@@ -189,18 +194,19 @@ def world1_fn(ctx: C.RankContext) -> dict[str, Any]:
         with torch.no_grad():
             res, _ = measure(ctx, [("t1", lambda: model(**inputs))], opts, opts["wan_target_s"])
         out["wan"] = res["t1"]
-        print(f"  world 1, tiny Wan {opts['wan_tokens']} tokens: T1 {fmt_ms(res['t1']['median_s'])} ms",
-              flush=True)
+        print(
+            f"  world 1, tiny Wan {opts['wan_tokens']} tokens: T1 {fmt_ms(res['t1']['median_s'])} ms",
+            flush=True,
+        )
     return out
 
 
 def world2_fn(ctx: C.RankContext) -> dict[str, Any]:
     """T2 and comm-only times of gfdit and the gloo baseline, then the tiny Wan."""
-    import torch
     import gfdit
-    from gfdit.attention import ParallelSpec
-
+    import torch
     from attention_baseline import GlooUSP
+    from gfdit.attention import ParallelSpec
 
     opts = ctx.options
     n = ctx.world_size
@@ -210,9 +216,15 @@ def world2_fn(ctx: C.RankContext) -> dict[str, Any]:
         ur = grid(mode, n)
         if ur not in gloo:
             gloo[ur] = GlooUSP(*ur)
-    specs = {m: ParallelSpec(ulysses=grid(m, n)[0], ring=grid(m, n)[1],
-                             mode="torus" if m == "torus" else "usp", placement="ulysses-low")
-             for m in opts["modes"]}
+    specs = {
+        m: ParallelSpec(
+            ulysses=grid(m, n)[0],
+            ring=grid(m, n)[1],
+            mode="torus" if m == "torus" else "usp",
+            placement="ulysses-low",
+        )
+        for m in opts["modes"]
+    }
     records: list[dict[str, Any]] = []
     for tokens in opts["tokens"]:
         q, k, v = make_qkv(tokens // n, opts, ctx.rank)
@@ -226,17 +238,28 @@ def world2_fn(ctx: C.RankContext) -> dict[str, Any]:
             del outs
             with comm_only():
                 comm, _ = measure(ctx, [("gfdit", g_fn), ("gloo", b_fn)], opts, opts["comm_target_s"])
-            rec = {"mode": mode, "ulysses": spec.ulysses, "ring": spec.ring, "spec_mode": spec.mode,
-                   "tokens": tokens, "world_size": n, "max_abs_diff_gfdit_vs_gloo": diff,
-                   "layer_gfdit": layer["gfdit"], "layer_gloo": layer["gloo"],
-                   "comm_gfdit": comm["gfdit"], "comm_gloo": comm["gloo"]}
+            rec = {
+                "mode": mode,
+                "ulysses": spec.ulysses,
+                "ring": spec.ring,
+                "spec_mode": spec.mode,
+                "tokens": tokens,
+                "world_size": n,
+                "max_abs_diff_gfdit_vs_gloo": diff,
+                "layer_gfdit": layer["gfdit"],
+                "layer_gloo": layer["gloo"],
+                "comm_gfdit": comm["gfdit"],
+                "comm_gloo": comm["gloo"],
+            }
             records.append(rec)
-            ctx.log(f"  world {n}, {mode:<7} {spec.ulysses}x{spec.ring} {fmt_tokens(tokens):>3}: "
-                    f"gfdit {fmt_ms(layer['gfdit']['median_s'])} ms, "
-                    f"gloo {fmt_ms(layer['gloo']['median_s'])} ms "
-                    f"({layer['gfdit']['reps']} reps); comm gfdit {fmt_ms(comm['gfdit']['median_s'])} ms, "
-                    f"gloo {fmt_ms(comm['gloo']['median_s'])} ms ({comm['gfdit']['reps']} reps)")
-        del q, k, v
+            ctx.log(
+                f"  world {n}, {mode:<7} {spec.ulysses}x{spec.ring} {fmt_tokens(tokens):>3}: "
+                f"gfdit {fmt_ms(layer['gfdit']['median_s'])} ms, "
+                f"gloo {fmt_ms(layer['gloo']['median_s'])} ms "
+                f"({layer['gfdit']['reps']} reps); comm gfdit {fmt_ms(comm['gfdit']['median_s'])} ms, "
+                f"gloo {fmt_ms(comm['gloo']['median_s'])} ms ({comm['gfdit']['reps']} reps)"
+            )
+        q = k = v = None  # free them before the next benchmark
     wan: list[dict[str, Any]] = []
     if opts["wan"]:
         import gfdit.models.wan as wan_mod
@@ -266,11 +289,22 @@ def world2_fn(ctx: C.RankContext) -> dict[str, Any]:
             with torch.no_grad():
                 res, outs = measure(ctx, [("gfdit", g_fn), ("gloo", b_fn)], opts, opts["wan_target_s"])
             diff = ctx.max_over_ranks([float((outs["gfdit"] - outs["gloo"]).abs().max())])[0]
-            wan.append({"mode": mode, "ulysses": spec.ulysses, "ring": spec.ring, "spec_mode": spec.mode,
-                        "world_size": n, "max_abs_diff_gfdit_vs_gloo": diff, "gfdit": res["gfdit"],
-                        "gloo": res["gloo"]})
-            ctx.log(f"  world {n}, tiny Wan {mode:<7}: gfdit {fmt_ms(res['gfdit']['median_s'])} ms, "
-                    f"gloo {fmt_ms(res['gloo']['median_s'])} ms ({res['gfdit']['reps']} reps)")
+            wan.append(
+                {
+                    "mode": mode,
+                    "ulysses": spec.ulysses,
+                    "ring": spec.ring,
+                    "spec_mode": spec.mode,
+                    "world_size": n,
+                    "max_abs_diff_gfdit_vs_gloo": diff,
+                    "gfdit": res["gfdit"],
+                    "gloo": res["gloo"],
+                }
+            )
+            ctx.log(
+                f"  world {n}, tiny Wan {mode:<7}: gfdit {fmt_ms(res['gfdit']['median_s'])} ms, "
+                f"gloo {fmt_ms(res['gloo']['median_s'])} ms ({res['gfdit']['reps']} reps)"
+            )
     return {"records": records, "wan": wan}
 
 
@@ -293,27 +327,75 @@ def report(t1: dict[str, Any], w2: dict[str, Any], opts: dict[str, Any]) -> tupl
         comm_ok, layer_ok = comm_x >= TARGET_COMM_SPEEDUP, layer_x >= layer_tgt
         eff_ok = None if eff_tgt is None else eff >= eff_tgt
         check_ok = rec["max_abs_diff_gfdit_vs_gloo"] <= opts["check_tol"]
-        rec.update({"t1_s": t_1, "comm_speedup": comm_x, "layer_speedup": layer_x, "parallel_efficiency": eff,
-                    "comm_fraction_gfdit": cg / tg, "check_ok": check_ok,
-                    "targets": {"comm_speedup": TARGET_COMM_SPEEDUP, "layer_speedup": layer_tgt,
-                                "parallel_efficiency": eff_tgt}})
+        rec.update(
+            {
+                "t1_s": t_1,
+                "comm_speedup": comm_x,
+                "layer_speedup": layer_x,
+                "parallel_efficiency": eff,
+                "comm_fraction_gfdit": cg / tg,
+                "check_ok": check_ok,
+                "targets": {
+                    "comm_speedup": TARGET_COMM_SPEEDUP,
+                    "layer_speedup": layer_tgt,
+                    "parallel_efficiency": eff_tgt,
+                },
+            }
+        )
         name = f"attention {mode} {rec['ulysses']}x{rec['ring']} {fmt_tokens(tokens)}"
-        targets.append(C.Target(f"{name}: comm speedup vs gloo", comm_x, f">= {TARGET_COMM_SPEEDUP:.0f}x",
-                                comm_ok))
+        targets.append(
+            C.Target(f"{name}: comm speedup vs gloo", comm_x, f">= {TARGET_COMM_SPEEDUP:.0f}x", comm_ok)
+        )
         targets.append(C.Target(f"{name}: layer speedup vs gloo", layer_x, f">= {layer_tgt:.0f}x", layer_ok))
         if eff_tgt is not None:
             targets.append(C.Target(f"{name}: parallel efficiency", eff, f">= {eff_tgt:.1f}", eff_ok))
         if not check_ok:
-            targets.append(C.Target(f"{name}: result equals gloo's", rec["max_abs_diff_gfdit_vs_gloo"],
-                                    f"<= {opts['check_tol']:g}", False))
-        rows.append([mode, f"{rec['ulysses']}x{rec['ring']}", fmt_tokens(tokens), fmt_ms(t_1), fmt_ms(tg),
-                     fmt_ms(tb), fmt_ms(cg), fmt_ms(cb), C.fmt_pct(cg / tg),
-                     C.fmt_ratio(comm_x), pass_fail(comm_ok), C.fmt_ratio(layer_x),
-                     f">={layer_tgt:.0f}x {pass_fail(layer_ok)}", f"{eff:.2f}",
-                     f">={eff_tgt:.1f} {pass_fail(eff_ok)}" if eff_tgt else "-",
-                     f"{rec['max_abs_diff_gfdit_vs_gloo']:.0e}" + ("" if check_ok else " FAIL")])
-    headers = ["mode", "grid", "tokens", "T1", "T2 gfdit", "T2 gloo", "comm gfdit", "comm gloo", "comm/T2",
-               "comm x", ">=10x", "layer x", "target", "eff", "target", "|gfdit-gloo|"]
+            targets.append(
+                C.Target(
+                    f"{name}: result equals gloo's",
+                    rec["max_abs_diff_gfdit_vs_gloo"],
+                    f"<= {opts['check_tol']:g}",
+                    False,
+                )
+            )
+        rows.append(
+            [
+                mode,
+                f"{rec['ulysses']}x{rec['ring']}",
+                fmt_tokens(tokens),
+                fmt_ms(t_1),
+                fmt_ms(tg),
+                fmt_ms(tb),
+                fmt_ms(cg),
+                fmt_ms(cb),
+                C.fmt_pct(cg / tg),
+                C.fmt_ratio(comm_x),
+                pass_fail(comm_ok),
+                C.fmt_ratio(layer_x),
+                f">={layer_tgt:.0f}x {pass_fail(layer_ok)}",
+                f"{eff:.2f}",
+                f">={eff_tgt:.1f} {pass_fail(eff_ok)}" if eff_tgt else "-",
+                f"{rec['max_abs_diff_gfdit_vs_gloo']:.0e}" + ("" if check_ok else " FAIL"),
+            ]
+        )
+    headers = [
+        "mode",
+        "grid",
+        "tokens",
+        "T1",
+        "T2 gfdit",
+        "T2 gloo",
+        "comm gfdit",
+        "comm gloo",
+        "comm/T2",
+        "comm x",
+        ">=10x",
+        "layer x",
+        "target",
+        "eff",
+        "target",
+        "|gfdit-gloo|",
+    ]
     notes = [
         f"times in ms; B={opts['batch']}, H={opts['heads']}, D={opts['head_dim']}, {opts['dtype']}, "
         f"world {n} "
@@ -327,11 +409,14 @@ def report(t1: dict[str, Any], w2: dict[str, Any], opts: dict[str, Any]) -> tupl
         "|gfdit-gloo| = max abs difference of the outputs",
     ]
     if n == 2:
-        notes.append("world 2: USP 2x1 is the Ulysses call itself (no 2-D grid; same code path, a second "
-                     "measurement); Torus 2x1 = chunked Ulysses with one-sided puts, ring of one. "
-                     "Baseline of USP and Torus = gloo USP on the same grid")
-    tables.append(C.print_table(f"Sequence-parallel attention, gfdit vs gloo (world {n})", headers, rows,
-                                notes))
+        notes.append(
+            "world 2: USP 2x1 is the Ulysses call itself (no 2-D grid; same code path, a second "
+            "measurement); Torus 2x1 = chunked Ulysses with one-sided puts, ring of one. "
+            "Baseline of USP and Torus = gloo USP on the same grid"
+        )
+    tables.append(
+        C.print_table(f"Sequence-parallel attention, gfdit vs gloo (world {n})", headers, rows, notes)
+    )
 
     # Torus against USP on the same grid.
     by = {(r["mode"], r["tokens"]): r for r in w2["records"]}
@@ -340,17 +425,27 @@ def report(t1: dict[str, Any], w2: dict[str, Any], opts: dict[str, Any]) -> tupl
         u, t = by.get(("usp", tokens)), by.get(("torus", tokens))
         if u is None or t is None:
             continue
-        rows.append([fmt_tokens(tokens), f"{t['ulysses']}x{t['ring']}", fmt_ms(u["layer_gfdit"]["median_s"]),
-                     fmt_ms(t["layer_gfdit"]["median_s"]),
-                     C.fmt_ratio(u["layer_gfdit"]["median_s"] / t["layer_gfdit"]["median_s"]),
-                     fmt_ms(u["comm_gfdit"]["median_s"]), fmt_ms(t["comm_gfdit"]["median_s"]),
-                     C.fmt_ratio(u["comm_gfdit"]["median_s"] / t["comm_gfdit"]["median_s"])])
+        rows.append(
+            [
+                fmt_tokens(tokens),
+                f"{t['ulysses']}x{t['ring']}",
+                fmt_ms(u["layer_gfdit"]["median_s"]),
+                fmt_ms(t["layer_gfdit"]["median_s"]),
+                C.fmt_ratio(u["layer_gfdit"]["median_s"] / t["layer_gfdit"]["median_s"]),
+                fmt_ms(u["comm_gfdit"]["median_s"]),
+                fmt_ms(t["comm_gfdit"]["median_s"]),
+                C.fmt_ratio(u["comm_gfdit"]["median_s"] / t["comm_gfdit"]["median_s"]),
+            ]
+        )
     if rows:
-        tables.append(C.print_table(
-            "Torus vs USP at equal degree (gfdit)",
-            ["tokens", "grid", "T2 USP", "T2 Torus", "USP/Torus", "comm USP", "comm Torus", "USP/Torus"],
-            rows,
-            ["times in ms; USP/Torus > 1x: Torus is faster; no target"]))
+        tables.append(
+            C.print_table(
+                "Torus vs USP at equal degree (gfdit)",
+                ["tokens", "grid", "T2 USP", "T2 Torus", "USP/Torus", "comm USP", "comm Torus", "USP/Torus"],
+                rows,
+                ["times in ms; USP/Torus > 1x: Torus is faster; no target"],
+            )
+        )
 
     if w2["wan"]:
         t_1 = t1["wan"]["median_s"]
@@ -362,34 +457,68 @@ def report(t1: dict[str, Any], w2: dict[str, Any], opts: dict[str, Any]) -> tupl
             check_ok = rec["max_abs_diff_gfdit_vs_gloo"] <= opts["check_tol"]
             rec.update({"t1_s": t_1, "speedup": layer_x, "parallel_efficiency": eff, "check_ok": check_ok})
             name = f"tiny Wan {opts['wan_tokens']} tokens {rec['mode']} {rec['ulysses']}x{rec['ring']}"
-            targets.append(C.Target(f"{name}: forward speedup vs gloo", layer_x,
-                                    f">= {TARGET_LAYER_SPEEDUP:.0f}x", ok))
+            targets.append(
+                C.Target(f"{name}: forward speedup vs gloo", layer_x, f">= {TARGET_LAYER_SPEEDUP:.0f}x", ok)
+            )
             if not check_ok:
-                targets.append(C.Target(f"{name}: output equals gloo's", rec["max_abs_diff_gfdit_vs_gloo"],
-                                        f"<= {opts['check_tol']:g}", False))
-            rows.append([rec["mode"], f"{rec['ulysses']}x{rec['ring']}", opts["wan_tokens"], fmt_ms(t_1),
-                         fmt_ms(tg), fmt_ms(tb), C.fmt_ratio(layer_x), f">=1x {pass_fail(ok)}", f"{eff:.2f}",
-                         f"{rec['max_abs_diff_gfdit_vs_gloo']:.0e}" + ("" if check_ok else " FAIL")])
+                targets.append(
+                    C.Target(
+                        f"{name}: output equals gloo's",
+                        rec["max_abs_diff_gfdit_vs_gloo"],
+                        f"<= {opts['check_tol']:g}",
+                        False,
+                    )
+                )
+            rows.append(
+                [
+                    rec["mode"],
+                    f"{rec['ulysses']}x{rec['ring']}",
+                    opts["wan_tokens"],
+                    fmt_ms(t_1),
+                    fmt_ms(tg),
+                    fmt_ms(tb),
+                    C.fmt_ratio(layer_x),
+                    f">=1x {pass_fail(ok)}",
+                    f"{eff:.2f}",
+                    f"{rec['max_abs_diff_gfdit_vs_gloo']:.0e}" + ("" if check_ok else " FAIL"),
+                ]
+            )
         cfg = ", ".join(f"{k}={v}" for k, v in WAN_OVERRIDES.items())
         lat = opts["wan_latent"]
-        tables.append(C.print_table(
-            "Tiny Wan transformer forward (diffusers WanTransformer3DModel), gfdit vs gloo",
-            ["mode", "grid", "tokens", "T1", "T2 gfdit", "T2 gloo", "x gloo", "target", "eff",
-             "|gfdit-gloo|"],
-            rows,
-            [f"times in ms; gfdit.models.tiny.tiny_wan with {cfg}; latent F,H,W = {lat['frames']},"
-             f"{lat['height']},{lat['width']} (patch 1x2x2), 7 text tokens",
-             "T1: the plain model in a world of one process; T2 gfdit: gfdit.models.parallelize(model)(..., "
-             "spec=); T2 gloo: the same wrapper with its attention call replaced by the gloo USP baseline "
-             "(the wrapper's final output all_gather stays on gfdit in both)",
-             "eff = T1 / (world * T2 gfdit), no target at this size (the 0.8 target starts at 8k tokens)"]))
+        tables.append(
+            C.print_table(
+                "Tiny Wan transformer forward (diffusers WanTransformer3DModel), gfdit vs gloo",
+                [
+                    "mode",
+                    "grid",
+                    "tokens",
+                    "T1",
+                    "T2 gfdit",
+                    "T2 gloo",
+                    "x gloo",
+                    "target",
+                    "eff",
+                    "|gfdit-gloo|",
+                ],
+                rows,
+                [
+                    f"times in ms; gfdit.models.tiny.tiny_wan with {cfg}; latent F,H,W = {lat['frames']},"
+                    f"{lat['height']},{lat['width']} (patch 1x2x2), 7 text tokens",
+                    "T1: the plain model in a world of one process; T2 gfdit: gfdit.models.parallelize(model)(..., "
+                    "spec=); T2 gloo: the same wrapper with its attention call replaced by the gloo USP baseline "
+                    "(the wrapper's final output all_gather stays on gfdit in both)",
+                    "eff = T1 / (world * T2 gfdit), no target at this size (the 0.8 target starts at 8k tokens)",
+                ],
+            )
+        )
     return tables, targets
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true",
-                    help=f"tokens {QUICK_TOKENS}, smaller Wan, fewer repetitions")
+    ap.add_argument(
+        "--quick", action="store_true", help=f"tokens {QUICK_TOKENS}, smaller Wan, fewer repetitions"
+    )
     ap.add_argument("--tokens", default=None, help=f"sequence lengths (default {DEFAULT_TOKENS})")
     ap.add_argument("--modes", default=",".join(MODES), help="comma separated: ulysses,ring,usp,torus")
     ap.add_argument("--wan-modes", default=None, help="modes of the tiny Wan forward (default: --modes)")
@@ -402,9 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-reps", type=int, default=None, help="most timed repetitions (default 15, quick 7)")
     ap.add_argument("--no-wan", action="store_true", help="skip the tiny Wan forward")
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed for one world")
-    ap.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                   "attention.json"),
-                    help="JSON output (default %(default)s)")
+    ap.add_argument(
+        "--json",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "attention.json"),
+        help="JSON output (default %(default)s)",
+    )
     args = ap.parse_args(argv)
 
     ok, why = C.gfdit_importable()
@@ -425,22 +556,36 @@ def main(argv: list[str] | None = None) -> int:
     latent = WAN_LATENT_QUICK if args.quick else WAN_LATENT
     wan_tokens = latent["frames"] * (latent["height"] // 2) * (latent["width"] // 2)
     opts = {
-        "tokens": tokens, "modes": modes, "wan_modes": wan_modes, "world": args.world, "batch": 1,
-        "heads": args.heads, "head_dim": args.head_dim, "dtype": args.dtype, "warmup": args.warmup,
-        "min_reps": args.min_reps, "max_reps": args.max_reps or (7 if args.quick else 15),
+        "tokens": tokens,
+        "modes": modes,
+        "wan_modes": wan_modes,
+        "world": args.world,
+        "batch": 1,
+        "heads": args.heads,
+        "head_dim": args.head_dim,
+        "dtype": args.dtype,
+        "warmup": args.warmup,
+        "min_reps": args.min_reps,
+        "max_reps": args.max_reps or (7 if args.quick else 15),
         # seconds of timed repetitions aimed at per measurement (fewer reps once min_reps exceed it)
-        "layer_target_s": 1.0 if args.quick else 4.0, "comm_target_s": 0.3 if args.quick else 1.0,
+        "layer_target_s": 1.0 if args.quick else 4.0,
+        "comm_target_s": 0.3 if args.quick else 1.0,
         "wan_target_s": 1.0 if args.quick else 4.0,
-        "wan": not args.no_wan, "wan_latent": latent, "wan_tokens": wan_tokens,
+        "wan": not args.no_wan,
+        "wan_latent": latent,
+        "wan_tokens": wan_tokens,
         "check_tol": 1e-3 if args.dtype == "float32" else 5e-2,
         "heap_bytes": 1024 * C.MIB,  # lazily backed; Torus's workspace at 16k tokens is 64 MiB
     }
 
     env = C.environment()
     C.header("gfdit sequence-parallel attention vs gloo", env)
-    print(f"config: B=1, H={args.heads}, D={args.head_dim}, {args.dtype}, "
-          f"tokens {[fmt_tokens(t) for t in tokens]}, "
-          f"modes {modes}, world 1 and {args.world}, one thread per rank", flush=True)
+    print(
+        f"config: B=1, H={args.heads}, D={args.head_dim}, {args.dtype}, "
+        f"tokens {[fmt_tokens(t) for t in tokens]}, "
+        f"modes {modes}, world 1 and {args.world}, one thread per rank",
+        flush=True,
+    )
     t_start = time.monotonic()
     errors: dict[str, str] = {}
     t1: dict[str, Any] = {}
@@ -469,15 +614,27 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("errors: " + "; ".join(f"{k}: {v.splitlines()[-1] if v else v}" for k, v in errors.items()))
     load_end = [round(x, 2) for x in os.getloadavg()]
-    print(f"total {time.monotonic() - t_start:.0f} s; load average at the end {load_end} on "
-          f"{env.get('cpu_count')} cpus (above ~1 per cpu, other processes shared the cores and the times "
-          "are inflated)", flush=True)
-    C.write_json(args.json, {
-        "benchmark": "attention", "environment": env, "loadavg_end_1_5_15": load_end,
-        "config": dict(opts, quick=args.quick, wan_overrides=WAN_OVERRIDES),
-        "world1": t1, "records": w2["records"], "wan": w2["wan"],
-        "targets": [t.as_dict() for t in targets], "errors": errors, "tables": tables,
-    })
+    print(
+        f"total {time.monotonic() - t_start:.0f} s; load average at the end {load_end} on "
+        f"{env.get('cpu_count')} cpus (above ~1 per cpu, other processes shared the cores and the times "
+        "are inflated)",
+        flush=True,
+    )
+    C.write_json(
+        args.json,
+        {
+            "benchmark": "attention",
+            "environment": env,
+            "loadavg_end_1_5_15": load_end,
+            "config": dict(opts, quick=args.quick, wan_overrides=WAN_OVERRIDES),
+            "world1": t1,
+            "records": w2["records"],
+            "wan": w2["wan"],
+            "targets": [t.as_dict() for t in targets],
+            "errors": errors,
+            "tables": tables,
+        },
+    )
     return 1 if errors else 0
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import os
 import sys
 import time
@@ -37,7 +36,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
 OPS = ("all_gather_into_tensor", "all_to_all_single", "all_reduce")
-SHORT = {"all_gather_into_tensor": "all_gather", "all_to_all_single": "all_to_all", "all_reduce": "all_reduce"}
+SHORT = {
+    "all_gather_into_tensor": "all_gather",
+    "all_to_all_single": "all_to_all",
+    "all_reduce": "all_reduce",
+}
 KINDS = ("tensor", "heap")
 DEFAULT_SIZES = "4K,64K,1M,4M,16M,64M"
 QUICK_SIZES = "4K,1M"
@@ -104,18 +107,26 @@ def time_loop(ctx: C.RankContext, fn, barrier, opts: dict[str, Any]) -> dict[str
     med = C.median(times)
     per_rank = [r[0] for r in ctx.gather_over_ranks([med])]
     p90 = ctx.max_over_ranks([C.percentile(times, 0.9)])[0]
-    return {"median_s": max(per_rank), "per_rank_median_s": per_rank, "p90_s": p90, "iters": iters,
-            "ops_run": opts["warmup"] + 3 + iters}
+    return {
+        "median_s": max(per_rank),
+        "per_rank_median_s": per_rank,
+        "p90_s": p90,
+        "iters": iters,
+        "ops_run": opts["warmup"] + 3 + iters,
+    }
 
 
 def make_tensors(kind: str, op: str, size: int, n: int, rank: int):
     """(out, inp) for the op, filled with random integers (exact in float32 sums), as `kind` tensors."""
-    import torch
     import gfdit
+    import torch
 
     numel = size // 4
-    alloc = (lambda shape: gfdit.empty(shape, dtype=torch.float32)) if kind == "heap" else (
-        lambda shape: torch.empty(shape, dtype=torch.float32))
+    alloc = (
+        (lambda shape: gfdit.empty(shape, dtype=torch.float32))
+        if kind == "heap"
+        else (lambda shape: torch.empty(shape, dtype=torch.float32))
+    )
     gen = torch.Generator().manual_seed(1234 + 17 * rank + size)
     if op == "all_gather_into_tensor":
         inp, out = alloc((numel,)), alloc((n * numel,))
@@ -131,9 +142,9 @@ def make_tensors(kind: str, op: str, size: int, n: int, rank: int):
 
 def check_op(op: str, out, inp) -> bool:
     """One gfdit op and one gloo op on copies of the same input; True when the results are identical."""
+    import gfdit
     import torch
     import torch.distributed as dist
-    import gfdit
 
     if op == "all_reduce":
         ref = inp.clone()
@@ -151,9 +162,8 @@ def check_op(op: str, out, inp) -> bool:
 
 
 def rank_fn(ctx: C.RankContext) -> list[dict[str, Any]]:
-    import torch
-    import torch.distributed as dist
     import gfdit
+    import torch.distributed as dist
 
     opts = ctx.options
     n = ctx.world_size
@@ -181,8 +191,7 @@ def rank_fn(ctx: C.RankContext) -> list[dict[str, Any]]:
                 before = stats_fn() if stats_fn else None
                 g = time_loop(ctx, g_fn, gfdit.barrier, opts)
                 after = stats_fn() if stats_fn else None
-                rec = {"world_size": n, "op": op, "kind": kind, "size": size, "check_ok": ok_all,
-                       "gfdit": g}
+                rec = {"world_size": n, "op": op, "kind": kind, "size": size, "check_ok": ok_all, "gfdit": g}
                 if is_heap is not None:
                     rec["inputs_in_heap"] = bool(is_heap(inp)) and (out is None or bool(is_heap(out)))
                 if before is not None and after is not None:
@@ -190,9 +199,11 @@ def rank_fn(ctx: C.RankContext) -> list[dict[str, Any]]:
                 if kind == "tensor" or opts["gloo_on_heap"] or "tensor" not in opts["kinds"]:
                     rec["gloo"] = time_loop(ctx, b_fn, dist.barrier, opts)
                 records.append(rec)
-                ctx.log(f"  n={n} {SHORT[op]:<10} {C.fmt_size(size):>7} {kind:<6} gfdit {C.fmt_us(g['median_s'])} us"
-                        + (f", gloo {C.fmt_us(rec['gloo']['median_s'])} us" if "gloo" in rec else ""))
-                del out, inp, g_fn, b_fn
+                ctx.log(
+                    f"  n={n} {SHORT[op]:<10} {C.fmt_size(size):>7} {kind:<6} gfdit {C.fmt_us(g['median_s'])} us"
+                    + (f", gloo {C.fmt_us(rec['gloo']['median_s'])} us" if "gloo" in rec else "")
+                )
+                out = inp = g_fn = b_fn = None  # free them before the next size
                 gc.collect()
     return records
 
@@ -201,7 +212,11 @@ def _stats_delta(before: Any, after: Any) -> Any:
     def as_dict(s: Any) -> dict[str, Any]:
         if isinstance(s, dict):
             return s
-        return {k: getattr(s, k) for k in dir(s) if not k.startswith("_") and isinstance(getattr(s, k), (int, float))}
+        return {
+            k: getattr(s, k)
+            for k in dir(s)
+            if not k.startswith("_") and isinstance(getattr(s, k), (int, float))
+        }
 
     b, a = as_dict(before), as_dict(after)
     return {k: a[k] - b.get(k, 0) for k in a if isinstance(a[k], (int, float))}
@@ -247,8 +262,12 @@ def build_rows(records: list[dict[str, Any]], memcpy: dict[int, dict[str, float]
         t_gloo = rec["gloo"]["median_s"] if "gloo" in rec else None
         if t_gloo is None:  # gloo measured on ordinary tensors only: use that row's time
             for other in records:
-                if (other["world_size"], other["op"], other["size"], other["kind"]) == (n, op, size, "tensor") \
-                        and "gloo" in other:
+                if (other["world_size"], other["op"], other["size"], other["kind"]) == (
+                    n,
+                    op,
+                    size,
+                    "tensor",
+                ) and "gloo" in other:
                     t_gloo = other["gloo"]["median_s"]
         speedup = t_gloo / t if t_gloo else None
         busbw = busbw_factor(op, n) * size / t
@@ -258,11 +277,20 @@ def build_rows(records: list[dict[str, Any]], memcpy: dict[int, dict[str, float]
         m_target = memcpy_target(size, n)
         s_met = None if s_target is None or speedup is None else speedup >= s_target
         m_met = None if m_target is None else frac >= m_target
-        rec.update({"gloo_median_s_used": t_gloo, "speedup_vs_gloo": speedup, "busbw_bytes_per_s": busbw,
-                    "gloo_busbw_bytes_per_s": busbw_factor(op, n) * size / t_gloo if t_gloo else None,
-                    "memcpy_bytes_per_s": mem_bw, "busbw_over_memcpy": frac,
-                    "speedup_target": s_target, "speedup_met": s_met,
-                    "memcpy_fraction_target": m_target, "memcpy_fraction_met": m_met})
+        rec.update(
+            {
+                "gloo_median_s_used": t_gloo,
+                "speedup_vs_gloo": speedup,
+                "busbw_bytes_per_s": busbw,
+                "gloo_busbw_bytes_per_s": busbw_factor(op, n) * size / t_gloo if t_gloo else None,
+                "memcpy_bytes_per_s": mem_bw,
+                "busbw_over_memcpy": frac,
+                "speedup_target": s_target,
+                "speedup_met": s_met,
+                "memcpy_fraction_target": m_target,
+                "memcpy_fraction_met": m_met,
+            }
+        )
         marks = []
         if s_met is False:
             marks.append("speedup")
@@ -270,11 +298,24 @@ def build_rows(records: list[dict[str, Any]], memcpy: dict[int, dict[str, float]
             marks.append("memcpy%")
         if rec.get("check_ok") is False:
             marks.append("WRONG RESULT")
-        rows.append([SHORT[op], n, C.fmt_size(size), kind, C.fmt_us(t), C.fmt_us(t_gloo), C.fmt_ratio(speedup),
-                     f">={s_target:.0f}x" if s_target else "-", C.fmt_gbps(busbw), C.fmt_gbps(mem_bw), C.fmt_pct(frac),
-                     f">={100 * m_target:.0f}%" if m_target else "-",
-                     {None: "-", True: "ok", False: "FAIL"}[rec.get("check_ok")],
-                     "MISS " + ",".join(marks) if marks else ("ok" if (s_met or m_met) else "-")])
+        rows.append(
+            [
+                SHORT[op],
+                n,
+                C.fmt_size(size),
+                kind,
+                C.fmt_us(t),
+                C.fmt_us(t_gloo),
+                C.fmt_ratio(speedup),
+                f">={s_target:.0f}x" if s_target else "-",
+                C.fmt_gbps(busbw),
+                C.fmt_gbps(mem_bw),
+                C.fmt_pct(frac),
+                f">={100 * m_target:.0f}%" if m_target else "-",
+                {None: "-", True: "ok", False: "FAIL"}[rec.get("check_ok")],
+                "MISS " + ",".join(marks) if marks else ("ok" if (s_met or m_met) else "-"),
+            ]
+        )
         name = f"{SHORT[op]} n={n} {C.fmt_size(size)} {kind}"
         if s_target is not None and speedup is not None:
             targets.append(C.Target(f"{name}: speedup vs gloo", speedup, f">= {s_target:.0f}x", s_met))
@@ -290,15 +331,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", default="2,4", help="world sizes, comma separated (default 2,4)")
     ap.add_argument("--sizes", default=None, help=f"per-rank message sizes (default {DEFAULT_SIZES})")
     ap.add_argument("--ops", default=",".join(OPS), help="operations, comma separated")
-    ap.add_argument("--kinds", default=",".join(KINDS), help="tensor kinds: tensor (ordinary), heap (gfdit.empty)")
-    ap.add_argument("--quick", action="store_true", help=f"smoke test: sizes {QUICK_SIZES}, short timing loops")
-    ap.add_argument("--target-ms", type=float, default=None, help="time budget of one timing loop (default 500, quick 60)")
+    ap.add_argument(
+        "--kinds", default=",".join(KINDS), help="tensor kinds: tensor (ordinary), heap (gfdit.empty)"
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help=f"smoke test: sizes {QUICK_SIZES}, short timing loops"
+    )
+    ap.add_argument(
+        "--target-ms", type=float, default=None, help="time budget of one timing loop (default 500, quick 60)"
+    )
     ap.add_argument("--min-iters", type=int, default=None, help="fewest timed iterations (default 10)")
     ap.add_argument("--max-iters", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--gloo-on-heap", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time gloo on the heap tensors (default on); off: heap rows use the gloo time of "
-                         "the ordinary tensors")
+    ap.add_argument(
+        "--gloo-on-heap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time gloo on the heap tensors (default on); off: heap rows use the gloo time of "
+        "the ordinary tensors",
+    )
     ap.add_argument("--no-check", action="store_true", help="skip the one-shot comparison with gloo's result")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed for one world")
     ap.add_argument("--json", default=None, help="write results to this JSON file")
@@ -318,23 +369,35 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k for k in args.kinds.split(",") if k]
     target_s = (args.target_ms if args.target_ms is not None else (60.0 if args.quick else 500.0)) / 1000.0
     min_iters = args.min_iters if args.min_iters is not None else (5 if args.quick else 10)
-    opts_common = {"sizes": sizes, "ops": ops, "kinds": kinds, "target_s": target_s, "min_iters": min_iters,
-                   "max_iters": args.max_iters, "warmup": args.warmup, "gloo_on_heap": args.gloo_on_heap,
-                   "check": not args.no_check}
+    opts_common = {
+        "sizes": sizes,
+        "ops": ops,
+        "kinds": kinds,
+        "target_s": target_s,
+        "min_iters": min_iters,
+        "max_iters": args.max_iters,
+        "warmup": args.warmup,
+        "gloo_on_heap": args.gloo_on_heap,
+        "check": not args.no_check,
+    }
 
     env = C.environment()
     C.header("gfdit collectives vs gloo vs memcpy", env)
     t_start = time.monotonic()
     memcpy = measure_memcpy(sizes, target_s)
-    C.print_table("single-core memcpy (torch dst.copy_(src), 1 thread, parent process)",
-                  ["size", "time [us]", "GB/s"],
-                  [[C.fmt_size(s), C.fmt_us(m["median_s"]), C.fmt_gbps(m["bytes_per_s"])] for s, m in memcpy.items()])
+    C.print_table(
+        "single-core memcpy (torch dst.copy_(src), 1 thread, parent process)",
+        ["size", "time [us]", "GB/s"],
+        [[C.fmt_size(s), C.fmt_us(m["median_s"]), C.fmt_gbps(m["bytes_per_s"])] for s, m in memcpy.items()],
+    )
 
     records: list[dict[str, Any]] = []
     errors: dict[str, str] = {}
     for n in worlds:
         largest = max(sizes)
-        per_size_heap = (n + 1) * largest + 2 * largest + largest  # all_gather (in+out), all_to_all, all_reduce
+        per_size_heap = (
+            (n + 1) * largest + 2 * largest + largest
+        )  # all_gather (in+out), all_to_all, all_reduce
         opts = dict(opts_common, heap_bytes=int(per_size_heap * 1.25) + 64 * C.MIB)
         print(f"world of {n} ranks (heap {opts['heap_bytes'] // C.MIB} MiB per rank) ...", flush=True)
         t0 = time.monotonic()
@@ -347,8 +410,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"world of {n} ranks done in {time.monotonic() - t0:.0f} s", flush=True)
 
     rows, targets = build_rows(records, memcpy)
-    headers = ["op", "n", "size/rank", "kind", "gfdit [us]", "gloo [us]", "x gloo", "target", "busbw GB/s",
-               "memcpy GB/s", "busbw/memcpy", "target", "check", "meets"]
+    headers = [
+        "op",
+        "n",
+        "size/rank",
+        "kind",
+        "gfdit [us]",
+        "gloo [us]",
+        "x gloo",
+        "target",
+        "busbw GB/s",
+        "memcpy GB/s",
+        "busbw/memcpy",
+        "target",
+        "check",
+        "meets",
+    ]
     notes = [
         "time: max over ranks of each rank's median time per op; gloo runs on the same tensors in the same processes",
         "busbw (nccl-tests): all_gather n*S*(n-1)/n/t, all_to_all S*(n-1)/n/t, all_reduce 2(n-1)/n*S/t; "
@@ -357,17 +434,24 @@ def main(argv: list[str] | None = None) -> int:
         "kind heap = gfdit.empty tensors",
     ]
     table = C.print_table("gfdit collectives (float32)", headers, rows, notes)
-    met = [t.met for t in targets if t.met is not None]
     print(C.target_summary(targets), flush=True)
     if errors:
         print("errors: " + "; ".join(f"{k}: {v.splitlines()[-1] if v else v}" for k, v in errors.items()))
     print(f"total {time.monotonic() - t_start:.0f} s", flush=True)
 
-    C.write_json(args.json, {
-        "benchmark": "collectives", "environment": env, "config": dict(opts_common, worlds=worlds, quick=args.quick),
-        "memcpy": {str(s): m for s, m in memcpy.items()}, "records": records,
-        "targets": [t.as_dict() for t in targets], "errors": errors, "table": table,
-    })
+    C.write_json(
+        args.json,
+        {
+            "benchmark": "collectives",
+            "environment": env,
+            "config": dict(opts_common, worlds=worlds, quick=args.quick),
+            "memcpy": {str(s): m for s, m in memcpy.items()},
+            "records": records,
+            "targets": [t.as_dict() for t in targets],
+            "errors": errors,
+            "table": table,
+        },
+    )
     return 1 if errors else 0
 
 

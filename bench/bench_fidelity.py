@@ -23,7 +23,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _common as C  # noqa: E402
-
 from gfdit import profile as gprofile  # noqa: E402
 from gfdit.simulate import replay_trace, simulate_trace  # noqa: E402
 from gfdit.trace import TraceRequest, write_trace  # noqa: E402
@@ -38,8 +37,18 @@ def make_trace(n: int, rate: float, seed: int = 1, model: str = "tiny-wan") -> l
     for i in range(n):
         t += rng.expovariate(rate)
         h, w, f, steps = VIDEO if rng.random() < 0.3 else IMAGE
-        out.append(TraceRequest(id=i, arrival_s=round(t, 4), model=model, height=h, width=w, num_frames=f,
-                                num_inference_steps=steps, deadline_s=None))
+        out.append(
+            TraceRequest(
+                id=i,
+                arrival_s=round(t, 4),
+                model=model,
+                height=h,
+                width=w,
+                num_frames=f,
+                num_inference_steps=steps,
+                deadline_s=None,
+            )
+        )
     return out
 
 
@@ -56,15 +65,19 @@ def compare(policies: list[str], world_size: int, n: int, rate: float, workdir: 
     out = {}
     for policy in policies:
         real = replay_trace(trace, model="tiny-wan", world_size=world_size, policy=policy).summary()
-        sim = simulate_trace(trace, model="tiny-wan", cluster="cpu", policy=policy, profile=profile_path).summary()
+        sim = simulate_trace(
+            trace, model="tiny-wan", cluster="cpu", policy=policy, profile=profile_path
+        ).summary()
         out[policy] = {
             "real": real,
             "sim": sim,
             "mean_error": sim["mean_latency_s"] / real["mean_latency_s"] - 1,
             "p99_error": sim["p99_latency_s"] / real["p99_latency_s"] - 1,
         }
-        log(f"{policy}: real mean {real['mean_latency_s'] * 1e3:.1f} ms p99 {real['p99_latency_s'] * 1e3:.1f} ms; "
-            f"sim mean {sim['mean_latency_s'] * 1e3:.1f} ms p99 {sim['p99_latency_s'] * 1e3:.1f} ms")
+        log(
+            f"{policy}: real mean {real['mean_latency_s'] * 1e3:.1f} ms p99 {real['p99_latency_s'] * 1e3:.1f} ms; "
+            f"sim mean {sim['mean_latency_s'] * 1e3:.1f} ms p99 {sim['p99_latency_s'] * 1e3:.1f} ms"
+        )
     real_rank = sorted(policies, key=lambda p: out[p]["real"]["mean_latency_s"])
     sim_rank = sorted(policies, key=lambda p: out[p]["sim"]["mean_latency_s"])
     return {"policies": out, "real_ranking": real_rank, "sim_ranking": sim_rank, "profile": profile_path}
@@ -83,19 +96,41 @@ def main() -> int:
         res = compare(policies, args.world_size, 12 if args.quick else args.requests, args.rate, d)
     rows, targets = [], []
     for p, r in res["policies"].items():
-        rows.append([p, f"{r['real']['mean_latency_s'] * 1e3:.1f}", f"{r['sim']['mean_latency_s'] * 1e3:.1f}",
-                     f"{100 * r['mean_error']:+.1f}%", f"{r['real']['p99_latency_s'] * 1e3:.1f}",
-                     f"{r['sim']['p99_latency_s'] * 1e3:.1f}", f"{100 * r['p99_error']:+.1f}%"])
-        targets.append(C.Target(f"fidelity {p}: mean latency error", r["mean_error"], "within 10%",
-                                abs(r["mean_error"]) <= 0.10))
-        targets.append(C.Target(f"fidelity {p}: p99 latency error", r["p99_error"], "within 20%",
-                                abs(r["p99_error"]) <= 0.20))
+        rows.append(
+            [
+                p,
+                f"{r['real']['mean_latency_s'] * 1e3:.1f}",
+                f"{r['sim']['mean_latency_s'] * 1e3:.1f}",
+                f"{100 * r['mean_error']:+.1f}%",
+                f"{r['real']['p99_latency_s'] * 1e3:.1f}",
+                f"{r['sim']['p99_latency_s'] * 1e3:.1f}",
+                f"{100 * r['p99_error']:+.1f}%",
+            ]
+        )
+        targets.append(
+            C.Target(
+                f"fidelity {p}: mean latency error",
+                r["mean_error"],
+                "within 10%",
+                abs(r["mean_error"]) <= 0.10,
+            )
+        )
+        targets.append(
+            C.Target(
+                f"fidelity {p}: p99 latency error", r["p99_error"], "within 20%", abs(r["p99_error"]) <= 0.20
+            )
+        )
     same = res["real_ranking"] == res["sim_ranking"]
     targets.append(C.Target("fidelity: same ranking of policies", None, "same order", same))
-    C.print_table(f"Fidelity: tiny-wan, world {args.world_size}, real engine vs simulator (profile)",
-                  ["policy", "real mean ms", "sim mean ms", "error", "real p99 ms", "sim p99 ms", "error"], rows,
-                  notes=[f"ranking real: {' < '.join(res['real_ranking'])}",
-                         f"ranking sim:  {' < '.join(res['sim_ranking'])}"])
+    C.print_table(
+        f"Fidelity: tiny-wan, world {args.world_size}, real engine vs simulator (profile)",
+        ["policy", "real mean ms", "sim mean ms", "error", "real p99 ms", "sim p99 ms", "error"],
+        rows,
+        notes=[
+            f"ranking real: {' < '.join(res['real_ranking'])}",
+            f"ranking sim:  {' < '.join(res['sim_ranking'])}",
+        ],
+    )
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({**res, "targets": [t.__dict__ for t in targets]}, f, indent=2)

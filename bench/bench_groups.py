@@ -37,9 +37,9 @@ TARGET_FIRST_OVER_STEADY = 2.0
 
 
 def rank_fn(ctx: C.RankContext) -> dict[str, Any]:
+    import gfdit
     import torch
     import torch.distributed as dist
-    import gfdit
 
     opts = ctx.options
     n = ctx.world_size
@@ -69,9 +69,17 @@ def rank_fn(ctx: C.RankContext) -> dict[str, Any]:
         for _ in range(opts["batches"]):
             t0 = time.perf_counter_ns()
             timer.append((time.perf_counter_ns() - t0) * 1e-9)
-        med, med_single, med_timer = ctx.max_over_ranks([C.median(per_call), C.median(single), C.median(timer)])
-        gf_new[name] = {"ranks": ranks, "median_s": med, "single_call_median_s": med_single,
-                        "timer_overhead_s": med_timer, "batches": opts["batches"], "batch": batch}
+        med, med_single, med_timer = ctx.max_over_ranks(
+            [C.median(per_call), C.median(single), C.median(timer)]
+        )
+        gf_new[name] = {
+            "ranks": ranks,
+            "median_s": med,
+            "single_call_median_s": med_single,
+            "timer_overhead_s": med_timer,
+            "batches": opts["batches"],
+            "batch": batch,
+        }
     out["gfdit_new_group"] = gf_new
 
     # 2. torch.distributed.new_group (gloo), and the first all_reduce on each new group.
@@ -103,11 +111,21 @@ def rank_fn(ctx: C.RankContext) -> dict[str, Any]:
             dist.destroy_process_group(pg)
         except Exception:
             pass
-    t_new, t_first, t_steady = ctx.max_over_ranks([C.median(torch_new), C.median(torch_first), C.median(torch_steady)])
-    out["torch_new_group"] = {"ranks": world, "median_s": t_new, "calls": opts["torch_calls"],
-                              "per_rank_min_s": min(torch_new), "per_rank_max_s": max(torch_new)}
-    out["torch_first_collective"] = {"first_median_s": t_first, "steady_median_s": t_steady,
-                                     "ratio": t_first / t_steady}
+    t_new, t_first, t_steady = ctx.max_over_ranks(
+        [C.median(torch_new), C.median(torch_first), C.median(torch_steady)]
+    )
+    out["torch_new_group"] = {
+        "ranks": world,
+        "median_s": t_new,
+        "calls": opts["torch_calls"],
+        "per_rank_min_s": min(torch_new),
+        "per_rank_max_s": max(torch_new),
+    }
+    out["torch_first_collective"] = {
+        "first_median_s": t_first,
+        "steady_median_s": t_steady,
+        "ratio": t_first / t_steady,
+    }
 
     # 3. gfdit: first all_reduce on a fresh group vs the same all_reduce on one group, interleaved.
     orders = list(itertools.permutations(world))
@@ -135,13 +153,23 @@ def rank_fn(ctx: C.RankContext) -> dict[str, Any]:
         t0 = time.perf_counter_ns()
         steady_group.all_reduce(x)
         back_to_back.append((time.perf_counter_ns() - t0) * 1e-9)
-    f, ff, s, b = ctx.max_over_ranks([C.median(first), C.median(form_and_first), C.median(steady),
-                                      C.median(back_to_back)])
-    out["gfdit_first_collective"] = {"first_median_s": f, "form_and_first_median_s": ff, "steady_median_s": s,
-                                     "back_to_back_median_s": b, "ratio": f / s, "iters": opts["fresh_iters"],
-                                     "distinct_orders": len(orders), "msg_bytes": opts["msg_bytes"]}
-    ctx.log(f"  n={n}: gfdit new_group {C.fmt_us(gf_new['world order']['median_s'])} us, torch new_group "
-            f"{C.fmt_us(t_new)} us, gfdit first/steady {f / s:.2f}")
+    f, ff, s, b = ctx.max_over_ranks(
+        [C.median(first), C.median(form_and_first), C.median(steady), C.median(back_to_back)]
+    )
+    out["gfdit_first_collective"] = {
+        "first_median_s": f,
+        "form_and_first_median_s": ff,
+        "steady_median_s": s,
+        "back_to_back_median_s": b,
+        "ratio": f / s,
+        "iters": opts["fresh_iters"],
+        "distinct_orders": len(orders),
+        "msg_bytes": opts["msg_bytes"],
+    }
+    ctx.log(
+        f"  n={n}: gfdit new_group {C.fmt_us(gf_new['world order']['median_s'])} us, torch new_group "
+        f"{C.fmt_us(t_new)} us, gfdit first/steady {f / s:.2f}"
+    )
     return out
 
 
@@ -156,20 +184,60 @@ def report(results: list[dict[str, Any]], msg_bytes: int) -> tuple[list[str], li
             ok_t = g["median_s"] <= TARGET_NEW_GROUP_S
             ok_r = ratio >= TARGET_NEW_GROUP_SPEEDUP
             g["speedup_vs_torch"] = ratio
-            rows.append([n, str(g["ranks"]).replace(" ", ""), name, C.fmt_us(g["median_s"]),
-                         C.fmt_us(g["single_call_median_s"]), f"<= {TARGET_NEW_GROUP_S * 1e6:.0f}", C.verdict(ok_t),
-                         C.fmt_us(t_torch), C.fmt_ratio(ratio), f">= {TARGET_NEW_GROUP_SPEEDUP:,.0f}x",
-                         C.verdict(ok_r)])
-            targets.append(C.Target(f"n={n} gfdit.new_group {name}: median time [s]", g["median_s"],
-                                    f"<= {TARGET_NEW_GROUP_S * 1e6:.0f} us", ok_t))
-            targets.append(C.Target(f"n={n} gfdit.new_group {name}: speedup vs torch new_group", ratio,
-                                    f">= {TARGET_NEW_GROUP_SPEEDUP:.0f}x", ok_r))
-    tables.append(C.print_table(
-        "Group formation: gfdit.new_group vs torch.distributed.new_group (gloo), same ranks",
-        ["world", "ranks", "order", "gfdit [us]", "1 call [us]", "target", "meets", "torch [us]", "x torch",
-         "target", "meets"], rows,
-        ["gfdit: median over batches of calls (per call); '1 call' timed alone, timer overhead included",
-         "torch: median over single new_group calls; both max over ranks"]))
+            rows.append(
+                [
+                    n,
+                    str(g["ranks"]).replace(" ", ""),
+                    name,
+                    C.fmt_us(g["median_s"]),
+                    C.fmt_us(g["single_call_median_s"]),
+                    f"<= {TARGET_NEW_GROUP_S * 1e6:.0f}",
+                    C.verdict(ok_t),
+                    C.fmt_us(t_torch),
+                    C.fmt_ratio(ratio),
+                    f">= {TARGET_NEW_GROUP_SPEEDUP:,.0f}x",
+                    C.verdict(ok_r),
+                ]
+            )
+            targets.append(
+                C.Target(
+                    f"n={n} gfdit.new_group {name}: median time [s]",
+                    g["median_s"],
+                    f"<= {TARGET_NEW_GROUP_S * 1e6:.0f} us",
+                    ok_t,
+                )
+            )
+            targets.append(
+                C.Target(
+                    f"n={n} gfdit.new_group {name}: speedup vs torch new_group",
+                    ratio,
+                    f">= {TARGET_NEW_GROUP_SPEEDUP:.0f}x",
+                    ok_r,
+                )
+            )
+    tables.append(
+        C.print_table(
+            "Group formation: gfdit.new_group vs torch.distributed.new_group (gloo), same ranks",
+            [
+                "world",
+                "ranks",
+                "order",
+                "gfdit [us]",
+                "1 call [us]",
+                "target",
+                "meets",
+                "torch [us]",
+                "x torch",
+                "target",
+                "meets",
+            ],
+            rows,
+            [
+                "gfdit: median over batches of calls (per call); '1 call' timed alone, timer overhead included",
+                "torch: median over single new_group calls; both max over ranks",
+            ],
+        )
+    )
 
     rows = []
     for r in results:
@@ -177,20 +245,62 @@ def report(results: list[dict[str, Any]], msg_bytes: int) -> tuple[list[str], li
         g = r["gfdit_first_collective"]
         t = r["torch_first_collective"]
         ok = g["ratio"] <= TARGET_FIRST_OVER_STEADY
-        rows.append([n, "gfdit", C.fmt_us(g["first_median_s"]), C.fmt_us(g["form_and_first_median_s"]),
-                     C.fmt_us(g["steady_median_s"]), C.fmt_us(g["back_to_back_median_s"]), C.fmt_ratio(g["ratio"]),
-                     f"<= {TARGET_FIRST_OVER_STEADY:.0f}x", C.verdict(ok)])
-        rows.append([n, "gloo (baseline)", C.fmt_us(t["first_median_s"]), "-", C.fmt_us(t["steady_median_s"]), "-",
-                     C.fmt_ratio(t["ratio"]), "-", "-"])
-        targets.append(C.Target(f"n={n} gfdit first all_reduce on a fresh group / steady", g["ratio"],
-                                f"<= {TARGET_FIRST_OVER_STEADY:.0f}x", ok))
-    tables.append(C.print_table(
-        f"First collective on a fresh group: all_reduce of {C.fmt_size(msg_bytes)} float32, new group every iteration",
-        ["world", "library", "first [us]", "form+first [us]", "steady [us]", "no barrier [us]", "first/steady",
-         "target", "meets"], rows,
-        ["each timed op follows a barrier; medians, max over ranks; gfdit fresh groups cycle through the orders of "
-         "the world's ranks",
-         "'no barrier': the same all_reduce repeated back to back on one group"]))
+        rows.append(
+            [
+                n,
+                "gfdit",
+                C.fmt_us(g["first_median_s"]),
+                C.fmt_us(g["form_and_first_median_s"]),
+                C.fmt_us(g["steady_median_s"]),
+                C.fmt_us(g["back_to_back_median_s"]),
+                C.fmt_ratio(g["ratio"]),
+                f"<= {TARGET_FIRST_OVER_STEADY:.0f}x",
+                C.verdict(ok),
+            ]
+        )
+        rows.append(
+            [
+                n,
+                "gloo (baseline)",
+                C.fmt_us(t["first_median_s"]),
+                "-",
+                C.fmt_us(t["steady_median_s"]),
+                "-",
+                C.fmt_ratio(t["ratio"]),
+                "-",
+                "-",
+            ]
+        )
+        targets.append(
+            C.Target(
+                f"n={n} gfdit first all_reduce on a fresh group / steady",
+                g["ratio"],
+                f"<= {TARGET_FIRST_OVER_STEADY:.0f}x",
+                ok,
+            )
+        )
+    tables.append(
+        C.print_table(
+            f"First collective on a fresh group: all_reduce of {C.fmt_size(msg_bytes)} float32, new group every iteration",
+            [
+                "world",
+                "library",
+                "first [us]",
+                "form+first [us]",
+                "steady [us]",
+                "no barrier [us]",
+                "first/steady",
+                "target",
+                "meets",
+            ],
+            rows,
+            [
+                "each timed op follows a barrier; medians, max over ranks; gfdit fresh groups cycle through the orders of "
+                "the world's ranks",
+                "'no barrier': the same all_reduce repeated back to back on one group",
+            ],
+        )
+    )
     return tables, targets
 
 
@@ -198,8 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="2,4", help="world sizes, comma separated (default 2,4)")
     ap.add_argument("--quick", action="store_true", help="smoke test: fewer calls")
-    ap.add_argument("--torch-calls", type=int, default=None, help="torch new_group calls (default 15, quick 5)")
-    ap.add_argument("--fresh-iters", type=int, default=None, help="fresh-group iterations (default 300, quick 50)")
+    ap.add_argument(
+        "--torch-calls", type=int, default=None, help="torch new_group calls (default 15, quick 5)"
+    )
+    ap.add_argument(
+        "--fresh-iters", type=int, default=None, help="fresh-group iterations (default 300, quick 50)"
+    )
     ap.add_argument("--msg-bytes", type=C.parse_size, default=4 * C.KIB, help="all_reduce size (default 4K)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for one world")
     ap.add_argument("--json", default=None, help="write results to this JSON file")
@@ -210,11 +324,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gfdit is not importable ({why}); build it first (make build)", file=sys.stderr)
         return 2
 
-    opts = {"batch": 1000, "batches": 30 if args.quick else 101,
-            "torch_calls": args.torch_calls or (5 if args.quick else 15),
-            "fresh_iters": args.fresh_iters or (50 if args.quick else 300),
-            "steady_iters": 50 if args.quick else 200, "warmup": 5, "msg_bytes": args.msg_bytes,
-            "heap_bytes": 16 * C.MIB}
+    opts = {
+        "batch": 1000,
+        "batches": 30 if args.quick else 101,
+        "torch_calls": args.torch_calls or (5 if args.quick else 15),
+        "fresh_iters": args.fresh_iters or (50 if args.quick else 300),
+        "steady_iters": 50 if args.quick else 200,
+        "warmup": 5,
+        "msg_bytes": args.msg_bytes,
+        "heap_bytes": 16 * C.MIB,
+    }
     env = C.environment()
     C.header("gfdit group formation", env)
     t_start = time.monotonic()
@@ -230,9 +349,18 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         print("errors: " + "; ".join(f"{k}: {v.splitlines()[-1] if v else v}" for k, v in errors.items()))
     print(f"total {time.monotonic() - t_start:.0f} s", flush=True)
-    C.write_json(args.json, {"benchmark": "groups", "environment": env, "config": dict(opts, quick=args.quick),
-                             "results": results, "targets": [t.as_dict() for t in targets], "errors": errors,
-                             "tables": tables})
+    C.write_json(
+        args.json,
+        {
+            "benchmark": "groups",
+            "environment": env,
+            "config": dict(opts, quick=args.quick),
+            "results": results,
+            "targets": [t.as_dict() for t in targets],
+            "errors": errors,
+            "tables": tables,
+        },
+    )
     return 1 if errors else 0
 
 

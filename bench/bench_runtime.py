@@ -19,9 +19,8 @@ import statistics
 import sys
 import time
 
-import torch
-
 import gfdit
+import torch
 from gfdit import Engine, Request
 
 
@@ -39,9 +38,11 @@ def bench_latency(pings: int) -> dict:
             rows += eng.ping(w, pings)
     d2s = [(s - d) / 1e3 for d, s, p, seen in rows]
     c2e = [(seen - p) / 1e3 for d, s, p, seen in rows]
-    return {"pings": len(rows),
-            "dispatch_to_start_us": {"median": statistics.median(d2s), "p99": pct(d2s, 0.99)},
-            "completion_to_engine_us": {"median": statistics.median(c2e), "p99": pct(c2e, 0.99)}}
+    return {
+        "pings": len(rows),
+        "dispatch_to_start_us": {"median": statistics.median(d2s), "p99": pct(d2s, 0.99)},
+        "completion_to_engine_us": {"median": statistics.median(c2e), "p99": pct(c2e, 0.99)},
+    }
 
 
 def bench_control(num_requests: int, steps: int) -> dict:
@@ -49,8 +50,10 @@ def bench_control(num_requests: int, steps: int) -> dict:
         eng.submit(Request(prompt="warm up", num_inference_steps=2)).result(timeout=300)
         s0 = eng.stats()
         t0 = time.perf_counter()
-        hs = [eng.submit(Request(prompt=f"request {k}", seed=k, num_inference_steps=steps))
-              for k in range(num_requests)]
+        hs = [
+            eng.submit(Request(prompt=f"request {k}", seed=k, num_inference_steps=steps))
+            for k in range(num_requests)
+        ]
         results = [h.result(timeout=600) for h in hs]
         wall = time.perf_counter() - t0
         s1 = eng.stats()
@@ -62,11 +65,17 @@ def bench_control(num_requests: int, steps: int) -> dict:
     step_ns = [s.end_ns - s.start_ns for r in results for s in r.timeline if s.kind == "denoise"]
     total_steps = num_requests * steps
     per_step = control / total_steps
-    return {"requests": num_requests, "steps": total_steps, "wall_s": wall,
-            "control_cpu_ns_per_step": per_step, "median_step_ns": statistics.median(step_ns),
-            "control_fraction": per_step / statistics.median(step_ns), "idle_core_fraction": idle,
-            "lookahead_hits": s1["lookahead_hits"] - s0["lookahead_hits"],
-            "loop_wakeups_per_step": (s1["loop_wakeups"] - s0["loop_wakeups"]) / total_steps}
+    return {
+        "requests": num_requests,
+        "steps": total_steps,
+        "wall_s": wall,
+        "control_cpu_ns_per_step": per_step,
+        "median_step_ns": statistics.median(step_ns),
+        "control_fraction": per_step / statistics.median(step_ns),
+        "idle_core_fraction": idle,
+        "lookahead_hits": s1["lookahead_hits"] - s0["lookahead_hits"],
+        "loop_wakeups_per_step": (s1["loop_wakeups"] - s0["loop_wakeups"]) / total_steps,
+    }
 
 
 def _free_port() -> int:
@@ -75,9 +84,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _migrate_rank(rank: int, port: int, sizes: list[int], reps: int, out: "mp.Queue") -> None:
+def _migrate_rank(rank: int, port: int, sizes: list[int], reps: int, out: mp.Queue) -> None:
     import torch.distributed as dist
-
     from gfdit.models.staged import DenoiseState, migrate
 
     torch.set_num_threads(1)
@@ -89,10 +97,16 @@ def _migrate_rank(rank: int, port: int, sizes: list[int], reps: int, out: "mp.Qu
         state = None
         if rank == 0:
             n = nbytes // 4
-            state = DenoiseState(latent=torch.randn(1, n), prompt_embeds=torch.randn(1, 16, 32),
-                                 negative_prompt_embeds=None, sigmas=torch.linspace(1, 0, 5),
-                                 timesteps=torch.linspace(1000, 250, 4), step_idx=1, guidance_scale=1.0,
-                                 grid=(1, 1, 1))
+            state = DenoiseState(
+                latent=torch.randn(1, n),
+                prompt_embeds=torch.randn(1, 16, 32),
+                negative_prompt_embeds=None,
+                sigmas=torch.linspace(1, 0, 5),
+                timesteps=torch.linspace(1000, 250, 4),
+                step_idx=1,
+                guidance_scale=1.0,
+                grid=(1, 1, 1),
+            )
         times = []
         for _ in range(reps + 1):
             gfdit.barrier(g)
@@ -135,7 +149,9 @@ def bench_migration(sizes: list[int], reps: int) -> list[dict]:
     for (nbytes, t), tm in zip(res, mc):
         bw = nbytes / t / 1e9
         mbw = nbytes / tm / 1e9
-        rows.append({"bytes": nbytes, "time_us": t * 1e6, "gbps": bw, "memcpy_gbps": mbw, "fraction": bw / mbw})
+        rows.append(
+            {"bytes": nbytes, "time_us": t * 1e6, "gbps": bw, "memcpy_gbps": mbw, "fraction": bw / mbw}
+        )
     return rows
 
 
@@ -155,25 +171,40 @@ def main() -> int:
 
     print("\n== runtime: queue latencies (idle worker, empty task), microseconds ==")
     print(f"{'what':<26}{'median':>10}{'p99':>10}{'target':>12}")
-    for key, name in (("dispatch_to_start_us", "dispatch -> start"), ("completion_to_engine_us", "completion -> control")):
+    for key, name in (
+        ("dispatch_to_start_us", "dispatch -> start"),
+        ("completion_to_engine_us", "completion -> control"),
+    ):
         v = lat[key]
-        print(f"{name:<26}{v['median']:>10.1f}{v['p99']:>10.1f}{'<= 20 med':>12}  {verdict(v['median'] <= 20)}")
+        print(
+            f"{name:<26}{v['median']:>10.1f}{v['p99']:>10.1f}{'<= 20 med':>12}  {verdict(v['median'] <= 20)}"
+        )
     print("\n== runtime: control-plane CPU time per denoising step (fcfs, tiny-wan, 2 workers) ==")
-    print(f"control CPU per step {ctl['control_cpu_ns_per_step'] / 1e3:.1f} us; median step "
-          f"{ctl['median_step_ns'] / 1e6:.2f} ms; fraction {100 * ctl['control_fraction']:.2f}% "
-          f"(target <= 1%)  {verdict(ctl['control_fraction'] <= 0.01)}")
-    print(f"control-thread wake-ups per step {ctl['loop_wakeups_per_step']:.2f}; steps dispatched ahead across "
-          f"decisions {ctl['lookahead_hits']}")
-    print(f"idle engine: control thread {100 * ctl['idle_core_fraction']:.3f}% of a core (target < 1%)  "
-          f"{verdict(ctl['idle_core_fraction'] < 0.01)}")
+    print(
+        f"control CPU per step {ctl['control_cpu_ns_per_step'] / 1e3:.1f} us; median step "
+        f"{ctl['median_step_ns'] / 1e6:.2f} ms; fraction {100 * ctl['control_fraction']:.2f}% "
+        f"(target <= 1%)  {verdict(ctl['control_fraction'] <= 0.01)}"
+    )
+    print(
+        f"control-thread wake-ups per step {ctl['loop_wakeups_per_step']:.2f}; steps dispatched ahead across "
+        f"decisions {ctl['lookahead_hits']}"
+    )
+    print(
+        f"idle engine: control thread {100 * ctl['idle_core_fraction']:.3f}% of a core (target < 1%)  "
+        f"{verdict(ctl['idle_core_fraction'] < 0.01)}"
+    )
     print("\n== runtime: migration of a request's state, 1 holder -> 1 new member ==")
     print(f"{'bytes':>12}{'time us':>12}{'GB/s':>8}{'memcpy GB/s':>13}{'fraction':>10}   target >= 50%")
     for r in mig:
-        print(f"{r['bytes']:>12}{r['time_us']:>12.1f}{r['gbps']:>8.2f}{r['memcpy_gbps']:>13.2f}"
-              f"{100 * r['fraction']:>9.0f}%   {verdict(r['fraction'] >= 0.5)}")
+        print(
+            f"{r['bytes']:>12}{r['time_us']:>12.1f}{r['gbps']:>8.2f}{r['memcpy_gbps']:>13.2f}"
+            f"{100 * r['fraction']:>9.0f}%   {verdict(r['fraction'] >= 0.5)}"
+        )
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"build_info": gfdit.build_info(), "latency": lat, "control": ctl, "migration": mig}, f, indent=2)
+        json.dump(
+            {"build_info": gfdit.build_info(), "latency": lat, "control": ctl, "migration": mig}, f, indent=2
+        )
     print(f"\nwrote {args.json}")
     return 0
 

@@ -20,7 +20,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _common as C  # noqa: E402
-
 from gfdit import cost  # noqa: E402
 from gfdit._C import cost as cost_c  # noqa: E402
 from gfdit._C import runtime as rt  # noqa: E402
@@ -57,14 +56,23 @@ def main() -> int:
         done = [o for o in res.requests if o.state == "DONE"]
         lat = sorted(o.finish_s - o.arrival_s for o in done)
         rate = res.num_tasks / wall
-        results[policy] = {"requests": n, "tasks": res.num_tasks, "wall_s": wall, "tasks_per_s": rate,
-                           "mean_latency_s": sum(lat) / len(lat), "completed": len(done)}
+        results[policy] = {
+            "requests": n,
+            "tasks": res.num_tasks,
+            "wall_s": wall,
+            "tasks_per_s": rate,
+            "mean_latency_s": sum(lat) / len(lat),
+            "completed": len(done),
+        }
         rows.append([policy, n, res.num_tasks, f"{wall:.2f}", f"{rate:,.0f}", f"{sum(lat) / len(lat):.1f}"])
         targets.append(C.Target(f"simulator {policy}: tasks/s", rate, ">= 200000", rate >= 200000))
         if n >= 10000:
             targets.append(C.Target(f"simulator {policy}: 10k requests wall [s]", wall, "< 10 s", wall < 10))
-    C.print_table(f"Simulator: {n} Qwen-Image requests (1024 px, 50 steps) on h20x8 at {0.9 * capacity:.3f} req/s",
-                  ["policy", "requests", "tasks", "wall s", "tasks/s", "mean latency s"], rows)
+    C.print_table(
+        f"Simulator: {n} Qwen-Image requests (1024 px, 50 steps) on h20x8 at {0.9 * capacity:.3f} req/s",
+        ["policy", "requests", "tasks", "wall s", "tasks/s", "mean latency s"],
+        rows,
+    )
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"results": results, "targets": [t.__dict__ for t in targets]}, f, indent=2)

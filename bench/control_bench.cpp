@@ -55,8 +55,7 @@ void scheduleRound(benchmark::State& state, const std::string& policy) {
     sent.swap(exec.sent);
     std::vector<uint64_t> started;
     for (const auto& s : sent) {
-      if (s.kind == static_cast<uint32_t>(TaskKind::kEncode) &&
-          (started.empty() || started.back() != s.request_id)) {
+      if (s.kind == static_cast<uint32_t>(TaskKind::kEncode) && (started.empty() || started.back() != s.request_id)) {
         started.push_back(s.request_id);
       }
     }

@@ -38,8 +38,12 @@ def find_cpp_bench(explicit: str | None) -> str | None:
     if explicit:
         return explicit if os.path.isfile(explicit) else None
     candidates = []
-    for pattern in (f"build/cpp/bench/{CPP_BENCH_NAME}", f"build/cpp/{CPP_BENCH_NAME}", f"build/**/{CPP_BENCH_NAME}",
-                    f"**/build*/**/{CPP_BENCH_NAME}"):
+    for pattern in (
+        f"build/cpp/bench/{CPP_BENCH_NAME}",
+        f"build/cpp/{CPP_BENCH_NAME}",
+        f"build/**/{CPP_BENCH_NAME}",
+        f"**/build*/**/{CPP_BENCH_NAME}",
+    ):
         candidates += glob.glob(os.path.join(ROOT, pattern), recursive=True)
     candidates = [c for c in candidates if os.path.isfile(c) and os.access(c, os.X_OK)]
     if not candidates:
@@ -69,11 +73,15 @@ def cpp_targets(path: str) -> list[C.Target]:
         if b.get("run_type", "iteration") == "iteration" and b.get("repetitions", 1) > 1:
             continue
         if b.get("error_occurred"):
-            out.append(C.Target(f"C++ {b.get('name')}: error", None, "runs", False, b.get("error_message", "")))
+            out.append(
+                C.Target(f"C++ {b.get('name')}: error", None, "runs", False, b.get("error_message", ""))
+            )
             continue
         ns = b["real_time"] * scale.get(b.get("time_unit", "ns"), 1.0)
         name = b.get("run_name", b["name"]).split("/min_time")[0].split("/repeats")[0]
-        out.append(C.Target(f"C++ {name}: median [ns]", ns, f"<= {CPP_TARGET_NS:.0f} ns", ns <= CPP_TARGET_NS))
+        out.append(
+            C.Target(f"C++ {name}: median [ns]", ns, f"<= {CPP_TARGET_NS:.0f} ns", ns <= CPP_TARGET_NS)
+        )
     return out
 
 
@@ -93,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke test of every benchmark")
     ap.add_argument("--results", default=os.path.join(HERE, "results"), help="JSON output directory")
-    ap.add_argument("--cpp-bench", default=None, help=f"path of the {CPP_BENCH_NAME} binary (default: search build/)")
+    ap.add_argument(
+        "--cpp-bench", default=None, help=f"path of the {CPP_BENCH_NAME} binary (default: search build/)"
+    )
     ap.add_argument("--skip", default="", help="comma separated: cpp,groups,collectives,attention,runtime")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--collectives-args", default="", help="extra arguments for bench_collectives.py")
@@ -110,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         exe = find_cpp_bench(args.cpp_bench)
         out = os.path.join(args.results, "group_formation.json")
         if exe is None:
-            print(f"C++ benchmark {CPP_BENCH_NAME} not found under build/ (build it: make build); skipped", flush=True)
+            print(
+                f"C++ benchmark {CPP_BENCH_NAME} not found under build/ (build it: make build); skipped",
+                flush=True,
+            )
             status.append(["C++ group formation", "not built", "-", "-"])
         else:
             cmd = [exe, f"--benchmark_out={out}", "--benchmark_out_format=json"]
@@ -124,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
 
     py = sys.executable
     for key, script, json_name, timeout_s, extra in (
-            ("groups", "bench_groups.py", "groups.json", 900, []),
-            ("collectives", "bench_collectives.py", "collectives.json", 1800, args.collectives_args.split()),
-            ("attention", "bench_attention.py", "attention.json", 900, []),
-            ("runtime", "bench_runtime.py", "runtime.json", 900, [])):
+        ("groups", "bench_groups.py", "groups.json", 900, []),
+        ("collectives", "bench_collectives.py", "collectives.json", 1800, args.collectives_args.split()),
+        ("attention", "bench_attention.py", "attention.json", 900, []),
+        ("runtime", "bench_runtime.py", "runtime.json", 900, []),
+    ):
         if key in skip:
             continue
         out = os.path.join(args.results, json_name)
@@ -146,14 +160,24 @@ def main(argv: list[str] | None = None) -> int:
     for source, ts in sources:
         judged = [t for t in ts if t.met is not None]
         missed = [t for t in judged if not t.met]
-        rows.append([source, len(judged) - len(missed), len(judged),
-                     "; ".join(t.name for t in missed[:3]) + (f"; +{len(missed) - 3} more" if len(missed) > 3 else "")])
+        rows.append(
+            [
+                source,
+                len(judged) - len(missed),
+                len(judged),
+                "; ".join(t.name for t in missed[:3])
+                + (f"; +{len(missed) - 3} more" if len(missed) > 3 else ""),
+            ]
+        )
     C.print_table("Targets by benchmark", ["benchmark", "met", "of", "missed (first 3)"], rows)
     rows = []
     for t in (t for source, ts in sources if source not in ("collectives", "attention") for t in ts):
         rows.append([t.name, _fmt_value(t), t.target, C.verdict(t.met)])
-    C.print_table("Group formation targets (collectives: see the table above and collectives.json)",
-                  ["measure", "value", "target", "meets"], rows)
+    C.print_table(
+        "Group formation targets (collectives: see the table above and collectives.json)",
+        ["measure", "value", "target", "meets"],
+        rows,
+    )
     print(C.target_summary(targets), flush=True)
     print(f"all benchmarks: {time.monotonic() - t_start:.0f} s; JSON in {args.results}", flush=True)
     failed = any(s[1] not in ("ok", "not built") for s in status)

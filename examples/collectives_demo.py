@@ -6,10 +6,9 @@ Run: python examples/collectives_demo.py
 import datetime
 import multiprocessing as mp
 
+import gfdit
 import torch
 import torch.distributed as dist
-
-import gfdit
 
 WORLD = 4
 PORT = 29613
@@ -22,11 +21,11 @@ def rank_main(rank: int) -> None:
     # A group is only a list of ranks: forming one costs about a microsecond and talks to no one.
     pair = gfdit.new_group([0, 1] if rank < 2 else [2, 3])
     x = torch.full((4,), float(rank))
-    gfdit.all_reduce(x, group=pair)                      # 0+1 on ranks 0,1; 2+3 on ranks 2,3
+    gfdit.all_reduce(x, group=pair)  # 0+1 on ranks 0,1; 2+3 on ranks 2,3
     assert torch.equal(x, torch.full((4,), 1.0 if rank < 2 else 5.0))
 
     # Overlapping groups in any order are fine as long as every pair of ranks meets them in the same order.
-    ring = gfdit.new_group([3, 1, 2, 0])                  # group order is kept, not sorted
+    ring = gfdit.new_group([3, 1, 2, 0])  # group order is kept, not sorted
     out = torch.empty(4, 2)
     gfdit.all_gather_into_tensor(out, torch.tensor([rank, rank * 10.0]), group=ring)
     assert out[:, 0].tolist() == [3.0, 1.0, 2.0, 0.0]

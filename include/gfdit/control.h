@@ -96,32 +96,32 @@ struct StageRecord {
 
 /// What a caller submits.
 struct RequestSpec {
-  uint64_t id = 0;           ///< 0: the control plane assigns one (a caller that needs ids first assigns its own)
-  RequestShape shape;        ///< num_steps >= 1; tokens filled in by checkRequest
-  int64_t arrival_ns = 0;    ///< 0: now
-  int64_t deadline_ns = 0;   ///< absolute, on the control plane's clock; 0: none
-  int32_t priority = 0;      ///< larger is more urgent
+  uint64_t id = 0;                 ///< 0: the control plane assigns one (a caller that needs ids first assigns its own)
+  RequestShape shape;              ///< num_steps >= 1; tokens filled in by checkRequest
+  int64_t arrival_ns = 0;          ///< 0: now
+  int64_t deadline_ns = 0;         ///< absolute, on the control plane's clock; 0: none
+  int32_t priority = 0;            ///< larger is more urgent
   int32_t max_degree = kMaxRanks;  ///< largest group the model allows (heads)
-  std::string payload;       ///< opaque to the control plane: what encode tasks carry to the worker
+  std::string payload;             ///< opaque to the control plane: what encode tasks carry to the worker
 };
 
 /// What the control plane knows of a request; what policies see.
 struct RequestRecord {
   uint64_t id = 0;
   RequestState state = RequestState::kQueued;
-  int32_t step = 0;          ///< denoising steps completed
-  int32_t num_steps = 0;     ///< total denoising steps
+  int32_t step = 0;       ///< denoising steps completed
+  int32_t num_steps = 0;  ///< total denoising steps
   int64_t arrival_ns = 0;
-  int64_t deadline_ns = 0;   ///< 0: none
+  int64_t deadline_ns = 0;  ///< 0: none
   int32_t priority = 0;
   RequestShape shape;
   int32_t max_degree = kMaxRanks;
-  std::vector<int> ranks;    ///< the ranks holding the request's state after its last completed step
-  Layout layout;             ///< the layout of its current or last decision
-  bool busy = false;         ///< a decision of it is running (its group's ranks are occupied)
+  std::vector<int> ranks;  ///< the ranks holding the request's state after its last completed step
+  Layout layout;           ///< the layout of its current or last decision
+  bool busy = false;       ///< a decision of it is running (its group's ranks are occupied)
   int32_t steps_in_flight = 0;
-  int32_t attempts = 0;      ///< recoveries it went through
-  std::string reason;        ///< FAILED / CANCELLED
+  int32_t attempts = 0;  ///< recoveries it went through
+  std::string reason;    ///< FAILED / CANCELLED
   std::vector<Transition> transitions;
 };
 
@@ -173,15 +173,15 @@ int maxUlyssesDegree(int heads);
 
 /// What a request is checked against at submit: the model's strides and the serving limits.
 struct RequestLimits {
-  int32_t vae_stride_s = 8;        ///< spatial VAE compression
-  int32_t patch_s = 2;             ///< spatial patch: height and width are multiples of vae_stride_s * patch_s
-  int32_t temporal_stride = 4;     ///< video: num_frames = stride * k + 1
+  int32_t vae_stride_s = 8;     ///< spatial VAE compression
+  int32_t patch_s = 2;          ///< spatial patch: height and width are multiples of vae_stride_s * patch_s
+  int32_t temporal_stride = 4;  ///< video: num_frames = stride * k + 1
   int32_t patch_t = 1;
-  bool is_video = false;           ///< image models take num_frames == 1 only
+  bool is_video = false;  ///< image models take num_frames == 1 only
   int32_t max_steps = 1000;
   int64_t max_pixels = 2048 * 2048;
   int32_t max_frames = 1;
-  int64_t max_tokens = 1 << 20;    ///< image/video tokens the transformer sees
+  int64_t max_tokens = 1 << 20;  ///< image/video tokens the transformer sees
   size_t max_payload_bytes = kMaxPayloadBytes;
   /// Limits of a known model (its registry entry).
   static RequestLimits of(const cost::ModelArch& arch);
@@ -227,20 +227,20 @@ struct ControlStats {
   uint64_t lookahead_hits = 0;  ///< steps dispatched ahead across decisions (NOTE [lookahead])
   uint64_t regroups = 0;        ///< decisions that changed a request's group
   uint64_t migrations = 0;
-  uint64_t recoveries = 0;      ///< worlds re-created after a failure (the epoch)
+  uint64_t recoveries = 0;  ///< worlds re-created after a failure (the epoch)
   uint64_t task_timeouts = 0;
-  int64_t policy_ns = 0;        ///< time spent in the policy
+  int64_t policy_ns = 0;  ///< time spent in the policy
 };
 
 struct ControlConfig {
   int world_size = 1;
-  int max_inflight_steps = 2;   ///< steps of one request dispatched ahead of completions (at least)
-  double min_queued_s = 0.02;   ///< more steps go ahead when steps are short: at least this much work (NOTE [lookahead])
-  double task_timeout_s = 0;    ///< a task not done this long after dispatch (plus its prediction) fails: 0 off
-  int max_attempts = 3;         ///< recoveries a request may go through before it fails
-  bool record_stages = true;    ///< keep each request's timeline (the simulator may turn it off)
-  bool lookahead = true;        ///< NOTE [lookahead]
-  std::vector<int> node_of;     ///< node of each rank (empty: one node)
+  int max_inflight_steps = 2;  ///< steps of one request dispatched ahead of completions (at least)
+  double min_queued_s = 0.02;  ///< more steps go ahead when steps are short: at least this much work (NOTE [lookahead])
+  double task_timeout_s = 0;   ///< a task not done this long after dispatch (plus its prediction) fails: 0 off
+  int max_attempts = 3;        ///< recoveries a request may go through before it fails
+  bool record_stages = true;   ///< keep each request's timeline (the simulator may turn it off)
+  bool lookahead = true;       ///< NOTE [lookahead]
+  std::vector<int> node_of;    ///< node of each rank (empty: one node)
 };
 
 /// The control plane. Single-threaded: one thread (the engine loop, the simulator) calls everything.

@@ -31,21 +31,21 @@ Stage stageFromName(const std::string& name);
 
 /// Architecture facts of a model family member, from its public config (see DESIGN.md's table).
 struct ModelArch {
-  std::string name;                ///< "qwen-image", "wan2.2", "wan2.2-5b", "wan2.1-1.3b", "tiny-wan", ...
-  bool is_video = false;           ///< takes num_frames > 1
-  bool joint_attention = false;    ///< MMDiT (text tokens in the attention, Qwen-Image) vs cross-attention (Wan)
+  std::string name;              ///< "qwen-image", "wan2.2", "wan2.2-5b", "wan2.1-1.3b", "tiny-wan", ...
+  bool is_video = false;         ///< takes num_frames > 1
+  bool joint_attention = false;  ///< MMDiT (text tokens in the attention, Qwen-Image) vs cross-attention (Wan)
   int32_t num_layers = 0;
-  int32_t hidden = 0;              ///< model width
+  int32_t hidden = 0;  ///< model width
   int32_t heads = 0;
   int32_t head_dim = 0;
-  int32_t ffn = 0;                 ///< feed-forward inner width
-  int32_t num_experts = 1;         ///< Wan 2.2 A14B: two experts, one active per step
-  double transformer_params = 0;   ///< parameters of one (active) transformer
-  int32_t text_hidden = 0;         ///< text encoder output width
-  int32_t text_tokens = 0;         ///< text tokens the transformer sees (max_sequence_length or typical)
+  int32_t ffn = 0;                ///< feed-forward inner width
+  int32_t num_experts = 1;        ///< Wan 2.2 A14B: two experts, one active per step
+  double transformer_params = 0;  ///< parameters of one (active) transformer
+  int32_t text_hidden = 0;        ///< text encoder output width
+  int32_t text_tokens = 0;        ///< text tokens the transformer sees (max_sequence_length or typical)
   double text_encoder_params = 0;
-  int32_t vae_stride_t = 1;        ///< temporal VAE compression (frames = stride * k + 1 for video)
-  int32_t vae_stride_s = 8;        ///< spatial VAE compression
+  int32_t vae_stride_t = 1;  ///< temporal VAE compression (frames = stride * k + 1 for video)
+  int32_t vae_stride_s = 8;  ///< spatial VAE compression
   int32_t latent_channels = 16;
   int32_t patch_t = 1;
   int32_t patch_s = 2;
@@ -58,9 +58,9 @@ struct ModelArch {
   double default_guidance = 1.0;
   // limits a request is checked against at submit (configurable by the engine)
   int32_t max_steps = 0;
-  int64_t max_pixels = 0;          ///< height * width
+  int64_t max_pixels = 0;  ///< height * width
   int32_t max_frames = 1;
-  int64_t max_tokens = 0;          ///< transformer sequence tokens (image/video tokens)
+  int64_t max_tokens = 0;  ///< transformer sequence tokens (image/video tokens)
 
   /// Height and width must be multiples of this (VAE stride times patch size).
   int32_t spatialMultiple() const { return vae_stride_s * patch_s; }
@@ -75,23 +75,23 @@ std::vector<std::string> modelNames();
 
 /// One device type in a cluster (or this CPU), from datasheets, with efficiency factors.
 struct Hardware {
-  std::string name;             ///< "h20", "a100", "h100", "h200", "cpu"
-  double peak_flops = 0;        ///< dense bf16 (float32 for "cpu"), FLOP/s per rank
-  double mem_bw = 0;            ///< bytes/s per rank
-  double link_bw = 0;           ///< bytes/s per rank per direction inside a node
-  double inter_node_bw = 0;     ///< bytes/s per rank per direction across nodes
+  std::string name;                 ///< "h20", "a100", "h100", "h200", "cpu"
+  double peak_flops = 0;            ///< dense bf16 (float32 for "cpu"), FLOP/s per rank
+  double mem_bw = 0;                ///< bytes/s per rank
+  double link_bw = 0;               ///< bytes/s per rank per direction inside a node
+  double inter_node_bw = 0;         ///< bytes/s per rank per direction across nodes
   double collective_latency_s = 0;  ///< fixed cost of one collective inside a node
   double inter_node_latency_s = 0;  ///< fixed cost of one collective across nodes
   double matmul_efficiency = 0.6;   ///< share of peak a large GEMM reaches
   double attention_efficiency = 0.5;
   double half_efficiency_tokens = 0;  ///< per-rank tokens at which compute efficiency halves
-  double regroup_s = 1e-6;          ///< cost of forming a new group (gfdit: ~1 us; NCCL: ~0.78 s)
+  double regroup_s = 1e-6;            ///< cost of forming a new group (gfdit: ~1 us; NCCL: ~0.78 s)
   int32_t ranks_per_node = 8;
-  int32_t num_cores = 0;            ///< ranks share this many cores (CPU); 0: one device per rank
-  double conv_efficiency = 0.3;     ///< share of peak the VAE decoder's 3-D convolutions reach
-  double layer_overhead_s = 0;      ///< fixed host/launch cost of one transformer block in one pass
-  double peer_latency_s = 0;        ///< added cost per peer of an all-to-all (one send/recv pair each)
-  int32_t dtype_bytes = 2;          ///< bytes of a weight or activation element (bf16; float32 on "cpu")
+  int32_t num_cores = 0;         ///< ranks share this many cores (CPU); 0: one device per rank
+  double conv_efficiency = 0.3;  ///< share of peak the VAE decoder's 3-D convolutions reach
+  double layer_overhead_s = 0;   ///< fixed host/launch cost of one transformer block in one pass
+  double peer_latency_s = 0;     ///< added cost per peer of an all-to-all (one send/recv pair each)
+  int32_t dtype_bytes = 2;       ///< bytes of a weight or activation element (bf16; float32 on "cpu")
 };
 
 /// A known piece of hardware by name; unknown names throw InvalidUsage listing the known ones.
@@ -118,10 +118,10 @@ std::vector<std::string> clusterNames();
 /// What a stage estimate depends on besides the model: the request's size and the group.
 struct StageQuery {
   RequestShape shape;
-  int32_t degree = 1;      ///< ranks in the group
-  Layout layout;           ///< ulysses * ring == degree
-  int32_t num_nodes = 1;   ///< nodes the group spans (1: all inside one node)
-  int32_t num_new = 0;     ///< kMigrate: members that receive the state
+  int32_t degree = 1;     ///< ranks in the group
+  Layout layout;          ///< ulysses * ring == degree
+  int32_t num_nodes = 1;  ///< nodes the group spans (1: all inside one node)
+  int32_t num_new = 0;    ///< kMigrate: members that receive the state
 };
 
 /// Predicts stage times in seconds. Implementations are immutable and safe to share between threads.
@@ -142,14 +142,14 @@ std::shared_ptr<CostModel> makeAnalyticCostModel(const ModelArch& model, const C
 /// One measurement of a profile.
 struct ProfileEntry {
   Stage stage = Stage::kDenoiseStep;
-  int64_t tokens = 0;       ///< image/video tokens of the request
+  int64_t tokens = 0;  ///< image/video tokens of the request
   int32_t degree = 1;
   int32_t ulysses = 1;
   int32_t ring = 1;
-  int32_t mode = 0;         ///< Layout::mode
-  bool guidance = false;    ///< two passes per step
-  int32_t num_new = 0;      ///< kMigrate
-  double seconds = 0;       ///< median measured time
+  int32_t mode = 0;       ///< Layout::mode
+  bool guidance = false;  ///< two passes per step
+  int32_t num_new = 0;    ///< kMigrate
+  double seconds = 0;     ///< median measured time
 };
 
 /// Measured stage times for one model on one machine.
@@ -157,9 +157,9 @@ struct Profile {
   std::string model;
   std::string hardware = "cpu";
   int32_t world_size = 0;
-  int32_t num_cores = 0;            ///< cores the ranks shared when measured (0: one device per rank)
-  double dispatch_s = 0;            ///< control plane -> worker start, measured
-  double completion_s = 0;          ///< worker end -> control plane, measured
+  int32_t num_cores = 0;    ///< cores the ranks shared when measured (0: one device per rank)
+  double dispatch_s = 0;    ///< control plane -> worker start, measured
+  double completion_s = 0;  ///< worker end -> control plane, measured
   std::vector<ProfileEntry> entries;
 };
 

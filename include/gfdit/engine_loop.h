@@ -21,7 +21,7 @@ namespace runtime {
 struct EngineOptions {
   int num_workers = 1;
   ControlConfig control;             ///< world_size is set to num_workers
-  uint32_t ring_bytes = 1u << 20;     ///< per ring
+  uint32_t ring_bytes = 1u << 20;    ///< per ring
   double liveness_interval_s = 0.1;  ///< how often worker processes are checked
   double spin_window_s = 50e-6;      ///< spin instead of sleeping when a completion is expected this soon
 };
@@ -40,7 +40,7 @@ struct EngineStats {
   int64_t control_cpu_ns = 0;  ///< CPU time of the control thread so far
   int64_t loop_wakeups = 0;    ///< times the control thread woke up
   std::vector<bool> alive;
-  size_t num_requests = 0;     ///< not yet pruned
+  size_t num_requests = 0;  ///< not yet pruned
   size_t tasks_in_flight = 0;
   bool recovering = false;
 };

@@ -74,9 +74,9 @@ struct OutputRef {
 struct Completion {
   uint64_t task_id = 0;
   uint64_t request_id = 0;
-  uint32_t kind = 0;  ///< TaskKind
-  int32_t rank = -1;  ///< the worker
-  int32_t error = 0;  ///< TaskError
+  uint32_t kind = 0;     ///< TaskKind
+  int32_t rank = -1;     ///< the worker
+  int32_t error = 0;     ///< TaskError
   int32_t step_end = 0;  ///< kDenoise / kMigrate: steps the worker's state has completed
   int64_t dispatch_ns = 0;
   int64_t start_ns = 0;  ///< monotonic, when the worker took the task

@@ -59,9 +59,9 @@ struct SimResult {
   std::vector<SimInterval> intervals;  ///< with record_intervals
   double busy_rank_s = 0;              ///< rank-seconds spent running tasks
   int32_t num_ranks = 0;
-  double makespan_s = 0;               ///< last finish
+  double makespan_s = 0;  ///< last finish
   uint64_t num_tasks = 0;
-  double wall_s = 0;                   ///< real time the run took
+  double wall_s = 0;  ///< real time the run took
   ControlStats stats;
 };
 

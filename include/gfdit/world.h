@@ -39,10 +39,10 @@ struct WorldOptions {
 
 /// Counters of what a world did (for tests and benchmarks).
 struct WorldStats {
-  uint64_t messages_sent = 0;      ///< edge messages published
-  uint64_t zero_copy_sends = 0;    ///< messages read by the peer straight from the sender's heap
-  uint64_t staged_bytes = 0;       ///< bytes copied into staging
-  uint64_t blocking_waits = 0;     ///< waits that gave up spinning and blocked
+  uint64_t messages_sent = 0;    ///< edge messages published
+  uint64_t zero_copy_sends = 0;  ///< messages read by the peer straight from the sender's heap
+  uint64_t staged_bytes = 0;     ///< bytes copied into staging
+  uint64_t blocking_waits = 0;   ///< waits that gave up spinning and blocked
 };
 
 /// One rank's view of the world: its region, every peer's region, and the collectives.
@@ -92,8 +92,7 @@ class World {
   /// General all-to-all: ins[i] goes to member i, outs[j] comes from member j; views may be strided.
   void allToAllV(const Group& group, const BufferView* ins, const BufferView* outs);
   /// out = op over members of block selfIdx of `in` (count_per_rank elements each).
-  void reduceScatter(const Group& group, const void* in, void* out, size_t count_per_rank, DType dtype,
-                     ReduceOp op);
+  void reduceScatter(const Group& group, const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op);
   /// data = op over members of data, identical bits on every member.
   void allReduce(const Group& group, void* data, size_t count, DType dtype, ReduceOp op);
   /// data of global rank root is copied to every member.

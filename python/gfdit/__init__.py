@@ -3,8 +3,13 @@
 The collectives mirror ``torch.distributed``: ``gfdit.init``, ``gfdit.new_group``, ``gfdit.all_reduce``, ...
 """
 
+from gfdit import (
+    attention,  # noqa: E402  (the package: gfdit.attention.attention(q, k, v, ...))
+    models,  # noqa: E402  (diffusers is imported only when a model is wrapped)
+)
 from gfdit._C import Error, InvalidUsage, RemoteError, Timeout
 from gfdit._C import build_info as _build_info
+from gfdit.attention import ParallelSpec  # noqa: E402
 from gfdit.comm import (
     Group,
     World,
@@ -29,12 +34,8 @@ from gfdit.comm import (
     send,
     wait_signal,
 )
-
-from gfdit import attention  # noqa: E402  (the package: gfdit.attention.attention(q, k, v, ...))
-from gfdit import models  # noqa: E402  (diffusers is imported only when a model is wrapped)
-from gfdit.attention import ParallelSpec  # noqa: E402
-from gfdit.topology import Topology  # noqa: E402
 from gfdit.engine import Decision, Engine, Layout, Policy, Request, RequestFailed, Result  # noqa: E402
+from gfdit.topology import Topology  # noqa: E402
 
 __version__ = "0.1.0"
 

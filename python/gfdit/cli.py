@@ -10,8 +10,14 @@ import sys
 # subcommand -> (module, help). A module provides add_arguments(parser, command) and run(args, command) -> int.
 COMMANDS = {
     "cost": ("gfdit.cost", "predicted stage times of one request (analytic cost model)"),
-    "profile": ("gfdit.profile", "measure every stage on this machine and write a profile for the cost model"),
-    "simulate": ("gfdit.simulate", "replay a trace on the simulated cluster (the control plane on a virtual clock)"),
+    "profile": (
+        "gfdit.profile",
+        "measure every stage on this machine and write a profile for the cost model",
+    ),
+    "simulate": (
+        "gfdit.simulate",
+        "replay a trace on the simulated cluster (the control plane on a virtual clock)",
+    ),
     "run-trace": ("gfdit.simulate", "replay a trace on the real engine in real time"),
 }
 

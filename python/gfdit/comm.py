@@ -9,7 +9,8 @@ from __future__ import annotations
 import datetime
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -37,11 +38,17 @@ def _reduce_op(op: Any) -> Any:
         try:
             return _OPS[op.lower()]
         except KeyError:
-            raise InvalidUsage(f"gfdit: unsupported reduce op {op!r}; use 'sum', 'max', 'min' or 'prod'") from None
+            raise InvalidUsage(
+                f"gfdit: unsupported reduce op {op!r}; use 'sum', 'max', 'min' or 'prod'"
+            ) from None
     import torch.distributed as dist
 
-    for name, torch_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN),
-                           ("prod", dist.ReduceOp.PRODUCT)):
+    for name, torch_op in (
+        ("sum", dist.ReduceOp.SUM),
+        ("max", dist.ReduceOp.MAX),
+        ("min", dist.ReduceOp.MIN),
+        ("prod", dist.ReduceOp.PRODUCT),
+    ):
         if op == torch_op:
             return _OPS[name]
     raise InvalidUsage(f"gfdit: unsupported reduce op {op!r}; use 'sum', 'max', 'min' or 'prod'")
@@ -54,7 +61,8 @@ def _check(t: Any, name: str) -> torch.Tensor:
         raise InvalidUsage(f"gfdit: {name} is on {t.device}; the CPU shared-memory backend needs CPU tensors")
     if t.dtype not in _DTYPES:
         raise InvalidUsage(
-            f"gfdit: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16, int32, int64, uint8")
+            f"gfdit: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16, int32, int64, uint8"
+        )
     if not t.is_contiguous():
         raise InvalidUsage(f"gfdit: {name} is not contiguous; call .contiguous() first")
     return t
@@ -79,7 +87,7 @@ class Group:
 
     __slots__ = ("_world", "_g")
 
-    def __init__(self, world: "World", g: Any) -> None:
+    def __init__(self, world: World, g: Any) -> None:
         self._world = world
         self._g = g
 
@@ -105,13 +113,23 @@ class Group:
     def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         self._world.all_gather_into_tensor(out, inp, group=self)
 
-    def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor,
-                          output_split_sizes: Sequence[int] | None = None,
-                          input_split_sizes: Sequence[int] | None = None) -> None:
+    def all_to_all_single(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+    ) -> None:
         self._world.all_to_all_single(out, inp, output_split_sizes, input_split_sizes, group=self)
 
-    def all_to_all_4d(self, out: torch.Tensor, inp: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1,
-                      seq_splits: Sequence[int] | None = None) -> None:
+    def all_to_all_4d(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        scatter_dim: int = 2,
+        gather_dim: int = 1,
+        seq_splits: Sequence[int] | None = None,
+    ) -> None:
         self._world.all_to_all_4d(out, inp, scatter_dim, gather_dim, group=self, seq_splits=seq_splits)
 
     def reduce_scatter_tensor(self, out: torch.Tensor, inp: torch.Tensor, op: Any = "sum") -> None:
@@ -130,17 +148,35 @@ class Group:
 class World:
     """One rank's handle on the group-free collectives world (see ``gfdit.init`` for the default one)."""
 
-    def __init__(self, rank: int, world_size: int, store: Any, timeout: float | datetime.timedelta = 300.0,
-                 heap_bytes: int | None = None, slot_bytes: int = 0, num_slots: int = 0, spin_us: int = -1,
-                 key_prefix: str = "gfdit") -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        store: Any,
+        timeout: float | datetime.timedelta = 300.0,
+        heap_bytes: int | None = None,
+        slot_bytes: int = 0,
+        num_slots: int = 0,
+        spin_us: int = -1,
+        key_prefix: str = "gfdit",
+    ) -> None:
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
         if heap_bytes is None:
             heap_bytes = int(os.environ.get("GFDIT_HEAP_BYTES", _DEFAULT_HEAP_BYTES))
         if not (isinstance(rank, int) and isinstance(world_size, int)):
             raise InvalidUsage("gfdit: rank and world_size must be integers")
-        self._w = _C.World.create(rank, world_size, store, float(timeout), int(heap_bytes), int(slot_bytes),
-                                  int(num_slots), int(spin_us), key_prefix)
+        self._w = _C.World.create(
+            rank,
+            world_size,
+            store,
+            float(timeout),
+            int(heap_bytes),
+            int(slot_bytes),
+            int(num_slots),
+            int(spin_us),
+            key_prefix,
+        )
         self._whole = Group(self, self._w.world_group())
         self.rank = rank
         self.world_size = world_size
@@ -178,20 +214,29 @@ class World:
 
     # ---- collectives ----
 
-    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor, group: Group | None = None) -> None:
+    def all_gather_into_tensor(
+        self, out: torch.Tensor, inp: torch.Tensor, group: Group | None = None
+    ) -> None:
         g = self._group(group)
         _check(out, "out")
         _check(inp, "inp")
         _same_dtype(out, inp, "all_gather_into_tensor")
         n = g.size()
         if out.numel() != n * inp.numel():
-            raise InvalidUsage(f"gfdit: all_gather_into_tensor: out has {out.numel()} elements, expected "
-                               f"{n} x {inp.numel()} for a group of {n}")
+            raise InvalidUsage(
+                f"gfdit: all_gather_into_tensor: out has {out.numel()} elements, expected "
+                f"{n} x {inp.numel()} for a group of {n}"
+            )
         self._w.all_gather(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp))
 
-    def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor,
-                          output_split_sizes: Sequence[int] | None = None,
-                          input_split_sizes: Sequence[int] | None = None, group: Group | None = None) -> None:
+    def all_to_all_single(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+        group: Group | None = None,
+    ) -> None:
         g = self._group(group)
         _check(out, "out")
         _check(inp, "inp")
@@ -201,9 +246,11 @@ class World:
             if inp.dim() == 0 or out.dim() == 0:
                 raise InvalidUsage("gfdit: all_to_all_single: tensors must have at least one dimension")
             if inp.shape[0] % n != 0 or out.shape[0] % n != 0 or out.numel() != inp.numel():
-                raise InvalidUsage(f"gfdit: all_to_all_single: input {tuple(inp.shape)} and output "
-                                   f"{tuple(out.shape)} must hold as many elements, dim 0 divisible by the "
-                                   f"group size {n}")
+                raise InvalidUsage(
+                    f"gfdit: all_to_all_single: input {tuple(inp.shape)} and output "
+                    f"{tuple(out.shape)} must hold as many elements, dim 0 divisible by the "
+                    f"group size {n}"
+                )
             self._w.all_to_all(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp) // n)
             return
         ins = self._split_views(inp, input_split_sizes, n, "input")
@@ -221,8 +268,10 @@ class World:
             splits = [rows // n] * n
         splits = [int(s) for s in splits]
         if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != rows:
-            raise InvalidUsage(f"gfdit: all_to_all_single: {what}_split_sizes {splits} must be {n} non-negative "
-                               f"sizes summing to dim 0 ({rows})")
+            raise InvalidUsage(
+                f"gfdit: all_to_all_single: {what}_split_sizes {splits} must be {n} non-negative "
+                f"sizes summing to dim 0 ({rows})"
+            )
         row_bytes = _nbytes(t) // rows if rows else 0
         base = t.data_ptr()
         views = []
@@ -233,8 +282,15 @@ class World:
             off += b
         return views
 
-    def all_to_all_4d(self, out: torch.Tensor, inp: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1,
-                      group: Group | None = None, seq_splits: Sequence[int] | None = None) -> None:
+    def all_to_all_4d(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        scatter_dim: int = 2,
+        gather_dim: int = 1,
+        group: Group | None = None,
+        seq_splits: Sequence[int] | None = None,
+    ) -> None:
         """Ulysses all-to-all on [B, S, H, D] tensors.
 
         scatter_dim=2, gather_dim=1: inp [B, S_local, H, D] -> out [B, S, H/n, D] (heads scattered, sequence
@@ -256,38 +312,52 @@ class World:
             splits = self._seq_splits(seq_splits, n, me, s_local)
             s_total, hn = sum(splits), h // n
             if tuple(out.shape) != (b, s_total, hn, d):
-                raise InvalidUsage(f"gfdit: all_to_all_4d: out has shape {tuple(out.shape)}, expected "
-                                   f"{(b, s_total, hn, d)}")
+                raise InvalidUsage(
+                    f"gfdit: all_to_all_4d: out has shape {tuple(out.shape)}, expected {(b, s_total, hn, d)}"
+                )
             head_bytes = hn * d * es
-            ins = [_view(inp.data_ptr() + j * head_bytes, b * s_local, head_bytes, h * d * es) for j in range(n)]
+            ins = [
+                _view(inp.data_ptr() + j * head_bytes, b * s_local, head_bytes, h * d * es) for j in range(n)
+            ]
             offs = _offsets(splits)
-            outs = [_view(out.data_ptr() + offs[j] * head_bytes, b, splits[j] * head_bytes, s_total * head_bytes)
-                    for j in range(n)]
+            outs = [
+                _view(out.data_ptr() + offs[j] * head_bytes, b, splits[j] * head_bytes, s_total * head_bytes)
+                for j in range(n)
+            ]
         elif (scatter_dim, gather_dim) == (1, 2):
             b, s_total, hn, d = inp.shape
             splits = self._seq_splits(seq_splits, n, me, None, s_total)
             h = hn * n
             if tuple(out.shape) != (b, splits[me], h, d):
-                raise InvalidUsage(f"gfdit: all_to_all_4d: out has shape {tuple(out.shape)}, expected "
-                                   f"{(b, splits[me], h, d)}")
+                raise InvalidUsage(
+                    f"gfdit: all_to_all_4d: out has shape {tuple(out.shape)}, expected "
+                    f"{(b, splits[me], h, d)}"
+                )
             head_bytes = hn * d * es
             offs = _offsets(splits)
-            ins = [_view(inp.data_ptr() + offs[j] * head_bytes, b, splits[j] * head_bytes, s_total * head_bytes)
-                   for j in range(n)]
-            outs = [_view(out.data_ptr() + j * head_bytes, b * splits[me], head_bytes, h * d * es) for j in range(n)]
+            ins = [
+                _view(inp.data_ptr() + offs[j] * head_bytes, b, splits[j] * head_bytes, s_total * head_bytes)
+                for j in range(n)
+            ]
+            outs = [
+                _view(out.data_ptr() + j * head_bytes, b * splits[me], head_bytes, h * d * es)
+                for j in range(n)
+            ]
         else:
             raise InvalidUsage("gfdit: all_to_all_4d supports (scatter_dim, gather_dim) = (2, 1) or (1, 2)")
         self._w.all_to_all_v(g._g, ins, outs)
 
     @staticmethod
-    def _seq_splits(seq_splits: Sequence[int] | None, n: int, me: int, s_local: int | None,
-                    s_total: int | None = None) -> list[int]:
+    def _seq_splits(
+        seq_splits: Sequence[int] | None, n: int, me: int, s_local: int | None, s_total: int | None = None
+    ) -> list[int]:
         if seq_splits is None:
             if s_local is not None:
                 return [s_local] * n
             if s_total % n != 0:
-                raise InvalidUsage(f"gfdit: all_to_all_4d: sequence {s_total} is not divisible by {n}; "
-                                   "pass seq_splits")
+                raise InvalidUsage(
+                    f"gfdit: all_to_all_4d: sequence {s_total} is not divisible by {n}; pass seq_splits"
+                )
             return [s_total // n] * n
         splits = [int(s) for s in seq_splits]
         if len(splits) != n or any(s < 0 for s in splits):
@@ -298,18 +368,22 @@ class World:
             raise InvalidUsage(f"gfdit: all_to_all_4d: seq_splits sum to {sum(splits)}, inp has {s_total}")
         return splits
 
-    def reduce_scatter_tensor(self, out: torch.Tensor, inp: torch.Tensor, op: Any = "sum",
-                              group: Group | None = None) -> None:
+    def reduce_scatter_tensor(
+        self, out: torch.Tensor, inp: torch.Tensor, op: Any = "sum", group: Group | None = None
+    ) -> None:
         g = self._group(group)
         _check(out, "out")
         _check(inp, "inp")
         _same_dtype(out, inp, "reduce_scatter_tensor")
         n = g.size()
         if inp.numel() != n * out.numel():
-            raise InvalidUsage(f"gfdit: reduce_scatter_tensor: inp has {inp.numel()} elements, expected "
-                               f"{n} x {out.numel()} for a group of {n}")
-        self._w.reduce_scatter(g._g, inp.data_ptr(), out.data_ptr(), out.numel(), _DTYPES[out.dtype],
-                               _reduce_op(op))
+            raise InvalidUsage(
+                f"gfdit: reduce_scatter_tensor: inp has {inp.numel()} elements, expected "
+                f"{n} x {out.numel()} for a group of {n}"
+            )
+        self._w.reduce_scatter(
+            g._g, inp.data_ptr(), out.data_ptr(), out.numel(), _DTYPES[out.dtype], _reduce_op(op)
+        )
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = "sum", group: Group | None = None) -> None:
         g = self._group(group)
@@ -339,10 +413,14 @@ class World:
         _check(src, "src")
         _check(dst, "dst")
         if not self.is_heap_tensor(dst):
-            raise InvalidUsage("gfdit: put_with_signal: dst must be a heap tensor (gfdit.empty); its heap offset "
-                               "names the destination on the peer")
+            raise InvalidUsage(
+                "gfdit: put_with_signal: dst must be a heap tensor (gfdit.empty); its heap offset "
+                "names the destination on the peer"
+            )
         if _nbytes(src) > _nbytes(dst):
-            raise InvalidUsage(f"gfdit: put_with_signal: src has {_nbytes(src)} bytes, dst only {_nbytes(dst)}")
+            raise InvalidUsage(
+                f"gfdit: put_with_signal: src has {_nbytes(src)} bytes, dst only {_nbytes(dst)}"
+            )
         self._w.put_with_signal(int(peer), src.data_ptr(), _nbytes(src), self._w.heap_offset(dst.data_ptr()))
 
     def wait_signal(self, peer: int, count: int = 1) -> None:
@@ -373,8 +451,14 @@ def _offsets(splits: Sequence[int]) -> list[int]:
 _world: World | None = None
 
 
-def init(rank: int | None = None, world_size: int | None = None, store: Any = None,
-         timeout: float | datetime.timedelta = 300.0, heap_bytes: int | None = None, **options: Any) -> World:
+def init(
+    rank: int | None = None,
+    world_size: int | None = None,
+    store: Any = None,
+    timeout: float | datetime.timedelta = 300.0,
+    heap_bytes: int | None = None,
+    **options: Any,
+) -> World:
     """Joins the default world. Without a store, reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun
     sets them) and opens a torch.distributed.TCPStore."""
     global _world
@@ -388,8 +472,13 @@ def init(rank: int | None = None, world_size: int | None = None, store: Any = No
         import torch.distributed as dist
 
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
-        store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world_size,
-                              rank == 0, timeout=datetime.timedelta(seconds=secs))
+        store = dist.TCPStore(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            int(os.environ["MASTER_PORT"]),
+            world_size,
+            rank == 0,
+            timeout=datetime.timedelta(seconds=secs),
+        )
     _world = World(rank, world_size, store, timeout=timeout, heap_bytes=heap_bytes, **options)
     return _world
 
@@ -434,17 +523,30 @@ def all_gather_into_tensor(out: torch.Tensor, inp: torch.Tensor, group: Group | 
     get_world().all_gather_into_tensor(out, inp, group=group)
 
 
-def all_to_all_single(out: torch.Tensor, inp: torch.Tensor, output_split_sizes: Sequence[int] | None = None,
-                      input_split_sizes: Sequence[int] | None = None, group: Group | None = None) -> None:
+def all_to_all_single(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Group | None = None,
+) -> None:
     get_world().all_to_all_single(out, inp, output_split_sizes, input_split_sizes, group=group)
 
 
-def all_to_all_4d(out: torch.Tensor, inp: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1,
-                  group: Group | None = None, seq_splits: Sequence[int] | None = None) -> None:
+def all_to_all_4d(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    scatter_dim: int = 2,
+    gather_dim: int = 1,
+    group: Group | None = None,
+    seq_splits: Sequence[int] | None = None,
+) -> None:
     get_world().all_to_all_4d(out, inp, scatter_dim, gather_dim, group=group, seq_splits=seq_splits)
 
 
-def reduce_scatter_tensor(out: torch.Tensor, inp: torch.Tensor, op: Any = "sum", group: Group | None = None) -> None:
+def reduce_scatter_tensor(
+    out: torch.Tensor, inp: torch.Tensor, op: Any = "sum", group: Group | None = None
+) -> None:
     get_world().reduce_scatter_tensor(out, inp, op, group=group)
 
 

@@ -31,7 +31,14 @@ Layout = rt.Layout
 
 # The registry entry behind each name gfdit.models.load accepts (limits and cost model).
 _ARCH_OF = {"wan2.1": "wan2.1-1.3b"}
-_DTYPES = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16, 3: torch.int32, 4: torch.int64, 5: torch.uint8}
+_DTYPES = {
+    0: torch.float32,
+    1: torch.float16,
+    2: torch.bfloat16,
+    3: torch.int32,
+    4: torch.int64,
+    5: torch.uint8,
+}
 # Limits an engine enforces besides the model's strides; defaults from the model's registry entry.
 LIMIT_FIELDS = ("max_steps", "max_pixels", "max_frames", "max_tokens")
 
@@ -85,7 +92,7 @@ class RequestFailed(RuntimeError):
 class RequestHandle:
     """What submit returns: wait for the result, ask for progress, or cancel."""
 
-    def __init__(self, engine: "Engine", request_id: int) -> None:
+    def __init__(self, engine: Engine, request_id: int) -> None:
         self._engine = engine
         self.request_id = request_id
         self._event = threading.Event()
@@ -116,7 +123,12 @@ class RequestHandle:
         if s is None:  # finished a moment ago; the handle is about to get its result
             self._event.wait(1.0)
             return self.status() if self._result is not None else {"state": "UNKNOWN"}
-        return {"state": s["state"].name, "step": s["step"], "num_steps": s["num_steps"], "ranks": list(s["ranks"])}
+        return {
+            "state": s["state"].name,
+            "step": s["step"],
+            "num_steps": s["num_steps"],
+            "ranks": list(s["ranks"]),
+        }
 
     def cancel(self) -> None:
         """Cancels the request: it ends CANCELLED at once; work in flight is dropped."""
@@ -191,8 +203,19 @@ class Engine:
                 target=worker.main,
                 name=f"gfdit-worker-{w}",
                 daemon=True,
-                args=(w, world_size, "127.0.0.1", self._store.port, self._loop.queue_name, self._loop.output_prefix,
-                      model, model_path, timeout_s, heap_bytes, threads_per_worker),
+                args=(
+                    w,
+                    world_size,
+                    "127.0.0.1",
+                    self._store.port,
+                    self._loop.queue_name,
+                    self._loop.output_prefix,
+                    model,
+                    model_path,
+                    timeout_s,
+                    heap_bytes,
+                    threads_per_worker,
+                ),
             )
             p.start()
             self._procs.append(p)
@@ -228,8 +251,12 @@ class Engine:
         if r.negative_prompt is not None and not isinstance(r.negative_prompt, str):
             raise InvalidUsage("gfdit.Request: negative_prompt must be a string or None")
         fields = {}
-        for name, default in (("height", d["height"]), ("width", d["width"]), ("num_frames", d["num_frames"]),
-                              ("num_inference_steps", d["num_inference_steps"])):
+        for name, default in (
+            ("height", d["height"]),
+            ("width", d["width"]),
+            ("num_frames", d["num_frames"]),
+            ("num_inference_steps", d["num_inference_steps"]),
+        ):
             v = getattr(r, name)
             if v is None:
                 v = default
@@ -241,29 +268,60 @@ class Engine:
             raise InvalidUsage(f"gfdit.Request: guidance_scale must be a finite number, got {g!r}")
         if isinstance(r.seed, bool) or not isinstance(r.seed, int) or not -(2**63) <= r.seed < 2**64:
             raise InvalidUsage(f"gfdit.Request: seed must be a 64-bit integer, got {r.seed!r}")
-        if isinstance(r.priority, bool) or not isinstance(r.priority, int) or not -(2**31) <= r.priority < 2**31:
+        if (
+            isinstance(r.priority, bool)
+            or not isinstance(r.priority, int)
+            or not -(2**31) <= r.priority < 2**31
+        ):
             raise InvalidUsage(f"gfdit.Request: priority must be a 32-bit integer, got {r.priority!r}")
         deadline = math.inf
         if r.deadline_s is not None:
-            if isinstance(r.deadline_s, bool) or not isinstance(r.deadline_s, (int, float)) or not (
-                math.isfinite(r.deadline_s) and r.deadline_s > 0
+            if (
+                isinstance(r.deadline_s, bool)
+                or not isinstance(r.deadline_s, (int, float))
+                or not (math.isfinite(r.deadline_s) and r.deadline_s > 0)
             ):
-                raise InvalidUsage(f"gfdit.Request: deadline_s must be a positive number, got {r.deadline_s!r}")
+                raise InvalidUsage(
+                    f"gfdit.Request: deadline_s must be a positive number, got {r.deadline_s!r}"
+                )
             deadline = float(r.deadline_s)
         try:
-            tokens = self._limits.check(fields["height"], fields["width"], fields["num_frames"],
-                                        fields["num_inference_steps"], float(g))
+            tokens = self._limits.check(
+                fields["height"],
+                fields["width"],
+                fields["num_frames"],
+                fields["num_inference_steps"],
+                float(g),
+            )
         except InvalidUsage as e:
             raise InvalidUsage(f"gfdit.Request: {_strip_location(str(e))}") from None
-        payload = json.dumps({"prompt": r.prompt, "negative_prompt": r.negative_prompt, **fields,
-                              "guidance_scale": float(g), "seed": r.seed}).encode()
+        payload = json.dumps(
+            {
+                "prompt": r.prompt,
+                "negative_prompt": r.negative_prompt,
+                **fields,
+                "guidance_scale": float(g),
+                "seed": r.seed,
+            }
+        ).encode()
         if len(payload) > rt.MAX_PAYLOAD_BYTES:
-            raise InvalidUsage(f"gfdit.Request: prompt and negative_prompt take {len(payload)} bytes as JSON; at most "
-                               f"{rt.MAX_PAYLOAD_BYTES}")
+            raise InvalidUsage(
+                f"gfdit.Request: prompt and negative_prompt take {len(payload)} bytes as JSON; at most "
+                f"{rt.MAX_PAYLOAD_BYTES}"
+            )
         with self._lock:
-            rid = self._loop.submit(fields["height"], fields["width"], fields["num_frames"],
-                                    fields["num_inference_steps"], float(g), tokens, deadline, r.priority,
-                                    self._max_degree, payload)
+            rid = self._loop.submit(
+                fields["height"],
+                fields["width"],
+                fields["num_frames"],
+                fields["num_inference_steps"],
+                float(g),
+                tokens,
+                deadline,
+                r.priority,
+                self._max_degree,
+                payload,
+            )
             handle = RequestHandle(self, rid)
             early = self._early.pop(rid, None)
             if early is None:
@@ -285,7 +343,7 @@ class Engine:
         self._thread.join(5.0)
         rt.unlink_outputs(self._loop.output_prefix)
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -294,7 +352,9 @@ class Engine:
     def ping(self, worker: int, count: int = 100, timeout: float = 30.0) -> list[tuple[int, int, int, int]]:
         """Round trips of an empty task to an idle worker: (dispatch, start, post, seen) ns each, for latency
         measurements. Each ping waits for the previous one."""
-        return [(s.dispatch_ns, s.start_ns, s.post_ns, s.seen_ns) for s in self._loop.ping(worker, count, timeout)]
+        return [
+            (s.dispatch_ns, s.start_ns, s.post_ns, s.seen_ns) for s in self._loop.ping(worker, count, timeout)
+        ]
 
     def requests(self) -> dict[int, str]:
         """State of every request submitted and not yet finished."""
@@ -375,14 +435,29 @@ class Engine:
         elif rr.output.name:
             rt.discard_output(rr.output)
         timeline = [
-            Stage(kind=s.kind.name.lower(), ranks=list(s.ranks), ulysses=s.layout.ulysses, ring=s.layout.ring,
-                  mode="torus" if s.layout.mode == 1 else "usp", step_begin=s.step_begin, num_steps=s.num_steps,
-                  dispatch_ns=s.dispatch_ns, start_ns=s.start_ns, end_ns=s.end_ns)
+            Stage(
+                kind=s.kind.name.lower(),
+                ranks=list(s.ranks),
+                ulysses=s.layout.ulysses,
+                ring=s.layout.ring,
+                mode="torus" if s.layout.mode == 1 else "usp",
+                step_begin=s.step_begin,
+                num_steps=s.num_steps,
+                dispatch_ns=s.dispatch_ns,
+                start_ns=s.start_ns,
+                end_ns=s.end_ns,
+            )
             for s in rr.stages
         ]
         transitions = [(t.state.name, t.step, t.t_ns) for t in rr.transitions]
-        return Result(request_id=rr.id, output=output, state=rr.state.name, reason=rr.reason, timeline=timeline,
-                      transitions=transitions)
+        return Result(
+            request_id=rr.id,
+            output=output,
+            state=rr.state.name,
+            reason=rr.reason,
+            timeline=timeline,
+            transitions=transitions,
+        )
 
     def _kill_all(self) -> None:
         for p in self._procs:

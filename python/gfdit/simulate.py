@@ -185,9 +185,13 @@ def _check_policy(policy: str, num_ranks: int) -> None:
     try:
         rt.make_policy(policy)  # parses the name the way the simulator and the engine do
     except InvalidUsage as e:
-        raise InvalidUsage(f"unknown policy {policy!r} (valid: {', '.join(rt.policy_names())}): {e}") from None
+        raise InvalidUsage(
+            f"unknown policy {policy!r} (valid: {', '.join(rt.policy_names())}): {e}"
+        ) from None
     if policy.startswith("static:") and num_ranks % int(policy.split(":", 1)[1]) != 0:
-        raise InvalidUsage(f"policy {policy!r} needs a rank count divisible by its degree; the cluster has {num_ranks}")
+        raise InvalidUsage(
+            f"policy {policy!r} needs a rank count divisible by its degree; the cluster has {num_ranks}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ run-trace

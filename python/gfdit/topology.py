@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from gfdit._C import InvalidUsage
 
@@ -34,26 +34,27 @@ class Topology:
         object.__setattr__(self, "node_ids", ids)
 
     @classmethod
-    def single_node(cls, world_size: int) -> "Topology":
+    def single_node(cls, world_size: int) -> Topology:
         """Every rank on node 0."""
         return cls((0,) * int(world_size))
 
     @classmethod
-    def from_string(cls, text: str, world_size: int | None = None) -> "Topology":
+    def from_string(cls, text: str, world_size: int | None = None) -> Topology:
         """Parses ``"0,0,1,1"`` (one id per rank, commas or spaces between)."""
         parts = [p for p in text.replace(",", " ").split() if p]
         try:
             ids = tuple(int(p) for p in parts)
         except ValueError:
-            raise InvalidUsage(f"gfdit: cannot parse node ids {text!r}; expected e.g. \"0,0,1,1\"") from None
+            raise InvalidUsage(f'gfdit: cannot parse node ids {text!r}; expected e.g. "0,0,1,1"') from None
         topo = cls(ids)
         if world_size is not None and len(ids) != world_size:
-            raise InvalidUsage(f"gfdit: {len(ids)} node ids {list(ids)} given for a world of {world_size} "
-                               "ranks")
+            raise InvalidUsage(
+                f"gfdit: {len(ids)} node ids {list(ids)} given for a world of {world_size} ranks"
+            )
         return topo
 
     @classmethod
-    def from_env(cls, world_size: int | None = None) -> "Topology":
+    def from_env(cls, world_size: int | None = None) -> Topology:
         """From ``GFDIT_NODE_IDS``; all ranks on one node when it is unset or empty."""
         if world_size is None:
             from gfdit.comm import get_world_size

@@ -30,18 +30,31 @@ _QUIET_WITH_WORK = (rt.TaskKind.ENCODE, rt.TaskKind.DENOISE, rt.TaskKind.MIGRATE
 
 
 class Worker:
-    def __init__(self, worker_id: int, num_workers: int, store_host: str, store_port: int, queue_name: str,
-                 output_prefix: str, model: str, model_path: str | None, timeout_s: float, heap_bytes: int) -> None:
-        import gfdit  # noqa: F401  (imports the extension in the child)
+    def __init__(
+        self,
+        worker_id: int,
+        num_workers: int,
+        store_host: str,
+        store_port: int,
+        queue_name: str,
+        output_prefix: str,
+        model: str,
+        model_path: str | None,
+        timeout_s: float,
+        heap_bytes: int,
+    ) -> None:
         import torch.distributed as dist
+
+        import gfdit  # noqa: F401  (imports the extension in the child)
 
         self.id = worker_id
         self.queues = rt.QueueSet.attach(queue_name)
         self.output_prefix = output_prefix
         self.timeout_s = timeout_s
         self.heap_bytes = heap_bytes
-        self.store = dist.TCPStore(store_host, store_port, None, False,
-                                   timeout=datetime.timedelta(seconds=max(30.0, timeout_s)))
+        self.store = dist.TCPStore(
+            store_host, store_port, None, False, timeout=datetime.timedelta(seconds=max(30.0, timeout_s))
+        )
         self.model_name = model
         self.model_path = model_path
         self.model: Any = None
@@ -60,8 +73,14 @@ class Worker:
         if gfdit.is_initialized():
             gfdit.destroy()
         self.rank_of = {w: i for i, w in enumerate(workers)}
-        self.world = gfdit.init(self.rank_of[self.id], len(workers), self.store, timeout=self.timeout_s,
-                                heap_bytes=self.heap_bytes, key_prefix=f"gfdit/epoch{epoch}")
+        self.world = gfdit.init(
+            self.rank_of[self.id],
+            len(workers),
+            self.store,
+            timeout=self.timeout_s,
+            heap_bytes=self.heap_bytes,
+            key_prefix=f"gfdit/epoch{epoch}",
+        )
         # The engine bumps this word to abort blocked collectives when it recovers from a failure.
         self.world._w.watch_abort(self.queues.abort_address())
         self.broken = False
@@ -89,10 +108,21 @@ class Worker:
         pt, ps, _ = m.patch_size
         stride_s = int(getattr(m, "scale_spatial", 0) or getattr(m, "vae_scale", 8))
         stride_t = int(getattr(m, "scale_temporal", 1) or 1) if m.is_video else 1
-        return {"heads": heads, "is_video": bool(m.is_video), "patch_t": int(pt), "patch_s": int(ps),
-                "vae_stride_s": stride_s, "vae_stride_t": stride_t,
-                "defaults": {"height": d.height, "width": d.width, "num_frames": d.num_frames,
-                             "num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale}}
+        return {
+            "heads": heads,
+            "is_video": bool(m.is_video),
+            "patch_t": int(pt),
+            "patch_s": int(ps),
+            "vae_stride_s": stride_s,
+            "vae_stride_t": stride_t,
+            "defaults": {
+                "height": d.height,
+                "width": d.width,
+                "num_frames": d.num_frames,
+                "num_inference_steps": d.num_inference_steps,
+                "guidance_scale": d.guidance_scale,
+            },
+        }
 
     def run(self) -> None:
         hello = rt.Completion()
@@ -200,17 +230,24 @@ class Worker:
     def encode(self, rid: int, req: dict) -> None:
         prompt = req["prompt"]
         if self.faults and prompt.startswith(FAULT_PREFIX):
-            what = prompt[len(FAULT_PREFIX):].split()[0]
+            what = prompt[len(FAULT_PREFIX) :].split()[0]
             if what == "raise":
                 raise RuntimeError("injected failure")
             if what.startswith("sleep="):
                 time.sleep(float(what.split("=", 1)[1]))
         m = self.model
         cond = m.encode(prompt, req.get("negative_prompt"), guidance_scale=req.get("guidance_scale"))
-        shape = m.latent_shape(height=req.get("height"), width=req.get("width"), num_frames=req.get("num_frames"))
+        shape = m.latent_shape(
+            height=req.get("height"), width=req.get("width"), num_frames=req.get("num_frames")
+        )
         latent = m.init_latent(int(req.get("seed", 0)), shape)
-        self.states[rid] = m.initial_state(cond, latent, num_inference_steps=req.get("num_inference_steps"),
-                                           guidance_scale=req.get("guidance_scale"), grid=tuple(shape[2:]))
+        self.states[rid] = m.initial_state(
+            cond,
+            latent,
+            num_inference_steps=req.get("num_inference_steps"),
+            guidance_scale=req.get("guidance_scale"),
+            grid=tuple(shape[2:]),
+        )
         self.steps[rid] = 0
 
 
@@ -218,11 +255,32 @@ class _StateLost(Exception):
     """The worker does not hold the request's state at the step asked for."""
 
 
-def main(worker_id: int, num_workers: int, store_host: str, store_port: int, queue_name: str, output_prefix: str,
-         model: str, model_path: str | None, timeout_s: float, heap_bytes: int, threads: int) -> None:
+def main(
+    worker_id: int,
+    num_workers: int,
+    store_host: str,
+    store_port: int,
+    queue_name: str,
+    output_prefix: str,
+    model: str,
+    model_path: str | None,
+    timeout_s: float,
+    heap_bytes: int,
+    threads: int,
+) -> None:
     torch.set_num_threads(threads)
     try:
-        Worker(worker_id, num_workers, store_host, store_port, queue_name, output_prefix, model, model_path,
-               timeout_s, heap_bytes).run()
+        Worker(
+            worker_id,
+            num_workers,
+            store_host,
+            store_port,
+            queue_name,
+            output_prefix,
+            model,
+            model_path,
+            timeout_s,
+            heap_bytes,
+        ).run()
     except KeyboardInterrupt:
         pass

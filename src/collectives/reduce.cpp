@@ -46,7 +46,7 @@ uint16_t floatToHalf(float f) {
     return static_cast<uint16_t>(sign | 0x7c00 | (abs > 0x7f800000u ? 0x200 : 0));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);  // rounds to inf
-  if (abs < 0x38800000u) {  // subnormal or zero in half
+  if (abs < 0x38800000u) {                                              // subnormal or zero in half
     // value = abs_float; half subnormal unit = 2^-24.
     float a;
     std::memcpy(&a, &abs, 4);
@@ -139,25 +139,20 @@ void accInit(void* acc, const void* src, size_t count, DType dtype) {
     case DType::kBFloat16:
       for (size_t i = 0; i < count; ++i) a[i] = bf16ToFloat(s[i]);
       return;
-    default:
-      std::memcpy(acc, src, count * dtypeSize(dtype));
+    default: std::memcpy(acc, src, count * dtypeSize(dtype));
   }
 }
 
 void accApply(void* acc, const void* src, size_t count, DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::kFloat32:
-      return applyTyped(static_cast<float*>(acc), static_cast<const float*>(src), count, op);
+    case DType::kFloat32: return applyTyped(static_cast<float*>(acc), static_cast<const float*>(src), count, op);
     case DType::kFloat16:
       return applyNarrow<halfToFloat>(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count, op);
     case DType::kBFloat16:
       return applyNarrow<bf16ToFloat>(static_cast<float*>(acc), static_cast<const uint16_t*>(src), count, op);
-    case DType::kInt32:
-      return applyTyped(static_cast<int32_t*>(acc), static_cast<const int32_t*>(src), count, op);
-    case DType::kInt64:
-      return applyTyped(static_cast<int64_t*>(acc), static_cast<const int64_t*>(src), count, op);
-    case DType::kUInt8:
-      return applyTyped(static_cast<uint8_t*>(acc), static_cast<const uint8_t*>(src), count, op);
+    case DType::kInt32: return applyTyped(static_cast<int32_t*>(acc), static_cast<const int32_t*>(src), count, op);
+    case DType::kInt64: return applyTyped(static_cast<int64_t*>(acc), static_cast<const int64_t*>(src), count, op);
+    case DType::kUInt8: return applyTyped(static_cast<uint8_t*>(acc), static_cast<const uint8_t*>(src), count, op);
   }
   GFDIT_THROW(kInvalidUsage) << "unsupported dtype " << static_cast<int>(dtype);
 }

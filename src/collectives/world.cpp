@@ -463,8 +463,8 @@ struct World::Impl {
   void validate(int peer, const MessageDesc& d, const RecvState& r, uint64_t seq) {
     if (d.instance != instance[peer] || d.op != plan.op || d.total_bytes != r.total) {
       std::ostringstream os;
-      os << "gfdit: collective mismatch on edge " << peer << "->" << rank << " (message " << seq << "): rank "
-         << peer << " is in instance " << d.instance << " " << describeOp(d.op) << " with " << d.total_bytes
+      os << "gfdit: collective mismatch on edge " << peer << "->" << rank << " (message " << seq << "): rank " << peer
+         << " is in instance " << d.instance << " " << describeOp(d.op) << " with " << d.total_bytes
          << " bytes for rank " << rank << ", but rank " << rank << " is in instance " << instance[peer] << " "
          << describeOp(plan.op) << " expecting " << r.total << " bytes from rank " << peer;
       fail(ErrorCode::kRemoteError, os.str());
@@ -499,8 +499,8 @@ struct World::Impl {
       MessageDesc d = e.desc[seq % 2];
       validate(peer, d, r, seq);
       if (d.stream_offset != r.consumed) {
-        fail(ErrorCode::kInternal, "gfdit: message out of order on edge " + std::to_string(peer) + "->" +
-                                       std::to_string(rank));
+        fail(ErrorCode::kInternal,
+             "gfdit: message out of order on edge " + std::to_string(peer) + "->" + std::to_string(rank));
       }
       bool zc = (d.flags & edge::kFlagZeroCopy) != 0;
       copyView(copier, r.view, d.stream_offset, sourceView(peer, d), zc ? d.stream_offset : 0, d.bytes);
@@ -819,8 +819,8 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   // long (a 256 KiB chunk from memory takes ~30 us to copy). More ranks than cores: a spinning rank
   // steals the core its peer needs, so spin briefly and yield the core before blocking.
   bool own_core = static_cast<unsigned>(world_size) <= cores;
-  impl->spin_us = options.spin_us >= 0 ? options.spin_us
-                                       : static_cast<int>(envSize("GFDIT_SPIN_US", own_core ? 1000 : 2));
+  impl->spin_us =
+      options.spin_us >= 0 ? options.spin_us : static_cast<int>(envSize("GFDIT_SPIN_US", own_core ? 1000 : 2));
   impl->yield_us = static_cast<int>(envSize("GFDIT_YIELD_US", own_core ? 0 : 300));
   impl->options.slot_bytes = impl->slot_bytes;
   impl->options.num_slots = impl->num_slots;
@@ -885,8 +885,8 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
 
   // Rendezvous: publish the name, map every peer, then unlink our name once every peer has mapped it.
   std::string prefix = options.key_prefix + "/" + std::to_string(g_world_generation.fetch_add(1)) + "/";
-  store.set(prefix + "region/" + std::to_string(rank), impl->shm_name + " " + std::to_string(total) + " " +
-                                                        std::to_string(impl->slot_bytes));
+  store.set(prefix + "region/" + std::to_string(rank),
+            impl->shm_name + " " + std::to_string(total) + " " + std::to_string(impl->slot_bytes));
   for (int p = 0; p < world_size; ++p) {
     if (p == rank) continue;
     std::istringstream is(store.get(prefix + "region/" + std::to_string(p)));
@@ -1014,8 +1014,8 @@ void World::allToAllV(const Group& group, const BufferView* ins, const BufferVie
   m.checkUsable();
   checkMember(group, m.size, m.rank);
   int n = group.size(), me = group.selfIdx();
-  GFDIT_CHECK(ins[me].bytes() == outs[me].bytes()) << "gfdit: all_to_all: this rank's own block has "
-                                                   << ins[me].bytes() << " bytes in and " << outs[me].bytes() << " out";
+  GFDIT_CHECK(ins[me].bytes() == outs[me].bytes()) << "gfdit: all_to_all: this rank's own block has " << ins[me].bytes()
+                                                   << " bytes in and " << outs[me].bytes() << " out";
   m.resetPlan(edge::opCode(kAllToAll, 0, 0), n);
   for (int j = 0; j < n; ++j) {
     if (j == me) continue;

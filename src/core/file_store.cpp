@@ -25,8 +25,7 @@ std::string encodeKey(const std::string& key) {
 
 }  // namespace
 
-FileStore::FileStore(std::string path, std::chrono::milliseconds timeout)
-    : path_(std::move(path)), timeout_(timeout) {
+FileStore::FileStore(std::string path, std::chrono::milliseconds timeout) : path_(std::move(path)), timeout_(timeout) {
   if (::mkdir(path_.c_str(), 0700) != 0 && errno != EEXIST) {
     GFDIT_THROW(kSystemError) << "FileStore: mkdir " << path_ << ": " << std::strerror(errno);
   }

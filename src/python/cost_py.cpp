@@ -209,9 +209,9 @@ void register_cost(py::module_& m) {
   py::class_<CostModel, std::shared_ptr<CostModel>>(c, "CostModel", "predicts stage times in seconds")
       .def(
           "seconds",
-          [](const CostModel& cm, Stage stage, int32_t height, int32_t width, int32_t num_frames,
-             int32_t num_steps, double guidance_scale, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode,
-             int32_t num_nodes, int32_t num_new, int32_t placement) {
+          [](const CostModel& cm, Stage stage, int32_t height, int32_t width, int32_t num_frames, int32_t num_steps,
+             double guidance_scale, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode, int32_t num_nodes,
+             int32_t num_new, int32_t placement) {
             cost::StageQuery q;
             q.shape.height = height;
             q.shape.width = width;
@@ -228,10 +228,9 @@ void register_cost(py::module_& m) {
             q.num_new = num_new;
             return cm.seconds(stage, q);
           },
-          py::arg("stage"), py::arg("height"), py::arg("width"), py::arg("num_frames") = 1,
-          py::arg("num_steps") = 1, py::arg("guidance_scale") = 1.0, py::arg("degree") = 1, py::arg("ulysses") = 1,
-          py::arg("ring") = 1, py::arg("mode") = 0, py::arg("num_nodes") = 1, py::arg("num_new") = 0,
-          py::arg("placement") = 0,
+          py::arg("stage"), py::arg("height"), py::arg("width"), py::arg("num_frames") = 1, py::arg("num_steps") = 1,
+          py::arg("guidance_scale") = 1.0, py::arg("degree") = 1, py::arg("ulysses") = 1, py::arg("ring") = 1,
+          py::arg("mode") = 0, py::arg("num_nodes") = 1, py::arg("num_new") = 0, py::arg("placement") = 0,
           "seconds `stage` takes for a request of this size on a group of `degree` ranks")
       .def("describe", &CostModel::describe, "a one-line description")
       .def_property_readonly(

@@ -55,8 +55,8 @@ class HeldPolicy : public Policy {
     } catch (py::error_already_set& e) {
       throw Error(ErrorCode::kInvalidUsage, std::string("raised ") + e.what());
     } catch (py::cast_error& e) {
-      throw Error(ErrorCode::kInvalidUsage, std::string("returned something that is not a list of Decision: ") +
-                                                e.what());
+      throw Error(ErrorCode::kInvalidUsage,
+                  std::string("returned something that is not a list of Decision: ") + e.what());
     }
   }
 
@@ -385,15 +385,16 @@ void register_runtime(py::module_& m) {
       .def("name", &Policy::name)
       .def("schedule", &Policy::schedule);
   r.def(
-      "make_policy", [](const std::string& name) { return std::shared_ptr<Policy>(makePolicy(name)); },
-      py::arg("name"), "A built-in policy by name; unknown names raise InvalidUsage listing the built-in ones.");
+      "make_policy", [](const std::string& name) { return std::shared_ptr<Policy>(makePolicy(name)); }, py::arg("name"),
+      "A built-in policy by name; unknown names raise InvalidUsage listing the built-in ones.");
   r.def("policy_names", &policyNames);
   r.def("max_ulysses_degree", &maxUlyssesDegree, py::arg("heads"));
 
   py::class_<RequestLimits>(r, "RequestLimits")
       .def(py::init<>())
-      .def_static("of", [](const std::string& model) { return RequestLimits::of(cost::modelArch(model)); },
-                  py::arg("model"), "The limits of a known model.")
+      .def_static(
+          "of", [](const std::string& model) { return RequestLimits::of(cost::modelArch(model)); }, py::arg("model"),
+          "The limits of a known model.")
       .def_readwrite("vae_stride_s", &RequestLimits::vae_stride_s)
       .def_readwrite("patch_s", &RequestLimits::patch_s)
       .def_readwrite("temporal_stride", &RequestLimits::temporal_stride)
@@ -417,7 +418,8 @@ void register_runtime(py::module_& m) {
             return s.tokens;
           },
           py::arg("height"), py::arg("width"), py::arg("num_frames"), py::arg("num_steps"),
-          py::arg("guidance_scale") = 1.0, "Checks a request; returns its tokens or raises InvalidUsage naming the field.")
+          py::arg("guidance_scale") = 1.0,
+          "Checks a request; returns its tokens or raises InvalidUsage naming the field.")
       .def("tokens", &RequestLimits::tokens);
   r.def(
       "check_request",
@@ -570,7 +572,10 @@ void register_runtime(py::module_& m) {
                              [](const SimResult& s) {
                                py::list out;
                                for (const auto& iv : s.intervals) {
-                                 out.append(py::make_tuple(iv.rank, iv.request_id, taskKindName(iv.kind) == std::string("denoise") ? "step" : taskKindName(iv.kind), iv.start_s, iv.end_s));
+                                 out.append(py::make_tuple(
+                                     iv.rank, iv.request_id,
+                                     taskKindName(iv.kind) == std::string("denoise") ? "step" : taskKindName(iv.kind),
+                                     iv.start_s, iv.end_s));
                                }
                                return out;
                              })

@@ -122,8 +122,7 @@ void register_world(py::module_& m) {
             return std::shared_ptr<World>(std::move(w));
           },
           py::arg("rank"), py::arg("world_size"), py::arg("store"), py::arg("timeout_s"), py::arg("heap_bytes"),
-          py::arg("slot_bytes") = 0, py::arg("num_slots") = 0, py::arg("spin_us") = -1,
-          py::arg("key_prefix") = "gfdit")
+          py::arg("slot_bytes") = 0, py::arg("num_slots") = 0, py::arg("spin_us") = -1, py::arg("key_prefix") = "gfdit")
       .def_property_readonly("rank", &World::rank)
       .def_property_readonly("size", &World::size)
       .def_property_readonly("timeout_s",
@@ -137,8 +136,7 @@ void register_world(py::module_& m) {
            })
       .def("stats", &World::stats)
       .def(
-          "watch_abort",
-          [](World& w, uintptr_t address) { w.watchAbort(reinterpret_cast<const uint64_t*>(address)); },
+          "watch_abort", [](World& w, uintptr_t address) { w.watchAbort(reinterpret_cast<const uint64_t*>(address)); },
           "Waits fail once the 64-bit word at `address` changes (the runtime's abort counter).")
       .def(
           "new_group",

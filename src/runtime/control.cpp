@@ -176,7 +176,7 @@ ControlPlane::Request& ControlPlane::req(uint64_t id) {
 void ControlPlane::transition(Request& r, RequestState s, int32_t step, const std::string& reason) {
   RequestRecord& rec = r.rec;
   GFDIT_CHECK_CODE(kInternal, allowed(rec.state, s)) << "request " << rec.id << ": " << requestStateName(rec.state)
-                                                      << " -> " << requestStateName(s) << " is not a valid transition";
+                                                     << " -> " << requestStateName(s) << " is not a valid transition";
   rec.state = s;
   if (step >= 0) rec.step = step;
   if (!reason.empty()) rec.reason = reason;
@@ -427,8 +427,7 @@ void ControlPlane::pump(Request& r) {
       ++r.next_step;
       ++rec.steps_in_flight;
     }
-    if (r.todo == 0 && r.inflight > 0 && rec.steps_in_flight < limit &&
-        r.next_step < rec.num_steps && lookahead(r)) {
+    if (r.todo == 0 && r.inflight > 0 && rec.steps_in_flight < limit && r.next_step < rec.num_steps && lookahead(r)) {
       continue;
     }
     return;
@@ -585,8 +584,9 @@ void ControlPlane::taskDone(Task& done) {
   Request& r = *it->second;
   RequestRecord& rec = r.rec;
   for (const auto& se : t.step_ends) {  // a negative step: the worker holds no copy
-    r.copies.erase(std::remove_if(r.copies.begin(), r.copies.end(), [&](const auto& cp) { return cp.first == se.first; }),
-                   r.copies.end());
+    r.copies.erase(
+        std::remove_if(r.copies.begin(), r.copies.end(), [&](const auto& cp) { return cp.first == se.first; }),
+        r.copies.end());
     if (se.second >= 0) r.copies.push_back(se);
   }
   if (t.kind == TaskKind::kFree) {
@@ -781,8 +781,7 @@ void ControlPlane::reinitDone() {
     if (r.hit) {
       r.hit = false;
       if (++rec.attempts >= config_.max_attempts) {
-        finish(r, RequestState::kFailed,
-               "failed " + std::to_string(rec.attempts) + " times; last: " + r.last_error);
+        finish(r, RequestState::kFailed, "failed " + std::to_string(rec.attempts) + " times; last: " + r.last_error);
         continue;
       }
     }

@@ -323,14 +323,10 @@ const std::vector<Hardware>& hardwareList() {
 
 const char* stageName(Stage s) {
   switch (s) {
-    case Stage::kEncode:
-      return "encode";
-    case Stage::kDenoiseStep:
-      return "step";
-    case Stage::kMigrate:
-      return "migrate";
-    case Stage::kDecode:
-      return "decode";
+    case Stage::kEncode: return "encode";
+    case Stage::kDenoiseStep: return "step";
+    case Stage::kMigrate: return "migrate";
+    case Stage::kDecode: return "decode";
   }
   return "unknown";
 }
@@ -345,8 +341,7 @@ Stage stageFromName(const std::string& name) {
 
 int64_t ModelArch::tokens(int32_t height, int32_t width, int32_t num_frames) const {
   GFDIT_CHECK(height > 0 && width > 0 && num_frames > 0)
-      << name << ": height, width and num_frames must be positive, got " << height << "x" << width << "x"
-      << num_frames;
+      << name << ": height, width and num_frames must be positive, got " << height << "x" << width << "x" << num_frames;
   const int64_t latent_frames = is_video ? (num_frames - 1) / vae_stride_t + 1 : 1;
   const int64_t cell = static_cast<int64_t>(vae_stride_s) * patch_s;
   return (latent_frames / patch_t) * (height / cell) * (width / cell);
@@ -370,8 +365,7 @@ const Hardware& hardware(const std::string& name) {
   for (const Hardware& h : hardwareList()) {
     if (h.name == name) return h;
   }
-  GFDIT_THROW(kInvalidUsage) << "unknown hardware '" << name
-                             << "'; valid hardware: " << joinNames(hardwareNames());
+  GFDIT_THROW(kInvalidUsage) << "unknown hardware '" << name << "'; valid hardware: " << joinNames(hardwareNames());
   return hardwareList().front();  // unreachable
 }
 
@@ -455,14 +449,10 @@ class AnalyticCostModel : public CostModel {
     const int64_t tokens =
         q.shape.tokens > 0 ? q.shape.tokens : model_.tokens(q.shape.height, q.shape.width, q.shape.num_frames);
     switch (stage) {
-      case Stage::kEncode:
-        return encode(q) * contention(q.degree);
-      case Stage::kDenoiseStep:
-        return step(q, tokens) * contention(q.degree);
-      case Stage::kMigrate:
-        return q.num_new > 0 ? migrate(q) * contention(q.num_new + 1) : 0.0;
-      case Stage::kDecode:
-        return decode(q);
+      case Stage::kEncode: return encode(q) * contention(q.degree);
+      case Stage::kDenoiseStep: return step(q, tokens) * contention(q.degree);
+      case Stage::kMigrate: return q.num_new > 0 ? migrate(q) * contention(q.num_new + 1) : 0.0;
+      case Stage::kDecode: return decode(q);
     }
     return 0.0;
   }
@@ -479,8 +469,8 @@ class AnalyticCostModel : public CostModel {
  private:
   void check(Stage stage, const StageQuery& q) const {
     GFDIT_CHECK(q.degree >= 1) << "degree must be >= 1, got " << q.degree;
-    GFDIT_CHECK(q.degree <= cluster_.num_ranks) << "a group of " << q.degree << " ranks does not fit cluster "
-                                                << cluster_.name << " of " << cluster_.num_ranks;
+    GFDIT_CHECK(q.degree <= cluster_.num_ranks)
+        << "a group of " << q.degree << " ranks does not fit cluster " << cluster_.name << " of " << cluster_.num_ranks;
     GFDIT_CHECK(q.num_nodes >= 1 && q.num_nodes <= q.degree)
         << "num_nodes must be in [1, degree " << q.degree << "], got " << q.num_nodes;
     GFDIT_CHECK(q.num_new >= 0) << "num_new must be >= 0, got " << q.num_new;

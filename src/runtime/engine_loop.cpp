@@ -38,7 +38,7 @@ inline void cpuRelax() {
 bool processGone(int pid) {
   siginfo_t info{};
   int rc = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
-  if (rc == 0) return info.si_pid == pid;  // exited (a zombie until its parent reaps it)
+  if (rc == 0) return info.si_pid == pid;                             // exited (a zombie until its parent reaps it)
   if (errno == ECHILD) return ::kill(pid, 0) != 0 && errno == ESRCH;  // not our child
   return false;
 }
@@ -189,8 +189,8 @@ std::vector<ProbeSample> EngineLoop::ping(int worker, int count, double timeout_
     std::unique_lock<std::mutex> lock(results_mu_);
     bool ok = results_cv_.wait_for(lock, std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)),
                                    [&] { return !probes_.empty() || closed_; });
-    GFDIT_CHECK_CODE(kTimeout, ok && !probes_.empty()) << "ping of worker " << worker << " not answered in "
-                                                       << timeout_s << " s";
+    GFDIT_CHECK_CODE(kTimeout, ok && !probes_.empty())
+        << "ping of worker " << worker << " not answered in " << timeout_s << " s";
     out.push_back(probes_.front());
   }
   return out;

@@ -160,8 +160,8 @@ std::unique_ptr<Policy> makePolicy(const std::string& spec) {
     } catch (...) {
       d = 0;
     }
-    GFDIT_CHECK(d >= 1 && d <= kMaxRanks) << "policy '" << spec << "': the degree must be an integer in [1, " << kMaxRanks
-                                          << "]";
+    GFDIT_CHECK(d >= 1 && d <= kMaxRanks)
+        << "policy '" << spec << "': the degree must be an integer in [1, " << kMaxRanks << "]";
     return makeStaticPolicy(d);
   }
   std::ostringstream os;
@@ -209,7 +209,8 @@ void checkRequest(RequestShape& s, const RequestLimits& limits) {
       << "height x width " << s.height << "x" << s.width << " = " << static_cast<int64_t>(s.height) * s.width
       << " pixels exceeds the limit of " << limits.max_pixels;
   if (!limits.is_video) {
-    GFDIT_CHECK(s.num_frames == 1) << "num_frames " << s.num_frames << ": this is an image model (num_frames must be 1)";
+    GFDIT_CHECK(s.num_frames == 1) << "num_frames " << s.num_frames
+                                   << ": this is an image model (num_frames must be 1)";
   } else {
     GFDIT_CHECK(s.num_frames >= 1 && s.num_frames <= limits.max_frames)
         << "num_frames " << s.num_frames << " is outside [1, " << limits.max_frames << "]";

@@ -31,8 +31,7 @@ namespace {
 // Repeated measurements of one point are averaged.
 using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, bool, int32_t>;
 
-Key keyOf(Stage stage, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode, bool guidance,
-          int32_t num_new) {
+Key keyOf(Stage stage, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode, bool guidance, int32_t num_new) {
   return Key{static_cast<int32_t>(stage), degree, ulysses, ring, mode, guidance, num_new};
 }
 
@@ -51,8 +50,7 @@ class ProfiledCostModel : public CostModel {
       GFDIT_CHECK(e.degree >= 1 && e.ulysses >= 1 && e.ring >= 1)
           << "profile entry " << i << ": degree, ulysses and ring must be >= 1";
       GFDIT_CHECK(e.stage != Stage::kDenoiseStep || e.ulysses * e.ring == e.degree)
-          << "profile entry " << i << ": ulysses " << e.ulysses << " x ring " << e.ring << " != degree "
-          << e.degree;
+          << "profile entry " << i << ": ulysses " << e.ulysses << " x ring " << e.ring << " != degree " << e.degree;
       GFDIT_CHECK(e.num_new >= 0) << "profile entry " << i << ": num_new must be >= 0";
       auto& slot = acc[keyOf(e.stage, e.degree, e.ulysses, e.ring, e.mode, e.guidance, e.num_new)][e.tokens];
       slot.first += e.seconds;
@@ -70,8 +68,7 @@ class ProfiledCostModel : public CostModel {
     const bool g = q.shape.guidance();
     const Layout& l = q.layout;
     switch (stage) {
-      case Stage::kEncode:
-        return encode(q);
+      case Stage::kEncode: return encode(q);
       case Stage::kDenoiseStep: {
         const Curve* c = find(keyOf(stage, q.degree, l.ulysses, l.ring, l.mode, g, 0));
         if (c == nullptr) refuseLayout(stage, q, tokens);
@@ -107,8 +104,8 @@ class ProfiledCostModel : public CostModel {
 
   std::string describe() const override {
     std::ostringstream os;
-    os << "profile of " << profile_.model << " on " << profile_.hardware << " (world " << profile_.world_size
-       << ", " << profile_.entries.size() << " entries)";
+    os << "profile of " << profile_.model << " on " << profile_.hardware << " (world " << profile_.world_size << ", "
+       << profile_.entries.size() << " entries)";
     return os.str();
   }
 
@@ -122,11 +119,10 @@ class ProfiledCostModel : public CostModel {
 
   std::string describeQuery(Stage stage, const StageQuery& q, int64_t tokens) const {
     std::ostringstream os;
-    os << "profile of " << profile_.model << " on " << profile_.hardware << ": stage " << stageName(stage)
-       << ", shape " << tokens << " tokens (" << q.shape.height << "x" << q.shape.width << "x"
-       << q.shape.num_frames << "), degree " << q.degree << " (ulysses " << q.layout.ulysses << " x ring "
-       << q.layout.ring << ", " << (q.layout.mode == 1 ? "torus" : "usp") << ", guidance "
-       << (q.shape.guidance() ? "on" : "off");
+    os << "profile of " << profile_.model << " on " << profile_.hardware << ": stage " << stageName(stage) << ", shape "
+       << tokens << " tokens (" << q.shape.height << "x" << q.shape.width << "x" << q.shape.num_frames << "), degree "
+       << q.degree << " (ulysses " << q.layout.ulysses << " x ring " << q.layout.ring << ", "
+       << (q.layout.mode == 1 ? "torus" : "usp") << ", guidance " << (q.shape.guidance() ? "on" : "off");
     if (stage == Stage::kMigrate) os << ", num_new " << q.num_new;
     os << ")";
     return os.str();

@@ -104,7 +104,8 @@ struct MessageRing::Header {
 size_t MessageRing::footprint(uint32_t capacity) { return alignUp(sizeof(Header), kLine) + capacity; }
 
 MessageRing MessageRing::create(void* memory, uint32_t capacity, Doorbell* data_bell) {
-  GFDIT_CHECK(capacity >= 4096 && capacity % kLine == 0) << "ring capacity " << capacity << " (>= 4096, multiple of 64)";
+  GFDIT_CHECK(capacity >= 4096 && capacity % kLine == 0)
+      << "ring capacity " << capacity << " (>= 4096, multiple of 64)";
   MessageRing q;
   q.header_ = static_cast<Header*>(memory);
   q.header_->capacity = capacity;
@@ -336,8 +337,8 @@ void QueueSet::requestAbort() { __atomic_fetch_add(abortWord(), uint64_t{1}, __A
 bool QueueSet::pushTask(int worker, const TaskDescriptor& t, const std::string& payload,
                         std::chrono::microseconds timeout) {
   GFDIT_CHECK(worker >= 0 && worker < num_workers_) << "worker " << worker;
-  GFDIT_CHECK(t.payload_bytes == payload.size()) << "descriptor says " << t.payload_bytes << " payload bytes, got "
-                                                 << payload.size();
+  GFDIT_CHECK(t.payload_bytes == payload.size())
+      << "descriptor says " << t.payload_bytes << " payload bytes, got " << payload.size();
   return dispatch_[worker].push(&t, sizeof(t), payload.data(), payload.size(), timeout);
 }
 

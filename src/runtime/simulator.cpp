@@ -159,9 +159,7 @@ class SimExecutor : public Executor {
         q.layout.ulysses = d.num_ranks;
         s = cost_.seconds(cost::Stage::kEncode, q);
         break;
-      case TaskKind::kDenoise:
-        s = d.num_steps * cost_.seconds(cost::Stage::kDenoiseStep, q) + regroup(ranks);
-        break;
+      case TaskKind::kDenoise: s = d.num_steps * cost_.seconds(cost::Stage::kDenoiseStep, q) + regroup(ranks); break;
       case TaskKind::kMigrate:
         q.layout = Layout();
         q.layout.ulysses = d.num_ranks;
@@ -326,8 +324,8 @@ SimResult Simulator::run(const std::vector<SimRequest>& requests) {
   size_t next = 0;
   std::vector<Completion> batch;
   while (true) {
-    int64_t t_arr = next < requests.size() ? static_cast<int64_t>(std::llround(requests[next].arrival_s * kNs))
-                                           : INT64_MAX;
+    int64_t t_arr =
+        next < requests.size() ? static_cast<int64_t>(std::llround(requests[next].arrival_s * kNs)) : INT64_MAX;
     int64_t t = std::min(t_arr, exec.nextEvent());
     if (t == INT64_MAX) break;
     clock.set(t);

@@ -126,7 +126,11 @@ inline cost::ModelArch testArch() {
 class FixedCost : public cost::CostModel {
  public:
   FixedCost(double encode_s, double step_s, double decode_s, double migrate_s, double scaling = 1.0)
-      : encode_s_(encode_s), step_s_(step_s), decode_s_(decode_s), migrate_s_(migrate_s), scaling_(scaling),
+      : encode_s_(encode_s),
+        step_s_(step_s),
+        decode_s_(decode_s),
+        migrate_s_(migrate_s),
+        scaling_(scaling),
         arch_(testArch()) {}
   double seconds(cost::Stage stage, const cost::StageQuery& q) const override {
     switch (stage) {

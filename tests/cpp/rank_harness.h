@@ -26,22 +26,22 @@ namespace gfdit {
 namespace testing {
 
 // Inside a rank: a failed expectation throws, the harness reports it.
-#define RANK_CHECK(cond)                                                                               \
-  do {                                                                                                 \
-    if (!(cond)) {                                                                                     \
-      std::ostringstream rank_check_os_;                                                               \
-      rank_check_os_ << __FILE__ << ":" << __LINE__ << ": expected " #cond;                            \
-      throw std::runtime_error(rank_check_os_.str());                                                  \
-    }                                                                                                  \
+#define RANK_CHECK(cond)                                                    \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      std::ostringstream rank_check_os_;                                    \
+      rank_check_os_ << __FILE__ << ":" << __LINE__ << ": expected " #cond; \
+      throw std::runtime_error(rank_check_os_.str());                       \
+    }                                                                       \
   } while (0)
 
-#define RANK_CHECK_MSG(cond, msg)                                                                      \
-  do {                                                                                                 \
-    if (!(cond)) {                                                                                     \
-      std::ostringstream rank_check_os_;                                                               \
-      rank_check_os_ << __FILE__ << ":" << __LINE__ << ": expected " #cond ": " << msg;                \
-      throw std::runtime_error(rank_check_os_.str());                                                  \
-    }                                                                                                  \
+#define RANK_CHECK_MSG(cond, msg)                                                       \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      std::ostringstream rank_check_os_;                                                \
+      rank_check_os_ << __FILE__ << ":" << __LINE__ << ": expected " #cond ": " << msg; \
+      throw std::runtime_error(rank_check_os_.str());                                   \
+    }                                                                                   \
   } while (0)
 
 inline std::set<std::string> shmNames() {

@@ -55,204 +55,229 @@ TEST_P(Collectives, AllGather) {
 }
 
 TEST_P(Collectives, AllGatherFromHeap) {
-  EXPECT_EQ(runRanks(GetParam(), [](World& w) {
-              allGatherCase(w, true);
-              RANK_CHECK(w.size() == 1 || w.stats().zero_copy_sends > 0);
-            }, smallSlots()),
+  EXPECT_EQ(runRanks(
+                GetParam(),
+                [](World& w) {
+                  allGatherCase(w, true);
+                  RANK_CHECK(w.size() == 1 || w.stats().zero_copy_sends > 0);
+                },
+                smallSlots()),
             "");
 }
 
 TEST_P(Collectives, AllToAll) {
-  EXPECT_EQ(runRanks(GetParam(), [](World& w) {
-              Group g = w.worldGroup();
-              int n = w.size(), me = w.rank();
-              for (size_t count : kSizes) {
-                std::vector<int64_t> in(count * n), out(count * n, -1);
-                for (int j = 0; j < n; ++j)
-                  for (size_t i = 0; i < count; ++i) in[j * count + i] = val(count + j, me, i);
-                w.allToAll(g, in.data(), out.data(), count * 8);
-                for (int j = 0; j < n; ++j)
-                  for (size_t i = 0; i < count; ++i) RANK_CHECK(out[j * count + i] == val(count + me, j, i));
-              }
-            }, smallSlots()),
+  EXPECT_EQ(runRanks(
+                GetParam(),
+                [](World& w) {
+                  Group g = w.worldGroup();
+                  int n = w.size(), me = w.rank();
+                  for (size_t count : kSizes) {
+                    std::vector<int64_t> in(count * n), out(count * n, -1);
+                    for (int j = 0; j < n; ++j)
+                      for (size_t i = 0; i < count; ++i) in[j * count + i] = val(count + j, me, i);
+                    w.allToAll(g, in.data(), out.data(), count * 8);
+                    for (int j = 0; j < n; ++j)
+                      for (size_t i = 0; i < count; ++i) RANK_CHECK(out[j * count + i] == val(count + me, j, i));
+                  }
+                },
+                smallSlots()),
             "");
 }
 
 TEST_P(Collectives, AllToAllStridedViews) {
   // The Ulysses shuffle: [S_local, H, D] -> [S, H/n, D], expressed as strided views.
-  EXPECT_EQ(runRanks(GetParam(), [](World& w) {
-              Group g = w.worldGroup();
-              int n = w.size(), me = w.rank();
-              const size_t s_local = 37, hn = 3, d = 5, h = hn * n;
-              std::vector<int32_t> in(s_local * h * d), out(s_local * n * hn * d, -1);
-              for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int32_t>(val(1, me, i));
-              std::vector<BufferView> ins(n), outs(n);
-              for (int j = 0; j < n; ++j) {
-                ins[j] = BufferView::strided(in.data() + j * hn * d, s_local, hn * d * 4, h * d * 4);
-                outs[j] = BufferView::contiguous(out.data() + j * s_local * hn * d, s_local * hn * d * 4);
-              }
-              w.allToAllV(g, ins.data(), outs.data());
-              for (int j = 0; j < n; ++j)
-                for (size_t s = 0; s < s_local; ++s)
-                  for (size_t k = 0; k < hn * d; ++k) {
-                    size_t src_idx = s * h * d + me * hn * d + k;
-                    RANK_CHECK(out[(j * s_local + s) * hn * d + k] == static_cast<int32_t>(val(1, j, src_idx)));
+  EXPECT_EQ(runRanks(
+                GetParam(),
+                [](World& w) {
+                  Group g = w.worldGroup();
+                  int n = w.size(), me = w.rank();
+                  const size_t s_local = 37, hn = 3, d = 5, h = hn * n;
+                  std::vector<int32_t> in(s_local * h * d), out(s_local * n * hn * d, -1);
+                  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int32_t>(val(1, me, i));
+                  std::vector<BufferView> ins(n), outs(n);
+                  for (int j = 0; j < n; ++j) {
+                    ins[j] = BufferView::strided(in.data() + j * hn * d, s_local, hn * d * 4, h * d * 4);
+                    outs[j] = BufferView::contiguous(out.data() + j * s_local * hn * d, s_local * hn * d * 4);
                   }
-            }, smallSlots()),
+                  w.allToAllV(g, ins.data(), outs.data());
+                  for (int j = 0; j < n; ++j)
+                    for (size_t s = 0; s < s_local; ++s)
+                      for (size_t k = 0; k < hn * d; ++k) {
+                        size_t src_idx = s * h * d + me * hn * d + k;
+                        RANK_CHECK(out[(j * s_local + s) * hn * d + k] == static_cast<int32_t>(val(1, j, src_idx)));
+                      }
+                },
+                smallSlots()),
             "");
 }
 
 TEST_P(Collectives, ReduceScatterAndAllReduce) {
-  EXPECT_EQ(runRanks(GetParam(), [](World& w) {
-              Group g = w.worldGroup();
-              int n = w.size(), me = w.rank();
-              for (size_t count : kSizes) {
-                for (bool heap : {false, true}) {
-                  // reduce_scatter, int64 sum and float32 max (exact in both cases)
-                  std::vector<int64_t> in_vec(count * n);
-                  int64_t* in = heap ? static_cast<int64_t*>(w.heapAlloc(count * n * 8)) : in_vec.data();
-                  for (size_t i = 0; i < count * n; ++i) in[i] = val(count, me, i);
-                  std::vector<int64_t> out(count);
-                  w.reduceScatter(g, in, out.data(), count, DType::kInt64, ReduceOp::kSum);
-                  for (size_t i = 0; i < count; ++i) {
-                    int64_t expect = 0;
-                    for (int r = 0; r < n; ++r) expect += val(count, r, me * count + i);
-                    RANK_CHECK(out[i] == expect);
+  EXPECT_EQ(runRanks(
+                GetParam(),
+                [](World& w) {
+                  Group g = w.worldGroup();
+                  int n = w.size(), me = w.rank();
+                  for (size_t count : kSizes) {
+                    for (bool heap : {false, true}) {
+                      // reduce_scatter, int64 sum and float32 max (exact in both cases)
+                      std::vector<int64_t> in_vec(count * n);
+                      int64_t* in = heap ? static_cast<int64_t*>(w.heapAlloc(count * n * 8)) : in_vec.data();
+                      for (size_t i = 0; i < count * n; ++i) in[i] = val(count, me, i);
+                      std::vector<int64_t> out(count);
+                      w.reduceScatter(g, in, out.data(), count, DType::kInt64, ReduceOp::kSum);
+                      for (size_t i = 0; i < count; ++i) {
+                        int64_t expect = 0;
+                        for (int r = 0; r < n; ++r) expect += val(count, r, me * count + i);
+                        RANK_CHECK(out[i] == expect);
+                      }
+                      // all_reduce in place, including a count not divisible by n
+                      size_t ar = count * n + 1;
+                      std::vector<float> data_vec(ar);
+                      float* data = heap ? static_cast<float*>(w.heapAlloc(ar * 4)) : data_vec.data();
+                      for (size_t i = 0; i < ar; ++i) data[i] = static_cast<float>(val(ar, me, i));
+                      w.allReduce(g, data, ar, DType::kFloat32, ReduceOp::kMax);
+                      for (size_t i = 0; i < ar; ++i) {
+                        float expect = -1;
+                        for (int r = 0; r < n; ++r) expect = std::max(expect, static_cast<float>(val(ar, r, i)));
+                        RANK_CHECK(data[i] == expect);
+                      }
+                      if (heap) {
+                        w.heapFree(in);
+                        w.heapFree(data);
+                      }
+                    }
                   }
-                  // all_reduce in place, including a count not divisible by n
-                  size_t ar = count * n + 1;
-                  std::vector<float> data_vec(ar);
-                  float* data = heap ? static_cast<float*>(w.heapAlloc(ar * 4)) : data_vec.data();
-                  for (size_t i = 0; i < ar; ++i) data[i] = static_cast<float>(val(ar, me, i));
-                  w.allReduce(g, data, ar, DType::kFloat32, ReduceOp::kMax);
-                  for (size_t i = 0; i < ar; ++i) {
-                    float expect = -1;
-                    for (int r = 0; r < n; ++r) expect = std::max(expect, static_cast<float>(val(ar, r, i)));
-                    RANK_CHECK(data[i] == expect);
-                  }
-                  if (heap) {
-                    w.heapFree(in);
-                    w.heapFree(data);
-                  }
-                }
-              }
-            }, smallSlots()),
+                },
+                smallSlots()),
             "");
 }
 
 TEST_P(Collectives, AllReduceGivesIdenticalBitsEverywhere) {
-  EXPECT_EQ(runRanks(GetParam(), [](World& w) {
-              Group g = w.worldGroup();
-              int n = w.size();
-              for (size_t count : {size_t{100}, size_t{50000}}) {
-                std::vector<float> data(count);
-                for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(val(count, w.rank(), i)) * 1e-3f + 0.1f;
-                w.allReduce(g, data.data(), count, DType::kFloat32, ReduceOp::kSum);
-                std::vector<float> all(count * n);
-                w.allGather(g, data.data(), all.data(), count * 4);
-                for (int r = 0; r < n; ++r) RANK_CHECK(std::memcmp(all.data() + r * count, data.data(), count * 4) == 0);
-                for (size_t i = 0; i < count; ++i) {
-                  double expect = 0;
-                  for (int r = 0; r < n; ++r) expect += static_cast<float>(val(count, r, i)) * 1e-3f + 0.1f;
-                  RANK_CHECK(std::fabs(data[i] - expect) <= 1e-5 * std::fabs(expect) + 1e-6);
-                }
-              }
-            }, smallSlots()),
+  EXPECT_EQ(runRanks(
+                GetParam(),
+                [](World& w) {
+                  Group g = w.worldGroup();
+                  int n = w.size();
+                  for (size_t count : {size_t{100}, size_t{50000}}) {
+                    std::vector<float> data(count);
+                    for (size_t i = 0; i < count; ++i)
+                      data[i] = static_cast<float>(val(count, w.rank(), i)) * 1e-3f + 0.1f;
+                    w.allReduce(g, data.data(), count, DType::kFloat32, ReduceOp::kSum);
+                    std::vector<float> all(count * n);
+                    w.allGather(g, data.data(), all.data(), count * 4);
+                    for (int r = 0; r < n; ++r)
+                      RANK_CHECK(std::memcmp(all.data() + r * count, data.data(), count * 4) == 0);
+                    for (size_t i = 0; i < count; ++i) {
+                      double expect = 0;
+                      for (int r = 0; r < n; ++r) expect += static_cast<float>(val(count, r, i)) * 1e-3f + 0.1f;
+                      RANK_CHECK(std::fabs(data[i] - expect) <= 1e-5 * std::fabs(expect) + 1e-6);
+                    }
+                  }
+                },
+                smallSlots()),
             "");
 }
 
 TEST_P(Collectives, BroadcastSendRecvBarrier) {
-  EXPECT_EQ(runRanks(GetParam(), [](World& w) {
-              Group g = w.worldGroup();
-              int n = w.size(), me = w.rank();
-              for (int root = 0; root < n; ++root) {
-                for (size_t count : kSizes) {
-                  std::vector<int64_t> data(count);
-                  for (size_t i = 0; i < count; ++i) data[i] = me == root ? val(count, root, i) : -1;
-                  w.broadcast(g, data.data(), count * 8, root);
-                  for (size_t i = 0; i < count; ++i) RANK_CHECK(data[i] == val(count, root, i));
-                }
-              }
-              // A ring of point-to-point messages: even ranks send first.
-              if (n > 1) {
-                std::vector<int64_t> out(20000), in(20000);
-                for (size_t i = 0; i < out.size(); ++i) out[i] = val(5, me, i);
-                int next = (me + 1) % n, prev = (me + n - 1) % n;
-                if (me % 2 == 0) {
-                  w.send(out.data(), out.size() * 8, next);
-                  w.recv(in.data(), in.size() * 8, prev);
-                } else {
-                  w.recv(in.data(), in.size() * 8, prev);
-                  w.send(out.data(), out.size() * 8, next);
-                }
-                for (size_t i = 0; i < in.size(); ++i) RANK_CHECK(in[i] == val(5, prev, i));
-              }
-              for (int i = 0; i < 100; ++i) w.barrier(g);
-            }, smallSlots()),
+  EXPECT_EQ(runRanks(
+                GetParam(),
+                [](World& w) {
+                  Group g = w.worldGroup();
+                  int n = w.size(), me = w.rank();
+                  for (int root = 0; root < n; ++root) {
+                    for (size_t count : kSizes) {
+                      std::vector<int64_t> data(count);
+                      for (size_t i = 0; i < count; ++i) data[i] = me == root ? val(count, root, i) : -1;
+                      w.broadcast(g, data.data(), count * 8, root);
+                      for (size_t i = 0; i < count; ++i) RANK_CHECK(data[i] == val(count, root, i));
+                    }
+                  }
+                  // A ring of point-to-point messages: even ranks send first.
+                  if (n > 1) {
+                    std::vector<int64_t> out(20000), in(20000);
+                    for (size_t i = 0; i < out.size(); ++i) out[i] = val(5, me, i);
+                    int next = (me + 1) % n, prev = (me + n - 1) % n;
+                    if (me % 2 == 0) {
+                      w.send(out.data(), out.size() * 8, next);
+                      w.recv(in.data(), in.size() * 8, prev);
+                    } else {
+                      w.recv(in.data(), in.size() * 8, prev);
+                      w.send(out.data(), out.size() * 8, next);
+                    }
+                    for (size_t i = 0; i < in.size(); ++i) RANK_CHECK(in[i] == val(5, prev, i));
+                  }
+                  for (int i = 0; i < 100; ++i) w.barrier(g);
+                },
+                smallSlots()),
             "");
 }
 
 TEST_P(Collectives, PutWithSignal) {
-  EXPECT_EQ(runRanks(GetParam(), [](World& w) {
-              int n = w.size(), me = w.rank();
-              if (n == 1) return;
-              const size_t count = 3000;
-              // Symmetric: every rank allocates the same block first, so offsets agree.
-              auto* box = static_cast<int64_t*>(w.heapAlloc(count * 8 * n));
-              std::vector<int64_t> mine(count);
-              for (size_t i = 0; i < count; ++i) mine[i] = val(9, me, i);
-              for (int p = 0; p < n; ++p) {
-                if (p != me) w.putWithSignal(p, mine.data(), count * 8, w.heapOffset(box + me * count));
-              }
-              for (int p = 0; p < n; ++p) {
-                if (p == me) continue;
-                w.waitSignal(p, 1);
-                for (size_t i = 0; i < count; ++i) RANK_CHECK(box[p * count + i] == val(9, p, i));
-              }
-              w.barrier(w.worldGroup());
-              w.heapFree(box);
-            }, smallSlots()),
+  EXPECT_EQ(runRanks(
+                GetParam(),
+                [](World& w) {
+                  int n = w.size(), me = w.rank();
+                  if (n == 1) return;
+                  const size_t count = 3000;
+                  // Symmetric: every rank allocates the same block first, so offsets agree.
+                  auto* box = static_cast<int64_t*>(w.heapAlloc(count * 8 * n));
+                  std::vector<int64_t> mine(count);
+                  for (size_t i = 0; i < count; ++i) mine[i] = val(9, me, i);
+                  for (int p = 0; p < n; ++p) {
+                    if (p != me) w.putWithSignal(p, mine.data(), count * 8, w.heapOffset(box + me * count));
+                  }
+                  for (int p = 0; p < n; ++p) {
+                    if (p == me) continue;
+                    w.waitSignal(p, 1);
+                    for (size_t i = 0; i < count; ++i) RANK_CHECK(box[p * count + i] == val(9, p, i));
+                  }
+                  w.barrier(w.worldGroup());
+                  w.heapFree(box);
+                },
+                smallSlots()),
             "");
 }
 
 TEST_P(Collectives, DefaultSlotsLargeMessages) {
-  EXPECT_EQ(runRanks(GetParam(), [](World& w) {
-              Group g = w.worldGroup();
-              int n = w.size();
-              size_t count = (3 << 20) / 8 + 17;  // > one 256 KiB slot, many chunks
-              std::vector<int64_t> in(count), out(count * n);
-              for (size_t i = 0; i < count; ++i) in[i] = val(2, w.rank(), i);
-              w.allGather(g, in.data(), out.data(), count * 8);
-              for (int r = 0; r < n; ++r)
-                for (size_t i = 0; i < count; i += 97) RANK_CHECK(out[r * count + i] == val(2, r, i));
-              w.allReduce(g, in.data(), count, DType::kInt64, ReduceOp::kSum);
-              for (size_t i = 0; i < count; i += 101) {
-                int64_t e = 0;
-                for (int r = 0; r < n; ++r) e += val(2, r, i);
-                RANK_CHECK(in[i] == e);
-              }
-            }),
+  EXPECT_EQ(runRanks(GetParam(),
+                     [](World& w) {
+                       Group g = w.worldGroup();
+                       int n = w.size();
+                       size_t count = (3 << 20) / 8 + 17;  // > one 256 KiB slot, many chunks
+                       std::vector<int64_t> in(count), out(count * n);
+                       for (size_t i = 0; i < count; ++i) in[i] = val(2, w.rank(), i);
+                       w.allGather(g, in.data(), out.data(), count * 8);
+                       for (int r = 0; r < n; ++r)
+                         for (size_t i = 0; i < count; i += 97) RANK_CHECK(out[r * count + i] == val(2, r, i));
+                       w.allReduce(g, in.data(), count, DType::kInt64, ReduceOp::kSum);
+                       for (size_t i = 0; i < count; i += 101) {
+                         int64_t e = 0;
+                         for (int r = 0; r < n; ++r) e += val(2, r, i);
+                         RANK_CHECK(in[i] == e);
+                       }
+                     }),
             "");
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3, 4));
 
 TEST(Collectives, SubgroupsInAnyOrder) {
-  EXPECT_EQ(runRanks(4, [](World& w) {
-              int me = w.rank();
-              int a[] = {2, 0}, b[] = {3, 1, 2};
-              if (me == 0 || me == 2) {
-                Group g = w.newGroup(a, 2);
-                int64_t in = 100 + me, out[2] = {};
-                w.allGather(g, &in, out, 8);
-                RANK_CHECK(out[0] == 102 && out[1] == 100);  // group order, not rank order
-              }
-              if (me != 0) {
-                Group g = w.newGroup(b, 3);
-                int64_t x = me;
-                w.allReduce(g, &x, 1, DType::kInt64, ReduceOp::kSum);
-                RANK_CHECK(x == 6);
-              }
-            }),
+  EXPECT_EQ(runRanks(4,
+                     [](World& w) {
+                       int me = w.rank();
+                       int a[] = {2, 0}, b[] = {3, 1, 2};
+                       if (me == 0 || me == 2) {
+                         Group g = w.newGroup(a, 2);
+                         int64_t in = 100 + me, out[2] = {};
+                         w.allGather(g, &in, out, 8);
+                         RANK_CHECK(out[0] == 102 && out[1] == 100);  // group order, not rank order
+                       }
+                       if (me != 0) {
+                         Group g = w.newGroup(b, 3);
+                         int64_t x = me;
+                         w.allReduce(g, &x, 1, DType::kInt64, ReduceOp::kSum);
+                         RANK_CHECK(x == 6);
+                       }
+                     }),
             "");
 }

@@ -24,126 +24,142 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 }  // namespace
 
 TEST(Failures, SilentPeerTimesOutNamingEdgeAndPeer) {
-  EXPECT_EQ(runRanks(2, [](World& w) {
-              if (w.rank() == 1) {
-                std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // alive, but never joins
-                return;
-              }
-              std::vector<int> in(10, 1), out(20);
-              auto start = std::chrono::steady_clock::now();
-              try {
-                w.allGather(w.worldGroup(), in.data(), out.data(), 40);
-                RANK_CHECK_MSG(false, "all_gather returned without its peer");
-              } catch (const Error& e) {
-                double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-                RANK_CHECK_MSG(e.code() == ErrorCode::kTimeout, e.what());
-                RANK_CHECK_MSG(contains(e.what(), "edge 1->0") && contains(e.what(), "rank 1"), e.what());
-                RANK_CHECK_MSG(contains(e.what(), "instance 1"), e.what());
-                RANK_CHECK_MSG(waited >= 0.9 && waited < 2.0, waited);
-              }
-              // The world is unusable now, and says so.
-              try {
-                w.barrier(w.worldGroup());
-                RANK_CHECK(false);
-              } catch (const Error& e) {
-                RANK_CHECK_MSG(e.code() == ErrorCode::kInvalidUsage && contains(e.what(), "unusable"), e.what());
-              }
-            }, shortTimeout(1000)),
+  EXPECT_EQ(runRanks(
+                2,
+                [](World& w) {
+                  if (w.rank() == 1) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // alive, but never joins
+                    return;
+                  }
+                  std::vector<int> in(10, 1), out(20);
+                  auto start = std::chrono::steady_clock::now();
+                  try {
+                    w.allGather(w.worldGroup(), in.data(), out.data(), 40);
+                    RANK_CHECK_MSG(false, "all_gather returned without its peer");
+                  } catch (const Error& e) {
+                    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                    RANK_CHECK_MSG(e.code() == ErrorCode::kTimeout, e.what());
+                    RANK_CHECK_MSG(contains(e.what(), "edge 1->0") && contains(e.what(), "rank 1"), e.what());
+                    RANK_CHECK_MSG(contains(e.what(), "instance 1"), e.what());
+                    RANK_CHECK_MSG(waited >= 0.9 && waited < 2.0, waited);
+                  }
+                  // The world is unusable now, and says so.
+                  try {
+                    w.barrier(w.worldGroup());
+                    RANK_CHECK(false);
+                  } catch (const Error& e) {
+                    RANK_CHECK_MSG(e.code() == ErrorCode::kInvalidUsage && contains(e.what(), "unusable"), e.what());
+                  }
+                },
+                shortTimeout(1000)),
             "");
 }
 
 TEST(Failures, DeadPeerIsNamedWithinASecond) {
-  EXPECT_EQ(runRanks(3, [](World& w) {
-              if (w.rank() == 2) _exit(0);  // dies without a word
-              std::vector<int> x(100, 1);
-              auto start = std::chrono::steady_clock::now();
-              try {
-                w.allReduce(w.worldGroup(), x.data(), 100, DType::kInt32, ReduceOp::kSum);
-                RANK_CHECK(false);
-              } catch (const Error& e) {
-                double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-                RANK_CHECK_MSG(e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kTimeout, e.what());
-                RANK_CHECK_MSG(contains(e.what(), "rank 2"), e.what());
-                RANK_CHECK_MSG(waited < 1.0, waited);
-              }
-              // Stay alive a moment, so that the other survivor does not see this rank die first.
-              std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-            }, shortTimeout(30000)),
+  EXPECT_EQ(runRanks(
+                3,
+                [](World& w) {
+                  if (w.rank() == 2) _exit(0);  // dies without a word
+                  std::vector<int> x(100, 1);
+                  auto start = std::chrono::steady_clock::now();
+                  try {
+                    w.allReduce(w.worldGroup(), x.data(), 100, DType::kInt32, ReduceOp::kSum);
+                    RANK_CHECK(false);
+                  } catch (const Error& e) {
+                    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                    RANK_CHECK_MSG(e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kTimeout, e.what());
+                    RANK_CHECK_MSG(contains(e.what(), "rank 2"), e.what());
+                    RANK_CHECK_MSG(waited < 1.0, waited);
+                  }
+                  // Stay alive a moment, so that the other survivor does not see this rank die first.
+                  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+                },
+                shortTimeout(30000)),
             "");
 }
 
 TEST(Failures, MismatchedSizesAreReportedNotHung) {
-  EXPECT_EQ(runRanks(2, [](World& w) {
-              size_t bytes = w.rank() == 0 ? 1024 : 2048;
-              std::vector<char> in(bytes, 1), out(2 * bytes);
-              try {
-                w.allGather(w.worldGroup(), in.data(), out.data(), bytes);
-                RANK_CHECK(false);
-              } catch (const Error& e) {
-                RANK_CHECK_MSG(e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kTimeout, e.what());
-                if (e.code() == ErrorCode::kRemoteError) RANK_CHECK_MSG(contains(e.what(), "mismatch"), e.what());
-              }
-            }, shortTimeout(1500)),
+  EXPECT_EQ(runRanks(
+                2,
+                [](World& w) {
+                  size_t bytes = w.rank() == 0 ? 1024 : 2048;
+                  std::vector<char> in(bytes, 1), out(2 * bytes);
+                  try {
+                    w.allGather(w.worldGroup(), in.data(), out.data(), bytes);
+                    RANK_CHECK(false);
+                  } catch (const Error& e) {
+                    RANK_CHECK_MSG(e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kTimeout, e.what());
+                    if (e.code() == ErrorCode::kRemoteError) RANK_CHECK_MSG(contains(e.what(), "mismatch"), e.what());
+                  }
+                },
+                shortTimeout(1500)),
             "");
 }
 
 TEST(Failures, MismatchedCollectivesAreReported) {
-  EXPECT_EQ(runRanks(2, [](World& w) {
-              std::vector<int> buf(64, w.rank());
-              std::vector<int> out(128);
-              try {
-                if (w.rank() == 0) {
-                  w.allGather(w.worldGroup(), buf.data(), out.data(), 256);
-                } else {
-                  w.broadcast(w.worldGroup(), buf.data(), 256, 1);
-                  return;  // a root's staged send may complete before its peer notices the mismatch
-                }
-                RANK_CHECK(false);
-              } catch (const Error& e) {
-                RANK_CHECK_MSG(e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kTimeout, e.what());
-                if (w.rank() == 0) {
-                  RANK_CHECK_MSG(contains(e.what(), "broadcast") && contains(e.what(), "all_gather"), e.what());
-                }
-              }
-            }, shortTimeout(1500)),
+  EXPECT_EQ(runRanks(
+                2,
+                [](World& w) {
+                  std::vector<int> buf(64, w.rank());
+                  std::vector<int> out(128);
+                  try {
+                    if (w.rank() == 0) {
+                      w.allGather(w.worldGroup(), buf.data(), out.data(), 256);
+                    } else {
+                      w.broadcast(w.worldGroup(), buf.data(), 256, 1);
+                      return;  // a root's staged send may complete before its peer notices the mismatch
+                    }
+                    RANK_CHECK(false);
+                  } catch (const Error& e) {
+                    RANK_CHECK_MSG(e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kTimeout, e.what());
+                    if (w.rank() == 0) {
+                      RANK_CHECK_MSG(contains(e.what(), "broadcast") && contains(e.what(), "all_gather"), e.what());
+                    }
+                  }
+                },
+                shortTimeout(1500)),
             "");
 }
 
 TEST(Failures, NothingLeftInDevShm) {
   auto before = shmNames();
-  EXPECT_EQ(runRanks(3, [](World& w) {
-              // Names are unlinked once every peer has mapped them: none of ours remain even while alive.
-              w.barrier(w.worldGroup());
-              if (w.rank() == 1) kill(getpid(), SIGKILL);
-            }),
+  EXPECT_EQ(runRanks(3,
+                     [](World& w) {
+                       // Names are unlinked once every peer has mapped them: none of ours remain even while alive.
+                       w.barrier(w.worldGroup());
+                       if (w.rank() == 1) kill(getpid(), SIGKILL);
+                     }),
             "rank 1 failed (status 9): \n");
   auto after = shmNames();
   for (const auto& n : after) EXPECT_TRUE(before.count(n)) << "left behind: /dev/shm/" << n;
 }
 
 TEST(Failures, BadArgumentsAreInvalidUsage) {
-  EXPECT_EQ(runRanks(2, [](World& w) {
-              int bad[] = {0, 0};
-              try {
-                w.newGroup(bad, 2);
-                RANK_CHECK(false);
-              } catch (const Error& e) {
-                RANK_CHECK(e.code() == ErrorCode::kInvalidUsage);
-              }
-              int x = 0;
-              try {
-                w.broadcast(w.worldGroup(), &x, 4, 5);
-                RANK_CHECK(false);
-              } catch (const Error& e) {
-                RANK_CHECK(e.code() == ErrorCode::kInvalidUsage);
-              }
-              try {
-                w.heapAlloc(size_t{1} << 40);
-                RANK_CHECK(false);
-              } catch (const Error& e) {
-                RANK_CHECK(e.code() == ErrorCode::kInvalidUsage);
-              }
-              w.barrier(w.worldGroup());  // still usable after refused arguments
-            }, shortTimeout(5000)),
+  EXPECT_EQ(runRanks(
+                2,
+                [](World& w) {
+                  int bad[] = {0, 0};
+                  try {
+                    w.newGroup(bad, 2);
+                    RANK_CHECK(false);
+                  } catch (const Error& e) {
+                    RANK_CHECK(e.code() == ErrorCode::kInvalidUsage);
+                  }
+                  int x = 0;
+                  try {
+                    w.broadcast(w.worldGroup(), &x, 4, 5);
+                    RANK_CHECK(false);
+                  } catch (const Error& e) {
+                    RANK_CHECK(e.code() == ErrorCode::kInvalidUsage);
+                  }
+                  try {
+                    w.heapAlloc(size_t{1} << 40);
+                    RANK_CHECK(false);
+                  } catch (const Error& e) {
+                    RANK_CHECK(e.code() == ErrorCode::kInvalidUsage);
+                  }
+                  w.barrier(w.worldGroup());  // still usable after refused arguments
+                },
+                shortTimeout(5000)),
             "");
 }

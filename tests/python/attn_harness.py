@@ -14,9 +14,8 @@ import os
 import time
 import warnings
 
-import torch
-
 import mp_harness
+import torch
 
 F32_RTOL = 1e-5  # max |out - ref| / max |ref|
 BF16_ATOL = 1e-2
@@ -109,8 +108,12 @@ def run_case(ctx, case: dict) -> dict | None:
     q, k, v = (full[x][:, rows].clone() for x in ("q", "k", "v"))
     kwargs = {}
     if "jq" in full:
-        kwargs = {"joint_q": full["jq"], "joint_k": full["jk"], "joint_v": full["jv"],
-                  "joint": case.get("joint_pos", "front")}
+        kwargs = {
+            "joint_q": full["jq"],
+            "joint_k": full["jk"],
+            "joint_v": full["jv"],
+            "joint": case.get("joint_pos", "front"),
+        }
     if case.get("node_ids") is not None:
         kwargs["topology"] = ga.Topology(tuple(case["node_ids"]))
     # A heap block held on member 0 only: the Torus workspace lands at different offsets (fallback path).
@@ -121,12 +124,19 @@ def run_case(ctx, case: dict) -> dict | None:
         res = ga.attention(q, k, v, group=group, spec=_spec(case), **kwargs)
     elapsed = time.perf_counter() - start
     del skew
-    out, jout = (res if "jq" in full else (res, None))
+    out, jout = res if "jq" in full else (res, None)
     ref, jref = reference(full, rows, case.get("joint_pos", "front"))
     dtype = case.get("dtype", "float32")
     err, ok = _error(out, ref, dtype)
-    report = {"name": case["name"], "rank": ctx.rank, "err": err, "ok": ok, "time": elapsed,
-              "shape": tuple(out.shape), "warnings": [str(w.message) for w in caught]}
+    report = {
+        "name": case["name"],
+        "rank": ctx.rank,
+        "err": err,
+        "ok": ok,
+        "time": elapsed,
+        "shape": tuple(out.shape),
+        "warnings": [str(w.message) for w in caught],
+    }
     if jref is not None:
         jerr, jok = _error(jout, jref, dtype)
         report.update(jerr=jerr, ok=ok and jok)

@@ -11,7 +11,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from cases_common import (
     FLOAT_DTYPES,
     LARGE_BYTES,
@@ -84,7 +83,6 @@ MEM_COMBOS = [("plain", "plain"), ("heap", "heap"), ("plain", "heap"), ("heap", 
 
 # ------------------------------------------------------------------------------------------------------
 def case_all_gather(ctx, seed, dtype, ranks=None, size="random", use_method=False, mems=None):
-    import gfdit
 
     chk = Checker(ctx.rank)
     members = _members(ctx, ranks)
@@ -121,8 +119,9 @@ def _split_matrix(seed, n, even, k):
     return m.tolist()
 
 
-def case_all_to_all_single(ctx, seed, dtype, ranks=None, split="uneven", use_method=False, mems=None,
-                           tail=(3,)):
+def case_all_to_all_single(
+    ctx, seed, dtype, ranks=None, split="uneven", use_method=False, mems=None, tail=(3,)
+):
     """split: "even" (no split sizes), "even_explicit", "uneven", "large" (even, > LARGE_BYTES), "empty"."""
     chk = Checker(ctx.rank)
     members = _members(ctx, ranks)
@@ -152,17 +151,28 @@ def case_all_to_all_single(ctx, seed, dtype, ranks=None, split="uneven", use_met
             inp = place(rank_in(ctx.rank), mem_in)
             out = sentinel((sum(out_splits), *tail), dtype, mem_out)
             if pass_splits:
-                _call("all_to_all_single", group, use_method, out, inp, output_split_sizes=out_splits,
-                      input_split_sizes=in_splits)
+                _call(
+                    "all_to_all_single",
+                    group,
+                    use_method,
+                    out,
+                    inp,
+                    output_split_sizes=out_splits,
+                    input_split_sizes=in_splits,
+                )
             else:
                 _call("all_to_all_single", group, use_method, out, inp)
             blocks = []
             for j, r in enumerate(members):
                 start = sum(mat[j][:me])
-                blocks.append(rank_in(r)[start:start + mat[j][me]])
+                blocks.append(rank_in(r)[start : start + mat[j][me]])
             ref = torch.cat(blocks)
-            chk.equal(out, ref, f"all_to_all_single {dtype} group={members} split={split} mat={mat} "
-                                f"in={mem_in} out={mem_out}")
+            chk.equal(
+                out,
+                ref,
+                f"all_to_all_single {dtype} group={members} split={split} mat={mat} "
+                f"in={mem_in} out={mem_out}",
+            )
             if ranks is None and m == 0 and sum(map(sum, mat)) > 0:
                 gref = torch.empty_like(ref)
                 dist.all_to_all_single(gref, rank_in(ctx.rank), out_splits, in_splits)
@@ -171,8 +181,9 @@ def case_all_to_all_single(ctx, seed, dtype, ranks=None, split="uneven", use_met
 
 
 # ------------------------------------------------------------------------------------------------------
-def case_reduce_scatter(ctx, seed, dtype, op="sum", ranks=None, size="random", use_method=False,
-                        op_form="str", mems=None):
+def case_reduce_scatter(
+    ctx, seed, dtype, op="sum", ranks=None, size="random", use_method=False, op_form="str", mems=None
+):
     chk = Checker(ctx.rank)
     members = _members(ctx, ranks)
     n = len(members)
@@ -190,24 +201,42 @@ def case_reduce_scatter(ctx, seed, dtype, op="sum", ranks=None, size="random", u
                 inp = place(rand_tensor(full, dtype, *key, ctx.rank, kind="sum", n=n), mem_in)
                 out = sentinel((rows, *tail), dtype, mem_out)
                 _call("reduce_scatter_tensor", group, use_method, out, inp, op=op_arg)
-                blocks = [rand_tensor(full, dtype, *key, r, kind="sum", n=n)[me * rows:(me + 1) * rows]
-                          for r in members]
+                blocks = [
+                    rand_tensor(full, dtype, *key, r, kind="sum", n=n)[me * rows : (me + 1) * rows]
+                    for r in members
+                ]
                 what = f"reduce_scatter {op} {dtype} group={members} shape={full} in={mem_in} out={mem_out}"
                 chk.reduced(out, reduce_ref(blocks, op, dtype), reduce_scale(blocks), dtype, what)
             if ranks is None and rows > 0 and m == 0:
                 gref = torch.empty((rows, *tail), dtype=dtype_of(dtype))
-                dist.reduce_scatter_tensor(gref, rand_tensor(full, dtype, *key, ctx.rank, kind="sum", n=n),
-                                           op=TORCH_OPS[op])
+                dist.reduce_scatter_tensor(
+                    gref, rand_tensor(full, dtype, *key, ctx.rank, kind="sum", n=n), op=TORCH_OPS[op]
+                )
                 lo, hi = ctx.rank * rows, (ctx.rank + 1) * rows
                 blocks = [rand_tensor(full, dtype, *key, r, kind="sum", n=n)[lo:hi] for r in members]
-                chk.reduced(out, gref.to(torch.float64) if dtype in FLOAT_DTYPES else gref,
-                            reduce_scale(blocks), dtype, f"reduce_scatter {op} {dtype} vs gloo", slack=2.0)
+                chk.reduced(
+                    out,
+                    gref.to(torch.float64) if dtype in FLOAT_DTYPES else gref,
+                    reduce_scale(blocks),
+                    dtype,
+                    f"reduce_scatter {op} {dtype} vs gloo",
+                    slack=2.0,
+                )
     return chk.raise_if_any()
 
 
 # ------------------------------------------------------------------------------------------------------
-def case_all_reduce(ctx, seed, dtype, op="sum", ranks=None, size="random", use_method=False, op_form="str",
-                    mems=("plain", "heap")):
+def case_all_reduce(
+    ctx,
+    seed,
+    dtype,
+    op="sum",
+    ranks=None,
+    size="random",
+    use_method=False,
+    op_form="str",
+    mems=("plain", "heap"),
+):
     chk = Checker(ctx.rank)
     members = _members(ctx, ranks)
     n = len(members)
@@ -232,20 +261,28 @@ def case_all_reduce(ctx, seed, dtype, op="sum", ranks=None, size="random", use_m
             dist.all_gather(everyone, result)
             if ctx.rank in members:
                 for r in members:
-                    chk.bitwise_equal(everyone[r], result,
-                                      f"all_reduce {op} {dtype} bits of rank {r} vs mine")
+                    chk.bitwise_equal(
+                        everyone[r], result, f"all_reduce {op} {dtype} bits of rank {r} vs mine"
+                    )
             if ranks is None and m == 0:
                 gref = rand_tensor(shape, dtype, *key, ctx.rank, kind="sum", n=n)
                 dist.all_reduce(gref, op=TORCH_OPS[op])
                 ins = [rand_tensor(shape, dtype, *key, r, kind="sum", n=n) for r in members]
-                chk.reduced(result, gref.to(torch.float64) if dtype in FLOAT_DTYPES else gref,
-                            reduce_scale(ins), dtype, f"all_reduce {op} {dtype} vs gloo", slack=2.0)
+                chk.reduced(
+                    result,
+                    gref.to(torch.float64) if dtype in FLOAT_DTYPES else gref,
+                    reduce_scale(ins),
+                    dtype,
+                    f"all_reduce {op} {dtype} vs gloo",
+                    slack=2.0,
+                )
     return chk.raise_if_any()
 
 
 # ------------------------------------------------------------------------------------------------------
-def case_broadcast(ctx, seed, dtype, src, ranks=None, size="random", use_method=False,
-                   mems=("plain", "heap")):
+def case_broadcast(
+    ctx, seed, dtype, src, ranks=None, size="random", use_method=False, mems=("plain", "heap")
+):
     chk = Checker(ctx.rank)
     members = _members(ctx, ranks)
     group = _group(ranks) if ctx.rank in members else None  # only members may form it
@@ -261,8 +298,11 @@ def case_broadcast(ctx, seed, dtype, src, ranks=None, size="random", use_method=
                     import gfdit
 
                     gfdit.broadcast(t, src, group=group)
-                chk.equal(t, rand_tensor(shape, dtype, *key, src),
-                          f"broadcast {dtype} src={src} group={members} shape={shape} mem={mem}")
+                chk.equal(
+                    t,
+                    rand_tensor(shape, dtype, *key, src),
+                    f"broadcast {dtype} src={src} group={members} shape={shape} mem={mem}",
+                )
             if ranks is None and rows > 0 and m == 0:
                 gref = rand_tensor(shape, dtype, *key, ctx.rank)
                 dist.broadcast(gref, src)
@@ -289,8 +329,9 @@ def case_send_recv(ctx, seed, dtype, transfers, size="random", mems=("plain", "h
         elif ctx.rank == dst:
             y = sentinel(shape, dtype, mem)
             gfdit.recv(y, src)
-            chk.equal(y, rand_tensor(shape, dtype, *key, src),
-                      f"recv {src}->{dst} #{t_idx} {dtype} {shape} {mem}")
+            chk.equal(
+                y, rand_tensor(shape, dtype, *key, src), f"recv {src}->{dst} #{t_idx} {dtype} {shape} {mem}"
+            )
     return chk.raise_if_any()
 
 
@@ -344,7 +385,7 @@ def case_all_to_all_4d(ctx, seed, dtype, ranks=None, use_method=False, mems=("pl
                 import gfdit
 
                 gfdit.all_to_all_4d(out, inp, scatter_dim=2, gather_dim=1, group=group)
-            ref = torch.cat([fwd_in(r)[:, :, me * hn:(me + 1) * hn] for r in members], dim=1)
+            ref = torch.cat([fwd_in(r)[:, :, me * hn : (me + 1) * hn] for r in members], dim=1)
             what = f"all_to_all_4d seq<-heads {dtype} group={members} in={fwd_shape} mem={mem}"
             chk.equal(out, ref, what)
             if ranks is None and m == 0:
@@ -368,9 +409,10 @@ def case_all_to_all_4d(ctx, seed, dtype, ranks=None, use_method=False, mems=("pl
                 _call("all_to_all_4d", group, True, rout, rin, scatter_dim=1, gather_dim=2)
             else:
                 gfdit.all_to_all_4d(rout, rin, scatter_dim=1, gather_dim=2, group=group)
-            rref = torch.cat([rev_in(r)[:, me * s_local:(me + 1) * s_local] for r in members], dim=2)
-            chk.equal(rout, rref,
-                      f"all_to_all_4d heads<-seq {dtype} group={members} in={rev_shape} mem={mem}")
+            rref = torch.cat([rev_in(r)[:, me * s_local : (me + 1) * s_local] for r in members], dim=2)
+            chk.equal(
+                rout, rref, f"all_to_all_4d heads<-seq {dtype} group={members} in={rev_shape} mem={mem}"
+            )
 
             back = sentinel(fwd_shape, dtype, mem)
             gfdit.all_to_all_4d(back, out, scatter_dim=1, gather_dim=2, group=group)
@@ -445,8 +487,9 @@ def case_put_with_signal(ctx, seed, dtype):
     gfdit.put_with_signal(part, big[5:7], nxt)
     gfdit.wait_signal(prv, 1)
     chk.equal(big[5:7], rand_tensor((2, cols), dtype, seed, T_PUT, 4, prv), f"partial put from {prv}")
-    chk.equal(big[7:9], rand_tensor((big_rows, cols), dtype, seed, T_PUT, 3, nxt)[7:9],
-              "rows after partial put")
+    chk.equal(
+        big[7:9], rand_tensor((big_rows, cols), dtype, seed, T_PUT, 3, nxt)[7:9], "rows after partial put"
+    )
 
     gfdit.barrier()  # nobody frees its heap while a peer may still write into it
     return chk.raise_if_any()

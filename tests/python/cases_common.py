@@ -122,8 +122,15 @@ class Checker:
             return self.equal(got, ref, what)
         return self.equal(got.reshape(-1).view(torch.uint8), ref.reshape(-1).view(torch.uint8), what)
 
-    def reduced(self, got: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, dtype: str, what: str,
-                slack: float = 1.0) -> bool:
+    def reduced(
+        self,
+        got: torch.Tensor,
+        ref: torch.Tensor,
+        scale: torch.Tensor,
+        dtype: str,
+        what: str,
+        slack: float = 1.0,
+    ) -> bool:
         """got (dtype) against an exact reduction ref; floats within REDUCE_RTOL * scale, integers exact."""
         self.checks += 1
         if tuple(got.shape) != tuple(ref.shape):

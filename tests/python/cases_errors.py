@@ -7,7 +7,6 @@ import signal
 import time
 
 import torch
-
 from cases_common import Checker
 
 FAST = 0.5  # a local refusal takes far less than this; a wait would take the world's timeout (>= 2 s)
@@ -35,54 +34,118 @@ def _bad_calls(ctx):
         ("new_group empty", lambda: gfdit.new_group([])),
         # all_gather
         ("all_gather non-contiguous input", lambda: gfdit.all_gather_into_tensor(torch.empty(n * 4, 3), nc)),
-        ("all_gather non-contiguous output",
-         lambda: gfdit.all_gather_into_tensor(torch.empty(n * 4, 6)[:, ::2], c)),
+        (
+            "all_gather non-contiguous output",
+            lambda: gfdit.all_gather_into_tensor(torch.empty(n * 4, 6)[:, ::2], c),
+        ),
         ("all_gather output too small", lambda: gfdit.all_gather_into_tensor(torch.empty(n * 12 - 1), c)),
         ("all_gather output too large", lambda: gfdit.all_gather_into_tensor(torch.empty(n * 12 + 3), c)),
-        ("all_gather dtype mismatch",
-         lambda: gfdit.all_gather_into_tensor(torch.empty(n * 4, 3, dtype=torch.float16), c)),
-        ("all_gather float64",
-         lambda: gfdit.all_gather_into_tensor(torch.empty(n * 4, 3, dtype=torch.float64), f64)),
-        ("all_gather int16", lambda: gfdit.all_gather_into_tensor(
-            torch.empty(n * 4, dtype=torch.int16), torch.ones(4, dtype=torch.int16))),
-        ("all_gather bool", lambda: gfdit.all_gather_into_tensor(
-            torch.empty(n * 4, dtype=torch.bool), torch.ones(4, dtype=torch.bool))),
+        (
+            "all_gather dtype mismatch",
+            lambda: gfdit.all_gather_into_tensor(torch.empty(n * 4, 3, dtype=torch.float16), c),
+        ),
+        (
+            "all_gather float64",
+            lambda: gfdit.all_gather_into_tensor(torch.empty(n * 4, 3, dtype=torch.float64), f64),
+        ),
+        (
+            "all_gather int16",
+            lambda: gfdit.all_gather_into_tensor(
+                torch.empty(n * 4, dtype=torch.int16), torch.ones(4, dtype=torch.int16)
+            ),
+        ),
+        (
+            "all_gather bool",
+            lambda: gfdit.all_gather_into_tensor(
+                torch.empty(n * 4, dtype=torch.bool), torch.ones(4, dtype=torch.bool)
+            ),
+        ),
         # all_to_all_single
-        ("all_to_all rows not divisible", lambda: gfdit.all_to_all_single(torch.empty(n * 2 + 1, 3),
-                                                                          torch.randn(n * 2 + 1, 3))),
-        ("all_to_all output size",
-         lambda: gfdit.all_to_all_single(torch.empty(n * 2 + 1, 3), torch.randn(n * 2, 3))),
-        ("all_to_all dtype mismatch",
-         lambda: gfdit.all_to_all_single(torch.empty(n * 2, 3, dtype=torch.int32), torch.randn(n * 2, 3))),
-        ("all_to_all non-contiguous", lambda: gfdit.all_to_all_single(torch.empty(n * 2, 3),
-                                                                      torch.randn(n * 2, 6)[:, ::2])),
-        ("all_to_all split count", lambda: gfdit.all_to_all_single(
-            torch.empty(n * 2, 3), torch.randn(n * 2, 3), output_split_sizes=[2] * n,
-            input_split_sizes=[2] * (n + 1))),
-        ("all_to_all input splits sum", lambda: gfdit.all_to_all_single(
-            torch.empty(n * 2, 3), torch.randn(n * 2, 3), output_split_sizes=[2] * n,
-            input_split_sizes=[2] * (n - 1) + [3])),
-        ("all_to_all output splits sum", lambda: gfdit.all_to_all_single(
-            torch.empty(n * 2, 3), torch.randn(n * 2, 3), output_split_sizes=[1] * n,
-            input_split_sizes=[2] * n)),
-        ("all_to_all negative split", lambda: gfdit.all_to_all_single(
-            torch.empty(n * 2, 3), torch.randn(n * 2, 3), output_split_sizes=[2] * n,
-            input_split_sizes=[-1] + [2] * (n - 2) + [5])),
-        ("all_to_all float64", lambda: gfdit.all_to_all_single(torch.empty(n * 2, dtype=torch.float64),
-                                                                torch.randn(n * 2, dtype=torch.float64))),
+        (
+            "all_to_all rows not divisible",
+            lambda: gfdit.all_to_all_single(torch.empty(n * 2 + 1, 3), torch.randn(n * 2 + 1, 3)),
+        ),
+        (
+            "all_to_all output size",
+            lambda: gfdit.all_to_all_single(torch.empty(n * 2 + 1, 3), torch.randn(n * 2, 3)),
+        ),
+        (
+            "all_to_all dtype mismatch",
+            lambda: gfdit.all_to_all_single(torch.empty(n * 2, 3, dtype=torch.int32), torch.randn(n * 2, 3)),
+        ),
+        (
+            "all_to_all non-contiguous",
+            lambda: gfdit.all_to_all_single(torch.empty(n * 2, 3), torch.randn(n * 2, 6)[:, ::2]),
+        ),
+        (
+            "all_to_all split count",
+            lambda: gfdit.all_to_all_single(
+                torch.empty(n * 2, 3),
+                torch.randn(n * 2, 3),
+                output_split_sizes=[2] * n,
+                input_split_sizes=[2] * (n + 1),
+            ),
+        ),
+        (
+            "all_to_all input splits sum",
+            lambda: gfdit.all_to_all_single(
+                torch.empty(n * 2, 3),
+                torch.randn(n * 2, 3),
+                output_split_sizes=[2] * n,
+                input_split_sizes=[2] * (n - 1) + [3],
+            ),
+        ),
+        (
+            "all_to_all output splits sum",
+            lambda: gfdit.all_to_all_single(
+                torch.empty(n * 2, 3),
+                torch.randn(n * 2, 3),
+                output_split_sizes=[1] * n,
+                input_split_sizes=[2] * n,
+            ),
+        ),
+        (
+            "all_to_all negative split",
+            lambda: gfdit.all_to_all_single(
+                torch.empty(n * 2, 3),
+                torch.randn(n * 2, 3),
+                output_split_sizes=[2] * n,
+                input_split_sizes=[-1] + [2] * (n - 2) + [5],
+            ),
+        ),
+        (
+            "all_to_all float64",
+            lambda: gfdit.all_to_all_single(
+                torch.empty(n * 2, dtype=torch.float64), torch.randn(n * 2, dtype=torch.float64)
+            ),
+        ),
         # reduce_scatter
-        ("reduce_scatter input size",
-         lambda: gfdit.reduce_scatter_tensor(torch.empty(3), torch.randn(n * 3 + 1))),
-        ("reduce_scatter output size",
-         lambda: gfdit.reduce_scatter_tensor(torch.empty(4), torch.randn(n * 3))),
-        ("reduce_scatter dtype mismatch", lambda: gfdit.reduce_scatter_tensor(
-            torch.empty(3, dtype=torch.bfloat16), torch.randn(n * 3))),
-        ("reduce_scatter bad op",
-         lambda: gfdit.reduce_scatter_tensor(torch.empty(3), torch.randn(n * 3), op="bogus")),
-        ("reduce_scatter float64", lambda: gfdit.reduce_scatter_tensor(
-            torch.empty(3, dtype=torch.float64), torch.randn(n * 3, dtype=torch.float64))),
-        ("reduce_scatter non-contiguous", lambda: gfdit.reduce_scatter_tensor(
-            torch.empty(2, 3), torch.randn(n * 2, 6)[:, ::2])),
+        (
+            "reduce_scatter input size",
+            lambda: gfdit.reduce_scatter_tensor(torch.empty(3), torch.randn(n * 3 + 1)),
+        ),
+        (
+            "reduce_scatter output size",
+            lambda: gfdit.reduce_scatter_tensor(torch.empty(4), torch.randn(n * 3)),
+        ),
+        (
+            "reduce_scatter dtype mismatch",
+            lambda: gfdit.reduce_scatter_tensor(torch.empty(3, dtype=torch.bfloat16), torch.randn(n * 3)),
+        ),
+        (
+            "reduce_scatter bad op",
+            lambda: gfdit.reduce_scatter_tensor(torch.empty(3), torch.randn(n * 3), op="bogus"),
+        ),
+        (
+            "reduce_scatter float64",
+            lambda: gfdit.reduce_scatter_tensor(
+                torch.empty(3, dtype=torch.float64), torch.randn(n * 3, dtype=torch.float64)
+            ),
+        ),
+        (
+            "reduce_scatter non-contiguous",
+            lambda: gfdit.reduce_scatter_tensor(torch.empty(2, 3), torch.randn(n * 2, 6)[:, ::2]),
+        ),
         # all_reduce
         ("all_reduce non-contiguous", lambda: gfdit.all_reduce(nc)),
         ("all_reduce float64", lambda: gfdit.all_reduce(f64)),
@@ -101,25 +164,47 @@ def _bad_calls(ctx):
         ("recv src out of range", lambda: gfdit.recv(c, n)),
         ("recv non-contiguous", lambda: gfdit.recv(nc, other)),
         # all_to_all_4d
-        ("all_to_all_4d 3-D input",
-         lambda: gfdit.all_to_all_4d(torch.empty(2 * n, 2, 3), torch.randn(2, 2 * n, 3))),
-        ("all_to_all_4d heads not divisible", lambda: gfdit.all_to_all_4d(
-            torch.empty(1, 2 * n, 1, 4), torch.randn(1, 2, n + 1, 4))),
-        ("all_to_all_4d wrong output shape", lambda: gfdit.all_to_all_4d(
-            torch.empty(1, 2, n, 4), torch.randn(1, 2, n, 4))),
-        ("all_to_all_4d dtype mismatch", lambda: gfdit.all_to_all_4d(
-            torch.empty(1, 2 * n, 1, 4, dtype=torch.float16), torch.randn(1, 2, n, 4))),
-        ("all_to_all_4d non-contiguous", lambda: gfdit.all_to_all_4d(
-            torch.empty(1, 2 * n, 1, 4), torch.randn(1, 2, n, 8)[..., ::2])),
-        ("all_to_all_4d seq not divisible (reverse)", lambda: gfdit.all_to_all_4d(
-            torch.empty(1, 1, n, 4), torch.randn(1, n + 1, 1, 4), scatter_dim=1, gather_dim=2)),
-        ("all_to_all_4d unsupported dims", lambda: gfdit.all_to_all_4d(
-            torch.empty(1, 2 * n, 1, 4), torch.randn(1, 2, n, 4), scatter_dim=3, gather_dim=0)),
+        (
+            "all_to_all_4d 3-D input",
+            lambda: gfdit.all_to_all_4d(torch.empty(2 * n, 2, 3), torch.randn(2, 2 * n, 3)),
+        ),
+        (
+            "all_to_all_4d heads not divisible",
+            lambda: gfdit.all_to_all_4d(torch.empty(1, 2 * n, 1, 4), torch.randn(1, 2, n + 1, 4)),
+        ),
+        (
+            "all_to_all_4d wrong output shape",
+            lambda: gfdit.all_to_all_4d(torch.empty(1, 2, n, 4), torch.randn(1, 2, n, 4)),
+        ),
+        (
+            "all_to_all_4d dtype mismatch",
+            lambda: gfdit.all_to_all_4d(
+                torch.empty(1, 2 * n, 1, 4, dtype=torch.float16), torch.randn(1, 2, n, 4)
+            ),
+        ),
+        (
+            "all_to_all_4d non-contiguous",
+            lambda: gfdit.all_to_all_4d(torch.empty(1, 2 * n, 1, 4), torch.randn(1, 2, n, 8)[..., ::2]),
+        ),
+        (
+            "all_to_all_4d seq not divisible (reverse)",
+            lambda: gfdit.all_to_all_4d(
+                torch.empty(1, 1, n, 4), torch.randn(1, n + 1, 1, 4), scatter_dim=1, gather_dim=2
+            ),
+        ),
+        (
+            "all_to_all_4d unsupported dims",
+            lambda: gfdit.all_to_all_4d(
+                torch.empty(1, 2 * n, 1, 4), torch.randn(1, 2, n, 4), scatter_dim=3, gather_dim=0
+            ),
+        ),
         # one-sided
         ("put_with_signal non-heap destination", lambda: gfdit.put_with_signal(c, torch.empty(4, 3), other)),
         ("put_with_signal peer out of range", lambda: gfdit.put_with_signal(c, heap, n)),
-        ("put_with_signal source larger than destination", lambda: gfdit.put_with_signal(
-            torch.randn(5, 3), heap, other)),
+        (
+            "put_with_signal source larger than destination",
+            lambda: gfdit.put_with_signal(torch.randn(5, 3), heap, other),
+        ),
         ("wait_signal peer out of range", lambda: gfdit.wait_signal(n, 1)),
     ]
     return calls

@@ -8,7 +8,6 @@ rank), so every rank computes the expected results locally: no gloo needed.
 from __future__ import annotations
 
 import torch
-
 from cases_common import LARGE_BYTES, Checker, generator, place, rand_tensor, reduce_ref, sentinel
 
 OPS = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter", "send_recv", "barrier"]
@@ -86,13 +85,13 @@ def case_stress(ctx, seed, count, large_every):
             x = place(inp(ctx.rank, (n * numel,), kind="sum"), mem)
             out = sentinel((numel,), dtype, mem)
             gfdit.reduce_scatter_tensor(out, x, op=rop, group=g)
-            blocks = [inp(r, (n * numel,), kind="sum")[me * numel:(me + 1) * numel] for r in members]
+            blocks = [inp(r, (n * numel,), kind="sum")[me * numel : (me + 1) * numel] for r in members]
             chk.equal(out, reduce_ref(blocks, rop, dtype).to(out.dtype), what + " " + rop)
         elif op == "all_to_all":
             x = place(inp(ctx.rank, (n * numel,)), mem)
             out = sentinel((n * numel,), dtype, mem)
             gfdit.all_to_all_single(out, x, group=g)
-            ref = torch.cat([inp(r, (n * numel,))[me * numel:(me + 1) * numel] for r in members])
+            ref = torch.cat([inp(r, (n * numel,))[me * numel : (me + 1) * numel] for r in members])
             chk.equal(out, ref, what)
         elif op == "broadcast":
             t = place(inp(ctx.rank), mem)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 import mp_harness
+import torch
 
 F32_RTOL = 1e-4  # max |parallel - plain| / max |plain|
 
@@ -74,8 +73,15 @@ def run_case(ctx, case: dict) -> dict | None:
     if ok_shape:
         err = ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
     restored = _processor_types(model) == before and torch.equal(again, ref)
-    return {"name": case["name"], "rank": ctx.rank, "err": err, "restored": restored, "time": elapsed,
-            "shape": tuple(out.shape), "ok": ok_shape and err <= F32_RTOL and restored}
+    return {
+        "name": case["name"],
+        "rank": ctx.rank,
+        "err": err,
+        "restored": restored,
+        "time": elapsed,
+        "shape": tuple(out.shape),
+        "ok": ok_shape and err <= F32_RTOL and restored,
+    }
 
 
 def case_batch(ctx, cases: list) -> list:
@@ -120,6 +126,7 @@ def case_bad_call(ctx, kind: str) -> dict:
         ref = model(**good)[0]
         out = wrapper(**good)[0]
     result["after_err"] = ((out - ref).abs().max() / ref.abs().max()).item()
-    result["restored"] = all(t.endswith("AttnProcessor") or t.endswith("AttnProcessor2_0")
-                             for t in _processor_types(model))
+    result["restored"] = all(
+        t.endswith("AttnProcessor") or t.endswith("AttnProcessor2_0") for t in _processor_types(model)
+    )
     return result

@@ -23,7 +23,8 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 _SPAWN = mp.get_context("spawn")
 
@@ -51,7 +52,7 @@ class Outcome:
     exc_types: tuple = ()  # names along the exception's MRO, most derived first
     message: str = ""
     traceback: str = ""
-    exitcode: Optional[int] = None
+    exitcode: int | None = None
     elapsed: float = 0.0
 
     def raised(self, name: str) -> bool:
@@ -97,8 +98,9 @@ def _rank_main(rank: int, world_size: int, conn, opts: dict) -> None:
     gfdit = None
     try:
         if rank == 0:
-            store = dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=store_timeout,
-                                  wait_for_workers=False)
+            store = dist.TCPStore(
+                "127.0.0.1", 0, world_size, True, timeout=store_timeout, wait_for_workers=False
+            )
             conn.send(("port", store.port))
         else:
             kind, port = conn.recv()
@@ -162,7 +164,7 @@ class World:
         world_size: int,
         *,
         timeout: float = 30.0,
-        heap_bytes: Optional[int] = None,
+        heap_bytes: int | None = None,
         gloo: bool = True,
         init_gfdit: bool = True,
         start_timeout: float = 90.0,
@@ -223,7 +225,7 @@ class World:
             self.kill()
             raise WorldFailure("world start failed:\n" + "\n".join(o.describe() for o in bad))
 
-    def ensure_started(self) -> "World":
+    def ensure_started(self) -> World:
         if not self.alive:
             self.start()
         return self
@@ -257,7 +259,7 @@ class World:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
 
-    def __enter__(self) -> "World":
+    def __enter__(self) -> World:
         return self.ensure_started()
 
     def __exit__(self, *exc) -> None:
@@ -368,8 +370,14 @@ def run_batch(ctx, cases: list, run_case) -> list:
         try:
             rep = run_case(ctx, case)
         except Exception as exc:  # noqa: BLE001 - reported to the test
-            reports.append({"name": case["name"], "rank": ctx.rank, "ok": False,
-                            "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"})
+            reports.append(
+                {
+                    "name": case["name"],
+                    "rank": ctx.rank,
+                    "ok": False,
+                    "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}",
+                }
+            )
             break
         if rep is not None:
             reports.append(rep)

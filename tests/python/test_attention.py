@@ -13,10 +13,9 @@ from __future__ import annotations
 import itertools
 import random
 
-import pytest
-
 import attn_harness as ah
 import mp_harness
+import pytest
 
 GFDIT_TIMEOUT = 30.0
 RUN = 150.0
@@ -33,10 +32,12 @@ def _cases(n: int) -> list:
         nonlocal seed
         seed += 1
         kw.setdefault("seed", 100 * n + seed)
-        kw["name"] = (f"n{n}-u{kw['spec']['ulysses']}r{kw['spec']['ring']}-{kw['spec']['mode']}-"
-                      f"{kw['spec'].get('placement', 'auto')}-{kw['shape']}-split{kw.get('splits')}-"
-                      f"j{kw.get('joint', 0)}{kw.get('joint_pos', '')}-{kw.get('dtype', 'float32')}"
-                      f"-g{kw.get('group')}")
+        kw["name"] = (
+            f"n{n}-u{kw['spec']['ulysses']}r{kw['spec']['ring']}-{kw['spec']['mode']}-"
+            f"{kw['spec'].get('placement', 'auto')}-{kw['shape']}-split{kw.get('splits')}-"
+            f"j{kw.get('joint', 0)}{kw.get('joint_pos', '')}-{kw.get('dtype', 'float32')}"
+            f"-g{kw.get('group')}"
+        )
         cases.append(kw)
 
     for (u, r), mode in itertools.product(grids, ("usp", "torus")):
@@ -50,27 +51,45 @@ def _cases(n: int) -> list:
             b, h, d = rnd.choice([1, 2]), 4 * rnd.choice([1, 2]), rnd.choice([8, 16, 32])
             splits = [rnd.randint(0, 40) for _ in range(n)]
             splits[rnd.randrange(n)] += 1
-            add(spec=spec, shape=(b, sum(splits), h, d), splits=splits, joint=rnd.choice([0, 5]),
-                joint_pos=rnd.choice(["front", "rear"]))
+            add(
+                spec=spec,
+                shape=(b, sum(splits), h, d),
+                splits=splits,
+                joint=rnd.choice([0, 5]),
+                joint_pos=rnd.choice(["front", "rear"]),
+            )
             # bfloat16, uneven.
             splits = [rnd.randint(1, 30) for _ in range(n)]
             add(spec=spec, shape=(1, sum(splits), 4, 16), splits=splits, joint=3, dtype="bfloat16")
             # A random even shape, float32 and bfloat16.
             h = u * rnd.choice([1, 2, 3, 4])
-            add(spec=spec, shape=(rnd.choice([1, 2]), n * rnd.randint(1, 48), h, rnd.choice([16, 64])),
-                joint=rnd.choice([0, 9]), joint_pos=rnd.choice(["front", "rear"]),
-                dtype=rnd.choice(["float32", "bfloat16"]))
+            add(
+                spec=spec,
+                shape=(rnd.choice([1, 2]), n * rnd.randint(1, 48), h, rnd.choice([16, 64])),
+                joint=rnd.choice([0, 9]),
+                joint_pos=rnd.choice(["front", "rear"]),
+                dtype=rnd.choice(["float32", "bfloat16"]),
+            )
         # The large shape once per grid and mode, with the placement that crosses nodes in auto.
         big = {"ulysses": u, "ring": r, "mode": mode, "placement": "auto"}
-        add(spec=big, shape=(1, 1024, 32, 64), node_ids=[0, 0, 1, 1] if n == 4 else None,
-            joint=16 if mode == "torus" else 0)
+        add(
+            spec=big,
+            shape=(1, 1024, 32, 64),
+            node_ids=[0, 0, 1, 1] if n == 4 else None,
+            joint=16 if mode == "torus" else 0,
+        )
     # The same grid on a sub-group in a non-sorted order, and a one-member group.
     if n == 4:
         add(spec={"ulysses": 2, "ring": 1, "mode": "usp"}, shape=(1, 40, 4, 8), group=[3, 1], joint=2)
-        add(spec={"ulysses": 1, "ring": 2, "mode": "torus"}, shape=(1, 36, 2, 8), splits=[30, 6],
-            group=[2, 0])
-        add(spec={"ulysses": 2, "ring": 2, "mode": "torus", "placement": "ring-low", "torus_chunks": 1},
-            shape=(2, 64, 4, 16), group=[2, 0, 3, 1], splits=[10, 20, 30, 4])
+        add(
+            spec={"ulysses": 1, "ring": 2, "mode": "torus"}, shape=(1, 36, 2, 8), splits=[30, 6], group=[2, 0]
+        )
+        add(
+            spec={"ulysses": 2, "ring": 2, "mode": "torus", "placement": "ring-low", "torus_chunks": 1},
+            shape=(2, 64, 4, 16),
+            group=[2, 0, 3, 1],
+            splits=[10, 20, 30, 4],
+        )
     add(spec={"ulysses": 1, "ring": 1, "mode": "usp"}, shape=(1, 24, 2, 8), group=[n - 1], joint=4)
     # Heap history differs between members: Torus falls back to USP (with a warning), same result.
     add(spec={"ulysses": n, "ring": 1, "mode": "torus"}, shape=(1, 8 * n, n, 8), skew_heap=True)
@@ -87,7 +106,7 @@ def _run_batches(world, cases, batches=3):
     per = (len(cases) + batches - 1) // batches
     reports = []
     for i in range(0, len(cases), per):
-        for rank_reports in world.run(ah.case_batch, cases[i:i + per], timeout=RUN):
+        for rank_reports in world.run(ah.case_batch, cases[i : i + per], timeout=RUN):
             reports += rank_reports
     return reports
 
@@ -99,11 +118,15 @@ def test_attention_matches_reference(world):
     bad = [r for r in reports if not r["ok"]]
     assert not bad, "\n".join(
         f"{r['name']} rank {r['rank']}: " + (r.get("error") or f"err {r['err']:.3g} joint {r.get('jerr')}")
-        for r in bad)
+        for r in bad
+    )
     # Torus must not have fallen back to USP (its workspace sits at one heap offset on every member).
     skewed = {c["name"] for c in cases if c.get("skew_heap")}
-    warned = [f"{r['name']} rank {r['rank']}: {r['warnings']}" for r in reports
-              if r.get("warnings") and r["name"] not in skewed]
+    warned = [
+        f"{r['name']} rank {r['rank']}: {r['warnings']}"
+        for r in reports
+        if r.get("warnings") and r["name"] not in skewed
+    ]
     assert not warned, "\n".join(warned)
     fell_back = [r for r in reports if r["name"] in skewed and any("using USP" in w for w in r["warnings"])]
     assert len(fell_back) == world.world_size, "Torus did not detect the skewed heap offsets on every member"
@@ -112,14 +135,17 @@ def test_attention_matches_reference(world):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind,needle", [
-    ("heads", "not divisible by the Ulysses degree"),
-    ("spec_size", "members, but the group"),
-    ("mismatch", "mismatched shard shapes"),
-    ("qkv_shapes", "q, k and v shards have different shapes"),
-    ("torus_chunks", "torus_chunks=3"),
-    ("joint_partial", "joint_q, joint_k, joint_v or none"),
-])
+@pytest.mark.parametrize(
+    "kind,needle",
+    [
+        ("heads", "not divisible by the Ulysses degree"),
+        ("spec_size", "members, but the group"),
+        ("mismatch", "mismatched shard shapes"),
+        ("qkv_shapes", "q, k and v shards have different shapes"),
+        ("torus_chunks", "torus_chunks=3"),
+        ("joint_partial", "joint_q, joint_k, joint_v or none"),
+    ],
+)
 def test_bad_input_refused_on_every_rank(world, kind, needle):
     results = world.run(ah.case_bad_input, kind, timeout=60)
     for rank, res in enumerate(results):
@@ -145,8 +171,14 @@ def test_parallel_spec_validation():
     import gfdit.attention as ga
 
     assert ga.ParallelSpec(ulysses=2, ring=3).degree == 6
-    for kwargs in ({"ulysses": 0}, {"ring": -1}, {"ulysses": 1.5}, {"mode": "zigzag"}, {"placement": "low"},
-                   {"torus_chunks": 0}):
+    for kwargs in (
+        {"ulysses": 0},
+        {"ring": -1},
+        {"ulysses": 1.5},
+        {"mode": "zigzag"},
+        {"placement": "low"},
+        {"torus_chunks": 0},
+    ):
         with pytest.raises(gfdit.InvalidUsage):
             ga.ParallelSpec(**kwargs)
 
@@ -171,7 +203,9 @@ def test_topology_and_auto_placement(monkeypatch):
     assert ga.Topology.from_env(4).node_ids == (0, 0, 0, 0)
     monkeypatch.setenv("GFDIT_NODE_IDS", "0,0,1,1")
     topo = ga.Topology.from_env(4)
-    assert topo.num_nodes == 2 and topo.node_of(2) == 1 and topo.same_node([0, 1]) and not topo.same_node([1, 2])
+    assert (
+        topo.num_nodes == 2 and topo.node_of(2) == 1 and topo.same_node([0, 1]) and not topo.same_node([1, 2])
+    )
     with pytest.raises(gfdit.InvalidUsage):
         ga.Topology.from_env(8)  # 4 ids for 8 ranks
     with pytest.raises(gfdit.InvalidUsage):
@@ -183,12 +217,13 @@ def test_topology_and_auto_placement(monkeypatch):
     # 8 ranks on 2 nodes of 4, ulysses 2 x ring 4: rings of 4 consecutive members stay inside nodes.
     spec8 = ga.ParallelSpec(ulysses=2, ring=4, placement="auto")
     assert resolve_placement(spec8, list(range(8)), ga.Topology((0,) * 4 + (1,) * 4)) == "ring-low"
-    assert resolve_placement(ga.ParallelSpec(2, 2, placement="ulysses-low"), [0, 1, 2, 3], topo) == "ulysses-low"
+    assert (
+        resolve_placement(ga.ParallelSpec(2, 2, placement="ulysses-low"), [0, 1, 2, 3], topo) == "ulysses-low"
+    )
 
 
 def test_partial_merge_matches_full_attention():
     import torch
-
     from gfdit.attention.local import PartialMerger, block_attention
 
     g = torch.Generator().manual_seed(5)

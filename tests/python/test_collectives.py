@@ -8,10 +8,9 @@ The ranks are persistent processes (see mp_harness.py); the case functions are i
 
 from __future__ import annotations
 
-import pytest
-
 import cases_collectives as cc
 import mp_harness
+import pytest
 from cases_common import DTYPES
 
 WORLD_SIZES = [2, 3, 4, 8]
@@ -61,8 +60,9 @@ def test_all_gather(world, dtype):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
 def test_all_gather_large(world, dtype):
-    world.run(cc.case_all_gather, 12, dtype, size="large", mems=[("plain", "plain"), ("heap", "heap")],
-              timeout=RUN)
+    world.run(
+        cc.case_all_gather, 12, dtype, size="large", mems=[("plain", "plain"), ("heap", "heap")], timeout=RUN
+    )
 
 
 @pytest.mark.timeout(240)
@@ -95,8 +95,15 @@ def test_all_to_all_single_uneven_float32(world):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("dtype", ["float32", "int32"])
 def test_all_to_all_single_large(world, dtype):
-    world.run(cc.case_all_to_all_single, 23, dtype, split="large", tail=(64,),
-              mems=[("plain", "plain"), ("heap", "heap")], timeout=RUN)
+    world.run(
+        cc.case_all_to_all_single,
+        23,
+        dtype,
+        split="large",
+        tail=(64,),
+        mems=[("plain", "plain"), ("heap", "heap")],
+        timeout=RUN,
+    )
 
 
 @pytest.mark.timeout(240)
@@ -109,8 +116,16 @@ def test_all_to_all_single_empty(world):
 @pytest.mark.parametrize("split", ["even", "uneven"])
 def test_all_to_all_single_subgroups(world, split):
     for i, g in enumerate(_subgroups(world.world_size)):
-        world.run(cc.case_all_to_all_single, 25 + i, "bfloat16", ranks=g, split=split, use_method=bool(i % 2),
-                  mems=[("heap", "plain"), ("plain", "heap")], timeout=RUN)
+        world.run(
+            cc.case_all_to_all_single,
+            25 + i,
+            "bfloat16",
+            ranks=g,
+            split=split,
+            use_method=bool(i % 2),
+            mems=[("heap", "plain"), ("plain", "heap")],
+            timeout=RUN,
+        )
 
 
 # ------------------------------------------------------------------------------------------ reduce_scatter
@@ -143,8 +158,9 @@ def test_reduce_scatter_empty(world):
 @pytest.mark.parametrize("op", ["sum", "min"])
 def test_reduce_scatter_subgroups(world, op):
     for i, g in enumerate(_subgroups(world.world_size)):
-        world.run(cc.case_reduce_scatter, 35 + i, "int32", op=op, ranks=g, use_method=bool(i % 2),
-                  timeout=RUN)
+        world.run(
+            cc.case_reduce_scatter, 35 + i, "int32", op=op, ranks=g, use_method=bool(i % 2), timeout=RUN
+        )
 
 
 # ---------------------------------------------------------------------------------------------- all_reduce

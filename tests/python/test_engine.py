@@ -7,10 +7,9 @@ import signal
 import time
 from concurrent.futures import CancelledError
 
+import gfdit
 import pytest
 import torch
-
-import gfdit
 from gfdit import Decision, Engine, Layout, Policy, Request
 
 
@@ -191,9 +190,13 @@ def test_bad_requests_are_refused_at_submit_naming_the_field():
         # prompts of ordinary length (real ones run to 1-2 KB) fit
         long_prompt = "a very detailed description of a harbour at dawn, " * 40
         assert len(long_prompt) > 1500
-        r = eng.submit(Request(prompt=long_prompt, negative_prompt="blurry " * 200, seed=3)).result(timeout=120)
+        r = eng.submit(Request(prompt=long_prompt, negative_prompt="blurry " * 200, seed=3)).result(
+            timeout=120
+        )
         assert r.state == "DONE" and r.output.dim() == 3
-    with Engine(model="tiny-wan", world_size=1, policy="fcfs", timeout_s=20.0, limits={"max_frames": 9}) as eng:
+    with Engine(
+        model="tiny-wan", world_size=1, policy="fcfs", timeout_s=20.0, limits={"max_frames": 9}
+    ) as eng:
         with pytest.raises(gfdit.InvalidUsage, match="num_frames"):
             eng.submit(Request(prompt="frames not 4k+1", num_frames=8))
         with pytest.raises(gfdit.InvalidUsage, match="num_frames"):
@@ -205,8 +208,9 @@ def test_bad_requests_are_refused_at_submit_naming_the_field():
 def test_a_task_that_never_completes_fails_or_retries_its_request(faults):
     # A worker hangs in the encoder; the control plane aborts, then stops the worker, and retries the request
     # on the survivors, where it hangs again: after max_attempts it fails. The other request completes.
-    with Engine(model="tiny-wan", world_size=3, policy="static:1", timeout_s=20.0, task_timeout_s=1.5,
-                max_attempts=2) as eng:
+    with Engine(
+        model="tiny-wan", world_size=3, policy="static:1", timeout_s=20.0, task_timeout_s=1.5, max_attempts=2
+    ) as eng:
         stuck = eng.submit(Request(prompt="gfdit-fault:sleep=600 hang", num_frames=1, seed=1))
         fine = eng.submit(Request(prompt="an ordinary request", num_frames=1, seed=2))
         assert fine.result(timeout=120).state == "DONE"
@@ -215,7 +219,10 @@ def test_a_task_that_never_completes_fails_or_retries_its_request(faults):
         assert eng.stats()["task_timeouts"] >= 1
         assert eng.alive_workers().count(False) >= 1  # the wedged worker was stopped
         # the engine still serves on what is left
-        assert eng.submit(Request(prompt="after the hang", num_frames=1, seed=4)).result(timeout=120).state == "DONE"
+        assert (
+            eng.submit(Request(prompt="after the hang", num_frames=1, seed=4)).result(timeout=120).state
+            == "DONE"
+        )
     _assert_gone(eng)
 
 

@@ -5,10 +5,9 @@ the survivors fail within a few seconds with a message naming it; and no file na
 
 from __future__ import annotations
 
-import pytest
-
 import cases_errors as ce
 import mp_harness
+import pytest
 
 GFDIT_TIMEOUT = 2.0
 # A failing rank must be done (error raised and world destroyed) well within this.
@@ -107,7 +106,8 @@ def test_killed_peer(n, victim, how, rounds_before):
         _check_failure(o.value, o.rank, f"{how} of rank {victim}")
     named = [o.rank for o in survivors if mp_harness.names_rank(o.value["message"], victim)]
     assert named, "no survivor's error names the dead rank {}: {}".format(
-        victim, [o.value["message"] for o in survivors])
+        victim, [o.value["message"] for o in survivors]
+    )
     if n == 2:
         assert named == [1 - victim], (
             f"the survivor's error does not name rank {victim}: {survivors[0].value}"

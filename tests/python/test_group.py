@@ -6,11 +6,10 @@ import datetime
 import statistics
 import time
 
+import gfdit
 import pytest
 import torch
 import torch.distributed as dist
-
-import gfdit
 
 
 def _store():
@@ -135,8 +134,9 @@ def test_group_methods_single_rank(world1):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64,
-                                   torch.uint8])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8]
+)
 def test_heap_tensor(world1, dtype):
     x = gfdit.empty((16, 8), dtype=dtype)
     assert isinstance(x, torch.Tensor)

@@ -12,10 +12,9 @@ The ranks are persistent processes (mp_harness.World); each world runs its cases
 
 from __future__ import annotations
 
-import pytest
-
-import mp_harness
 import models_harness as mh
+import mp_harness
+import pytest
 
 pytest.importorskip("diffusers")
 
@@ -35,8 +34,9 @@ def _grids(n: int) -> list:
 
 def _name(case: dict) -> str:
     spec = case.get("spec")
-    layout = ("default" if spec is None
-              else f"u{spec['ulysses']}r{spec['ring']}-{spec['mode']}-{spec['placement']}")
+    layout = (
+        "default" if spec is None else f"u{spec['ulysses']}r{spec['ring']}-{spec['mode']}-{spec['placement']}"
+    )
     return f"{case['model']}-{layout}-g{case.get('group')}-{case.get('inputs', {})}-{case.get('config', {})}"
 
 
@@ -54,12 +54,20 @@ def _layout_cases(n: int) -> list:
         {"model": "wan", "spec": usp, "inputs": {"batch": 2}},
         {"model": "wan", "spec": ring, "inputs": {"per_token_timestep": True}},
         {"model": "wan", "spec": usp, "inputs": {"frames": 2, "height": 4, "width": 4}},  # 8 tokens
-        {"model": "wan", "spec": ring, "config": {"image_dim": 8, "added_kv_proj_dim": 64},  # Wan 2.1 I2V
-         "inputs": {"text": 512, "image_tokens": 3}},
+        {
+            "model": "wan",
+            "spec": ring,
+            "config": {"image_dim": 8, "added_kv_proj_dim": 64},  # Wan 2.1 I2V
+            "inputs": {"text": 512, "image_tokens": 3},
+        },
         {"model": "qwen", "spec": ring, "inputs": {"batch": 2, "text": 3}},
         {"model": "qwen", "spec": usp, "inputs": {"mask": True}},
-        {"model": "qwen", "spec": usp, "config": {"zero_cond_t": True},
-         "inputs": {"extra_shapes": ((1, 4, 3),)}},
+        {
+            "model": "qwen",
+            "spec": usp,
+            "config": {"zero_cond_t": True},
+            "inputs": {"extra_shapes": ((1, 4, 3),)},
+        },
     ]
     for case in variants:
         seed += 1
@@ -76,12 +84,24 @@ def _sequence_cases(n: int) -> list:
         return {"ulysses": u, "ring": r, "mode": mode, "placement": placement}
 
     if n == 4:
-        steps = [([0, 1, 2, 3], spec(2, 2)), ([2, 0], spec(1, 2)), ([1], None),
-                 ([3, 1, 0, 2], spec(2, 2, "torus", "ring-low")), ([3, 2], spec(2, 1)),
-                 ([1, 3, 0], spec(1, 3, "torus")), (None, None), ([0, 1, 2, 3], spec(4, 1, "torus"))]
+        steps = [
+            ([0, 1, 2, 3], spec(2, 2)),
+            ([2, 0], spec(1, 2)),
+            ([1], None),
+            ([3, 1, 0, 2], spec(2, 2, "torus", "ring-low")),
+            ([3, 2], spec(2, 1)),
+            ([1, 3, 0], spec(1, 3, "torus")),
+            (None, None),
+            ([0, 1, 2, 3], spec(4, 1, "torus")),
+        ]
     else:
-        steps = [([0, 1], spec(2, 1)), ([1], None), ([1, 0], spec(1, 2, "torus")), (None, None),
-                 ([0], spec(1, 1))]
+        steps = [
+            ([0, 1], spec(2, 1)),
+            ([1], None),
+            ([1, 0], spec(1, 2, "torus")),
+            (None, None),
+            ([0], spec(1, 1)),
+        ]
     cases = []
     for i, (group, sp) in enumerate(steps):
         for model in ("wan", "qwen"):
@@ -101,12 +121,13 @@ def _run(world, cases, batches=1):
     per = (len(cases) + batches - 1) // batches
     reports = []
     for i in range(0, len(cases), per):
-        for rank_reports in world.run(mh.case_batch, cases[i:i + per], timeout=RUN):
+        for rank_reports in world.run(mh.case_batch, cases[i : i + per], timeout=RUN):
             reports += rank_reports
     bad = [r for r in reports if not r["ok"]]
     assert not bad, "\n".join(
         f"{r['name']} rank {r['rank']}: " + (r.get("error") or f"err {r['err']:.3g} restored {r['restored']}")
-        for r in bad)
+        for r in bad
+    )
     return reports
 
 
@@ -129,12 +150,15 @@ def test_group_and_spec_change_between_calls(world):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind,needle", [
-    ("spec_size", "members, but the group"),
-    ("heads", "not divisible by the Ulysses degree"),
-    ("padded_mask", "text mask"),
-    ("bad_args", "bad arguments"),
-])
+@pytest.mark.parametrize(
+    "kind,needle",
+    [
+        ("spec_size", "members, but the group"),
+        ("heads", "not divisible by the Ulysses degree"),
+        ("padded_mask", "text mask"),
+        ("bad_args", "bad arguments"),
+    ],
+)
 def test_bad_calls_refused_on_every_rank(world, kind, needle):
     if kind == "heads" and world.world_size < 4:
         pytest.skip("needs a group of 3")
@@ -150,16 +174,14 @@ def test_bad_calls_refused_on_every_rank(world, kind, needle):
 
 # ------------------------------------------------------------------------ single-process (no world needed)
 def test_unsupported_models_refused():
-    import torch
-
     import gfdit
     import gfdit.models as gm
+    import torch
 
     for thing in (torch.nn.Linear(2, 2), object(), None):
         with pytest.raises(gfdit.InvalidUsage, match="unsupported model"):
             gm.parallelize(thing)
     from diffusers import WanTransformer3DModel
-
     from gfdit.models.tiny import WAN_CONFIG
 
     class NotQuiteWan(WanTransformer3DModel):  # a subclass may change forward: refused, not guessed at

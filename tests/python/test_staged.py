@@ -82,10 +82,15 @@ def test_state_round_trip_and_bad_steps(name):
     with pytest.raises(gfdit.InvalidUsage, match="must be"):
         m.latent_shape(height=m.defaults.height + 1)
     with pytest.raises(gfdit.InvalidUsage, match="negative_prompt_embeds"):
-        m.initial_state(m.encode(PROMPT, guidance_scale=1.0), state.latent, grid=state.grid,
-                        guidance_scale=3.0)
-    no_cfg = m.initial_state(m.encode(PROMPT, guidance_scale=1.0), sh.start(m, PROMPT, 1).latent,
-                             grid=state.grid, guidance_scale=1.0)
+        m.initial_state(
+            m.encode(PROMPT, guidance_scale=1.0), state.latent, grid=state.grid, guidance_scale=3.0
+        )
+    no_cfg = m.initial_state(
+        m.encode(PROMPT, guidance_scale=1.0),
+        sh.start(m, PROMPT, 1).latent,
+        grid=state.grid,
+        guidance_scale=1.0,
+    )
     assert no_cfg.negative_prompt_embeds is None
     assert gm.unpack_state(*gm.pack_state(no_cfg)).negative_prompt_embeds is None
 
@@ -134,8 +139,12 @@ def _u(u, r, mode="usp", placement="ulysses-low"):
 
 # One step each: a single rank, a pair, the whole world in a non-sorted order, then a rank alone.
 SWITCHING = [([0], None), ([0, 1], _u(2, 1)), ([2, 3, 1, 0], _u(2, 2)), ([3], None)]
-TORUS = [([0, 1, 2, 3], _u(2, 2, "torus", "ring-low")), ([3, 2], _u(2, 1, "torus")), ([1], None),
-         ([0, 1, 2, 3], _u(4, 1, "torus"))]
+TORUS = [
+    ([0, 1, 2, 3], _u(2, 2, "torus", "ring-low")),
+    ([3, 2], _u(2, 1, "torus")),
+    ([1], None),
+    ([0, 1, 2, 3], _u(4, 1, "torus")),
+]
 
 
 def _check_trajectory(world, name: str, seed: int, plan: list) -> None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 import cases_stress as cs
 import mp_harness
+import pytest
 
 # (world size, instances, every how many instances one is large, seed)
 CONFIGS = [

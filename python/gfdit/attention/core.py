@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -70,8 +71,9 @@ def _comm_executor() -> concurrent.futures.ThreadPoolExecutor:
     global _executor
     with _executor_lock:
         if _executor is None:
-            _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                              thread_name_prefix="gfdit-attn-comm")
+            _executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="gfdit-attn-comm"
+            )
         return _executor
 
 
@@ -105,8 +107,11 @@ def _local_record(q: Any, k: Any, v: Any, jq: Any, jk: Any, jv: Any) -> tuple[li
         if not all(isinstance(t, torch.Tensor) for t in joints):
             return fail(_ERR_JOINT_SHAPE, "joint_q/k/v must be torch tensors")
         shapes = [tuple(t.shape) for t in joints]
-        if any(len(sh) != 4 for sh in shapes) or len(set(shapes)) != 1 or (
-                shapes[0][0], shapes[0][2], shapes[0][3]) != (b, h, d):
+        if (
+            any(len(sh) != 4 for sh in shapes)
+            or len(set(shapes)) != 1
+            or (shapes[0][0], shapes[0][2], shapes[0][3]) != (b, h, d)
+        ):
             return fail(_ERR_JOINT_SHAPE, f"joint shapes {shapes}, q shard {tuple(q.shape)}")
         if any(t.dtype != q.dtype for t in joints) or any(t.device.type != "cpu" for t in joints):
             return fail(_ERR_JOINT_DTYPE, f"joint dtypes {[t.dtype for t in joints]}, q {q.dtype}")
@@ -115,13 +120,16 @@ def _local_record(q: Any, k: Any, v: Any, jq: Any, jk: Any, jv: Any) -> tuple[li
     return rec, ""
 
 
-def _check_records(recs: list[list[int]], me: int, local_detail: str, spec: ParallelSpec,
-                   group_ranks: list[int]) -> None:
+def _check_records(
+    recs: list[list[int]], me: int, local_detail: str, spec: ParallelSpec, group_ranks: list[int]
+) -> None:
     """Raises the same InvalidUsage on every member when any member's input is bad."""
     bad = [(i, r[0]) for i, r in enumerate(recs) if r[0] != _ERR_OK]
     if bad:
-        parts = [f"member {i} (rank {group_ranks[i]}): {_ERR_MESSAGES.get(code, f'error {code}')}"
-                 for i, code in bad]
+        parts = [
+            f"member {i} (rank {group_ranks[i]}): {_ERR_MESSAGES.get(code, f'error {code}')}"
+            for i, code in bad
+        ]
         msg = "gfdit.attention: bad input on " + "; ".join(parts)
         if local_detail:
             msg += f" [here: {local_detail}]"
@@ -133,18 +141,24 @@ def _check_records(recs: list[list[int]], me: int, local_detail: str, spec: Para
                 f"gfdit.attention: mismatched shard shapes: member {i} (rank {group_ranks[i]}) has "
                 f"[B, S_local, H, D] = {r[1:5]}, member 0 (rank {group_ranks[0]}) has {recs[0][1:5]}; "
                 "B, H and D must agree (only "
-                "S_local may differ)")
+                "S_local may differ)"
+            )
         if r[5] != dt:
-            raise InvalidUsage(f"gfdit.attention: member {i} has dtype {_DTYPE_NAMES[r[5]]}, member 0 has "
-                               f"{_DTYPE_NAMES[dt]}")
+            raise InvalidUsage(
+                f"gfdit.attention: member {i} has dtype {_DTYPE_NAMES[r[5]]}, member 0 has {_DTYPE_NAMES[dt]}"
+            )
         if (r[6], r[7]) != (recs[0][6], recs[0][7]):
-            raise InvalidUsage(f"gfdit.attention: joint tokens differ between members: member {i} has "
-                               f"{'%d joint tokens' % r[7] if r[6] else 'none'}, member 0 has "
-                               f"{'%d joint tokens' % recs[0][7] if recs[0][6] else 'none'}")
+            raise InvalidUsage(
+                f"gfdit.attention: joint tokens differ between members: member {i} has "
+                f"{f'{r[7]} joint tokens' if r[6] else 'none'}, member 0 has "
+                f"{f'{recs[0][7]} joint tokens' if recs[0][6] else 'none'}"
+            )
     if h % spec.ulysses != 0:
-        raise InvalidUsage(f"gfdit.attention: {h} heads are not divisible by the Ulysses degree "
-                           f"{spec.ulysses}; "
-                           "choose a Ulysses degree that divides the number of heads")
+        raise InvalidUsage(
+            f"gfdit.attention: {h} heads are not divisible by the Ulysses degree "
+            f"{spec.ulysses}; "
+            "choose a Ulysses degree that divides the number of heads"
+        )
 
 
 def _gather_records(world: comm.World, group: comm.Group, rec: list[int]) -> list[list[int]]:
@@ -163,8 +177,15 @@ def _sub_group(world: comm.World, group: comm.Group, members: Sequence[int]) -> 
     return world.new_group([ranks[i] for i in members])
 
 
-def ring_attention(world: comm.World, q_b: torch.Tensor, kv: torch.Tensor, block_sizes: Sequence[int],
-                   ring_ranks: Sequence[int], ring_idx: int, merger: PartialMerger) -> None:
+def ring_attention(
+    world: comm.World,
+    q_b: torch.Tensor,
+    kv: torch.Tensor,
+    block_sizes: Sequence[int],
+    ring_ranks: Sequence[int],
+    ring_idx: int,
+    merger: PartialMerger,
+) -> None:
     """Ring attention of this member's queries q_b [B, h, Sq, D] over every ring member's K/V block.
 
     kv: this member's block [2, B, h, S_blk, D], contiguous. block_sizes[y]: S_blk of ring member y.
@@ -184,7 +205,7 @@ def ring_attention(world: comm.World, q_b: torch.Tensor, kv: torch.Tensor, block
         fut = None
         if t < r - 1:
             s_next = block_sizes[(ring_idx - t - 1) % r]
-            nxt = spare[t % 2][:2 * b * h * s_next * d].view(2, b, h, s_next, d)
+            nxt = spare[t % 2][: 2 * b * h * s_next * d].view(2, b, h, s_next, d)
             fut = executor.submit(_exchange, world, cur, nxt, nxt_rank, prv_rank, send_first)
         try:
             merger.add_block(q_b, cur[0], cur[1])
@@ -195,8 +216,9 @@ def ring_attention(world: comm.World, q_b: torch.Tensor, kv: torch.Tensor, block
             cur = nxt
 
 
-def _exchange(world: comm.World, send_buf: torch.Tensor, recv_buf: torch.Tensor, dst: int, src: int,
-              send_first: bool) -> None:
+def _exchange(
+    world: comm.World, send_buf: torch.Tensor, recv_buf: torch.Tensor, dst: int, src: int, send_first: bool
+) -> None:
     if send_first:
         world.send(send_buf, dst)
         world.recv(recv_buf, src)
@@ -205,8 +227,14 @@ def _exchange(world: comm.World, send_buf: torch.Tensor, recv_buf: torch.Tensor,
         world.send(send_buf, dst)
 
 
-def _joint_partials_merge(world: comm.World, group: comm.Group, layout: GridLayout, part: torch.Tensor,
-                          heads: int, dtype: torch.dtype) -> torch.Tensor:
+def _joint_partials_merge(
+    world: comm.World,
+    group: comm.Group,
+    layout: GridLayout,
+    part: torch.Tensor,
+    heads: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """Combines every member's joint-query partial [B, h, S_joint, D + 1] (out | lse) into joint_out.
 
     Members of one Ring group saw disjoint key sets of the same heads: merged through their lse. Ulysses
@@ -228,15 +256,16 @@ def _joint_partials_merge(world: comm.World, group: comm.Group, layout: GridLayo
         m = torch.logsumexp(lse, dim=0)
         w = torch.exp(lse - m.unsqueeze(0)).nan_to_num_(0.0)
         merged = (o * w.unsqueeze(-1)).sum(dim=0)  # [B, hu, Sj, D]
-        out[:, :, x * hu:(x + 1) * hu] = merged.transpose(1, 2).to(dtype)
+        out[:, :, x * hu : (x + 1) * hu] = merged.transpose(1, 2).to(dtype)
     return out
 
 
 class _Call:
     """What one validated call knows: the group, the grid and every member's sequence length."""
 
-    def __init__(self, world: comm.World, group: comm.Group, spec: ParallelSpec, placement: str,
-                 recs: list[list[int]]) -> None:
+    def __init__(
+        self, world: comm.World, group: comm.Group, spec: ParallelSpec, placement: str, recs: list[list[int]]
+    ) -> None:
         self.world = world
         self.group = group
         self.spec = spec
@@ -252,8 +281,9 @@ class _Call:
         lay = self.layout
         self.ul_splits = [self.splits[m] for m in lay.ulysses_members]
         # Sequence a ring member holds after its Ulysses all-to-all: its whole Ulysses group's shards.
-        self.ring_blocks = [sum(self.splits[GridLayout.index(placement, u, r, x, y)] for x in range(u))
-                            for y in range(r)]
+        self.ring_blocks = [
+            sum(self.splits[GridLayout.index(placement, u, r, x, y)] for x in range(u)) for y in range(r)
+        ]
         self._ul_group = None
         self._ring_ranks = [group.ranks[m] for m in lay.ring_members]
 
@@ -264,8 +294,9 @@ class _Call:
         return self._ul_group
 
 
-def _usp(call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: tuple | None
-         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _usp(
+    call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: tuple | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """USP: Ulysses all-to-all (heads <-> sequence) along one grid axis, Ring along the other."""
     world, lay = call.world, call.layout
     u, hu, b, d = lay.ulysses, call.hu, call.b, call.d
@@ -328,10 +359,19 @@ def _local(q, k, v, joint):
     return out, joint_out
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: comm.Group | None = None,
-              spec: ParallelSpec | None = None, joint_q: torch.Tensor | None = None,
-              joint_k: torch.Tensor | None = None, joint_v: torch.Tensor | None = None, joint: str = "front",
-              topology: Topology | None = None) -> Any:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group: comm.Group | None = None,
+    spec: ParallelSpec | None = None,
+    joint_q: torch.Tensor | None = None,
+    joint_k: torch.Tensor | None = None,
+    joint_v: torch.Tensor | None = None,
+    joint: str = "front",
+    topology: Topology | None = None,
+) -> Any:
     """Exact non-causal softmax attention (scale 1/sqrt(D)) of a sequence split across ``group``.
 
     q, k, v: this member's shards [B, S_local, H, D] (group order = sequence order; S_local may differ
@@ -349,11 +389,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: comm.
     if spec is None:
         spec = ParallelSpec(ulysses=n, ring=1, mode="usp", placement="ulysses-low")
     if not isinstance(spec, ParallelSpec):
-        raise InvalidUsage("gfdit.attention: spec must be a gfdit.attention.ParallelSpec, got "
-                           f"{type(spec).__name__}")
+        raise InvalidUsage(
+            f"gfdit.attention: spec must be a gfdit.attention.ParallelSpec, got {type(spec).__name__}"
+        )
     if spec.degree != n:
-        raise InvalidUsage(f"gfdit.attention: spec ulysses={spec.ulysses} x ring={spec.ring} = {spec.degree} "
-                           f"members, but the group {g.ranks} has {n}")
+        raise InvalidUsage(
+            f"gfdit.attention: spec ulysses={spec.ulysses} x ring={spec.ring} = {spec.degree} "
+            f"members, but the group {g.ranks} has {n}"
+        )
     if joint not in ("front", "rear"):
         raise InvalidUsage(f"gfdit.attention: joint must be 'front' or 'rear', got {joint!r}")
     if spec.placement == "auto" and spec.ulysses > 1 and spec.ring > 1:

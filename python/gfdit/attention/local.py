@@ -15,8 +15,9 @@ import torch
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-causal attention of q [B, H, Sq, D] over k, v [B, H, Sk, D]; returns (out float32, lse float32).
 
     Sk must be > 0 (an empty key block has no partial result; callers skip it).
@@ -26,10 +27,15 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
         scale = 1.0 / math.sqrt(d)
     if q.shape[2] == 0:
         b, h, _, _ = q.shape
-        return (q.new_zeros((b, h, 0, v.shape[-1]), dtype=torch.float32),
-                q.new_zeros((b, h, 0), dtype=torch.float32))
-    if _FLASH_CPU is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16,
-                                                                         torch.float16):
+        return (
+            q.new_zeros((b, h, 0, v.shape[-1]), dtype=torch.float32),
+            q.new_zeros((b, h, 0), dtype=torch.float32),
+        )
+    if (
+        _FLASH_CPU is not None
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    ):
         out, lse = _FLASH_CPU(q, k, v, scale=scale)
         return out.float(), lse.float()
     # Portable path (other devices, float64): exact softmax with its log-sum-exp.
@@ -69,8 +75,10 @@ class PartialMerger:
         """(out float32 [B, H, Sq, D], lse float32 [B, H, Sq]); zeros / -inf when nothing was added."""
         if self.out is None:
             b, h, s, d = like.shape
-            return (like.new_zeros((b, h, s, d), dtype=torch.float32),
-                    like.new_full((b, h, s), float("-inf"), dtype=torch.float32))
+            return (
+                like.new_zeros((b, h, s, d), dtype=torch.float32),
+                like.new_full((b, h, s), float("-inf"), dtype=torch.float32),
+            )
         return self.out, self.lse
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from gfdit._C import InvalidUsage
 from gfdit.topology import Topology
@@ -38,12 +38,18 @@ class ParallelSpec:
         if self.mode not in MODES:
             raise InvalidUsage(f"gfdit: ParallelSpec.mode {self.mode!r} is not one of {', '.join(MODES)}")
         if self.placement not in PLACEMENTS:
-            raise InvalidUsage(f"gfdit: ParallelSpec.placement {self.placement!r} is not one of "
-                               f"{', '.join(PLACEMENTS)}")
-        if self.torus_chunks is not None and (isinstance(self.torus_chunks, bool) or not isinstance(
-                self.torus_chunks, int) or self.torus_chunks < 1):
-            raise InvalidUsage(f"gfdit: ParallelSpec.torus_chunks must be a positive integer or None, got "
-                               f"{self.torus_chunks!r}")
+            raise InvalidUsage(
+                f"gfdit: ParallelSpec.placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}"
+            )
+        if self.torus_chunks is not None and (
+            isinstance(self.torus_chunks, bool)
+            or not isinstance(self.torus_chunks, int)
+            or self.torus_chunks < 1
+        ):
+            raise InvalidUsage(
+                f"gfdit: ParallelSpec.torus_chunks must be a positive integer or None, got "
+                f"{self.torus_chunks!r}"
+            )
 
     @property
     def degree(self) -> int:
@@ -77,7 +83,7 @@ class GridLayout:
         return member // ring, member % ring
 
     @classmethod
-    def build(cls, ulysses: int, ring: int, placement: str, member: int) -> "GridLayout":
+    def build(cls, ulysses: int, ring: int, placement: str, member: int) -> GridLayout:
         ui, ri = cls.coords(placement, ulysses, ring, member)
         return cls(
             ulysses=ulysses,
@@ -112,8 +118,9 @@ def resolve_placement(spec: ParallelSpec, group_ranks: Sequence[int], topology: 
     if u == 1 or r == 1 or topology is None:
         return "ulysses-low"
     if max(group_ranks) >= topology.world_size:
-        raise InvalidUsage(f"gfdit: topology covers {topology.world_size} ranks but the group has rank "
-                           f"{max(group_ranks)}")
+        raise InvalidUsage(
+            f"gfdit: topology covers {topology.world_size} ranks but the group has rank {max(group_ranks)}"
+        )
 
     def cost(placement: str) -> tuple[int, int]:
         uls, rings = GridLayout.groups(u, r, placement)

@@ -36,7 +36,7 @@ ring of chunk c + 1 on the receiving side beyond what the FIFO communication thr
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -60,9 +60,11 @@ def check_torus(spec: ParallelSpec, heads: int) -> None:
     hu = heads // spec.ulysses
     c = chunks_for(spec, heads)
     if hu % c != 0:
-        raise InvalidUsage(f"gfdit.attention: torus_chunks={c} does not divide the {hu} heads per Ulysses "
-                           "member "
-                           f"({heads} heads / ulysses {spec.ulysses})")
+        raise InvalidUsage(
+            f"gfdit.attention: torus_chunks={c} does not divide the {hu} heads per Ulysses "
+            "member "
+            f"({heads} heads / ulysses {spec.ulysses})"
+        )
 
 
 def _put_order(num_chunks: int) -> dict[str, int]:
@@ -90,8 +92,9 @@ class _PutWaiter:
                 self.seen[p] = pos
 
 
-def torus(call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: tuple | None
-          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def torus(
+    call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: tuple | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     world, lay, group = call.world, call.layout, call.group
     u, r, placement = lay.ulysses, lay.ring, lay.placement
     b, h, d, hu = call.b, call.h, call.d, call.hu
@@ -100,7 +103,6 @@ def torus(call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint:
     hc = hu // num_c
     s_me = q.shape[1]
     splits, ul_splits = call.splits, call.ul_splits
-    s_u = sum(ul_splits)
     # Same sizes on every member: the largest Ulysses-group sequence and the largest shard of the group.
     s_u_max = max(call.ring_blocks)
     s_max = max(splits)
@@ -121,9 +123,13 @@ def torus(call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint:
     uls, _ = GridLayout.groups(u, r, placement)
     usable = all(o >= 0 for o in offs_l) and all(len({offs_l[m] for m in g}) == 1 for g in uls)
     if not usable:
-        warnings.warn("gfdit.attention: torus workspace is not at the same heap offset on every Ulysses peer "
-                      f"(offsets {offs_l}); using USP for this call", RuntimeWarning, stacklevel=3)
-        del ws
+        warnings.warn(
+            "gfdit.attention: torus workspace is not at the same heap offset on every Ulysses peer "
+            f"(offsets {offs_l}); using USP for this call",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        ws = None
         from gfdit.attention.core import _usp
 
         return _usp(call, q, k, v, joint)
@@ -140,17 +146,17 @@ def torus(call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint:
         """Receive area of chunk c from Ulysses member x: [3, B, hc, S_x, D]."""
         off = c * fwd_chunk + 3 * b * prefix[x] * hc * d
         n_el = 3 * b * ul_splits[x] * hc * d
-        return ws[off:off + n_el].view(3, b, hc, ul_splits[x], d)
+        return ws[off : off + n_el].view(3, b, hc, ul_splits[x], d)
 
     def out_view(c: int, x: int, s_owner: int) -> torch.Tensor:
         """Output area of chunk c from Ulysses member x on a member holding s_owner rows: [B, S, hc, D]."""
         off = num_c * fwd_chunk + c * out_chunk + x * b * s_max * hc * d
-        return ws[off:off + b * s_owner * hc * d].view(b, s_owner, hc, d)
+        return ws[off : off + b * s_owner * hc * d].view(b, s_owner, hc, d)
 
     def put(src: torch.Tensor, dst_local: torch.Tensor, peer: int) -> None:
         if dst_local.numel() == 0:  # an empty piece still counts as a put; give it a non-empty heap view
             base = dst_local.data_ptr() - ws.data_ptr()
-            dst_local = ws[base // ws.element_size():][:1]
+            dst_local = ws[base // ws.element_size() :][:1]
         world.put_with_signal(src, dst_local, peer)
 
     def put_fwd(c: int) -> None:
@@ -158,7 +164,7 @@ def torus(call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint:
         for x in range(u):
             lo = x * hu + c * hc
             # [3, B, hc, S, D]
-            piece = torch.stack([t[:, :, lo:lo + hc].transpose(1, 2) for t in (q, k, v)], dim=0)
+            piece = torch.stack([t[:, :, lo : lo + hc].transpose(1, 2) for t in (q, k, v)], dim=0)
             dst = fwd_view(c, me_u)
             if x == me_u:
                 dst.copy_(piece)
@@ -168,7 +174,7 @@ def torus(call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint:
     def put_out(c: int, out_c: torch.Tensor) -> None:
         # out_c: [B, hc, S_u, D] float32 for the chunk-c heads of this member; rows of member x go back to x.
         for x in range(u):
-            rows = out_c[:, :, prefix[x]:prefix[x] + ul_splits[x]].transpose(1, 2).to(dtype).contiguous()
+            rows = out_c[:, :, prefix[x] : prefix[x] + ul_splits[x]].transpose(1, 2).to(dtype).contiguous()
             dst = out_view(c, me_u, ul_splits[x])
             if x == me_u:
                 dst.copy_(rows)
@@ -207,13 +213,13 @@ def torus(call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint:
             f.result()
     # Assemble [B, S_me, H, D]: head x*hu + c*hc + i comes from area (c, x).
     # Area (c, x) holds a contiguous [B, S_me, hc, D] at its start (its slot is sized for S_max rows).
-    area = ws[num_c * fwd_chunk:num_c * fwd_chunk + num_c * out_chunk].view(num_c, u, b * s_max * hc * d)
-    area = area[:, :, :b * s_me * hc * d].view(num_c, u, b, s_me, hc, d)
+    area = ws[num_c * fwd_chunk : num_c * fwd_chunk + num_c * out_chunk].view(num_c, u, b * s_max * hc * d)
+    area = area[:, :, : b * s_me * hc * d].view(num_c, u, b, s_me, hc, d)
     out = torch.empty((b, s_me, h, d), dtype=dtype)  # a copy: the workspace goes back to the heap
     out.view(b, s_me, u, num_c, hc, d).copy_(area.permute(2, 3, 1, 0, 4, 5))
     joint_out = None
     if joint is not None:
         part = torch.cat(joint_parts, dim=1)  # [B, hu, S_joint, D + 1]
         joint_out = _joint_partials_merge(world, group, lay, part, h, dtype)
-    del area, ws
+    area = ws = None  # the workspace goes back to the heap before the caller continues
     return out, joint_out

@@ -25,5 +25,14 @@ from gfdit.models.staged import (
     unpack_state,
 )
 
-__all__ += ["Conditioning", "DenoiseState", "StageDefaults", "StagedModel", "load", "migrate", "pack_state",
-            "state_digest", "unpack_state"]
+__all__ += [
+    "Conditioning",
+    "DenoiseState",
+    "StageDefaults",
+    "StagedModel",
+    "load",
+    "migrate",
+    "pack_state",
+    "state_digest",
+    "unpack_state",
+]

@@ -21,7 +21,8 @@ bad input raises the same gfdit.InvalidUsage on every member before any collecti
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -98,16 +99,18 @@ class ParallelTransformer(torch.nn.Module):
     def config(self) -> Any:
         return self.module.config
 
-    def forward(self, *args: Any, group: comm.Group | None = None, spec: ParallelSpec | None = None,
-                **kwargs: Any) -> Any:
+    def forward(
+        self, *args: Any, group: comm.Group | None = None, spec: ParallelSpec | None = None, **kwargs: Any
+    ) -> Any:
         world = comm.get_world()
         g = world._group(group)
         spec = self._check_spec(spec, g)
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise InvalidUsage(f"gfdit.models: bad arguments for {type(self.module).__name__}.forward: "
-                               f"{exc}") from None
+            raise InvalidUsage(
+                f"gfdit.models: bad arguments for {type(self.module).__name__}.forward: {exc}"
+            ) from None
         shards = SequenceShards(world, g, spec)
         self._adapter.prepare(self.module, bound, shards)
         if self.module.__dict__.get("_gfdit_parallel_call", False):
@@ -130,12 +133,16 @@ class ParallelTransformer(torch.nn.Module):
         if not isinstance(spec, ParallelSpec):
             raise InvalidUsage(f"gfdit.models: spec must be a gfdit.ParallelSpec, got {type(spec).__name__}")
         if spec.degree != n:
-            raise InvalidUsage(f"gfdit.models: spec ulysses={spec.ulysses} x ring={spec.ring} = "
-                               f"{spec.degree} members, but the group {g.ranks} has {n}")
+            raise InvalidUsage(
+                f"gfdit.models: spec ulysses={spec.ulysses} x ring={spec.ring} = "
+                f"{spec.degree} members, but the group {g.ranks} has {n}"
+            )
         heads = self._adapter.heads(self.module)
         if heads % spec.ulysses != 0:
-            raise InvalidUsage(f"gfdit.models: the {self._adapter.name} model has {heads} attention heads, "
-                               f"not divisible by the Ulysses degree {spec.ulysses}")
+            raise InvalidUsage(
+                f"gfdit.models: the {self._adapter.name} model has {heads} attention heads, "
+                f"not divisible by the Ulysses degree {spec.ulysses}"
+            )
         if spec.mode == "torus" and n > 1:
             from gfdit.attention.torus import check_torus
 
@@ -156,5 +163,7 @@ def parallelize(transformer: Any) -> ParallelTransformer:
     for cls in _adapters():
         if cls.matches(transformer):
             return ParallelTransformer(transformer, cls())
-    raise InvalidUsage(f"gfdit.models.parallelize: unsupported model {type(transformer).__module__}."
-                       f"{type(transformer).__name__}; supported: {', '.join(SUPPORTED)}")
+    raise InvalidUsage(
+        f"gfdit.models.parallelize: unsupported model {type(transformer).__module__}."
+        f"{type(transformer).__name__}; supported: {', '.join(SUPPORTED)}"
+    )

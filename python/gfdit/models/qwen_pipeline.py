@@ -36,31 +36,57 @@ from gfdit.models.staged import (
     write_gfdit_config,
 )
 
-PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
-                   "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
-                   "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n")
+PROMPT_TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
+    "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
+    "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+)
 PROMPT_TEMPLATE_DROP = 34  # diffusers' prompt_template_encode_start_idx for the real Qwen2 tokenizer
 TOKENIZER_MAX_LENGTH = 1024
 
 # Serving defaults (DESIGN.md): Qwen-Image 50 steps at 1024 px, true CFG 4.0.
-QWEN_IMAGE_DEFAULTS = StageDefaults(height=1024, width=1024, num_frames=1, num_inference_steps=50,
-                                    guidance_scale=4.0, max_sequence_length=512)
-TINY_DEFAULTS = StageDefaults(height=48, width=80, num_frames=1, num_inference_steps=4, guidance_scale=4.0,
-                              max_sequence_length=64)
+QWEN_IMAGE_DEFAULTS = StageDefaults(
+    height=1024, width=1024, num_frames=1, num_inference_steps=50, guidance_scale=4.0, max_sequence_length=512
+)
+TINY_DEFAULTS = StageDefaults(
+    height=48, width=80, num_frames=1, num_inference_steps=4, guidance_scale=4.0, max_sequence_length=64
+)
 # Qwen/Qwen-Image's scheduler_config.json (dynamic shifting with mu from the token count).
-QWEN_IMAGE_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "base_image_seq_len": 256,
-                        "base_shift": 0.5, "invert_sigmas": False, "max_image_seq_len": 8192,
-                        "max_shift": 0.9, "num_train_timesteps": 1000, "shift": 1.0, "shift_terminal": 0.02,
-                        "stochastic_sampling": False, "time_shift_type": "exponential",
-                        "use_beta_sigmas": False, "use_dynamic_shifting": True,
-                        "use_exponential_sigmas": False, "use_karras_sigmas": False}
-TINY_VAE = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,
-            "temperal_downsample": [False, True, True], "latents_mean": [0.1, -0.2, 0.05, 0.0],
-            "latents_std": [1.5, 0.8, 1.2, 1.0]}
+QWEN_IMAGE_SCHEDULER = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "invert_sigmas": False,
+    "max_image_seq_len": 8192,
+    "max_shift": 0.9,
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "shift_terminal": 0.02,
+    "stochastic_sampling": False,
+    "time_shift_type": "exponential",
+    "use_beta_sigmas": False,
+    "use_dynamic_shifting": True,
+    "use_exponential_sigmas": False,
+    "use_karras_sigmas": False,
+}
+TINY_VAE = {
+    "base_dim": 8,
+    "z_dim": 4,
+    "dim_mult": [1, 1, 1, 1],
+    "num_res_blocks": 1,
+    "temperal_downsample": [False, True, True],
+    "latents_mean": [0.1, -0.2, 0.05, 0.0],
+    "latents_std": [1.5, 0.8, 1.2, 1.0],
+}
 
 
-def calculate_shift(image_seq_len: int, base_seq_len: int = 256, max_seq_len: int = 4096,
-                    base_shift: float = 0.5, max_shift: float = 1.15) -> float:
+def calculate_shift(
+    image_seq_len: int,
+    base_seq_len: int = 256,
+    max_seq_len: int = 4096,
+    base_shift: float = 0.5,
+    max_shift: float = 1.15,
+) -> float:
     """diffusers' QwenImagePipeline calculate_shift: mu linear in the image token count."""
     m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
     return image_seq_len * m + base_shift - m * base_seq_len
@@ -71,9 +97,18 @@ class QwenImageStagedModel(StagedModel):
 
     is_video = False
 
-    def __init__(self, *, name: str, tokenizer: Any, text_encoder: torch.nn.Module, vae: torch.nn.Module,
-                 transformer: torch.nn.Module, scheduler_config: dict, defaults: StageDefaults,
-                 prompt_template_drop: int = PROMPT_TEMPLATE_DROP) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        tokenizer: Any,
+        text_encoder: torch.nn.Module,
+        vae: torch.nn.Module,
+        transformer: torch.nn.Module,
+        scheduler_config: dict,
+        defaults: StageDefaults,
+        prompt_template_drop: int = PROMPT_TEMPLATE_DROP,
+    ) -> None:
         from gfdit.models.core import parallelize
 
         if getattr(transformer.config, "guidance_embeds", False):
@@ -93,12 +128,20 @@ class QwenImageStagedModel(StagedModel):
     # -- encode ------------------------------------------------------------------------------------------
     def _embed(self, text: str, max_len: int) -> torch.Tensor:
         drop = self.prompt_template_drop
-        tok = self.tokenizer([PROMPT_TEMPLATE.format(text)], max_length=TOKENIZER_MAX_LENGTH + drop,
-                             padding=True, truncation=True, return_tensors="pt")
+        tok = self.tokenizer(
+            [PROMPT_TEMPLATE.format(text)],
+            max_length=TOKENIZER_MAX_LENGTH + drop,
+            padding=True,
+            truncation=True,
+            return_tensors="pt",
+        )
         dev = next(self.text_encoder.parameters()).device
         with torch.no_grad():
-            out = self.text_encoder(input_ids=tok.input_ids.to(dev),
-                                    attention_mask=tok.attention_mask.to(dev), output_hidden_states=True)
+            out = self.text_encoder(
+                input_ids=tok.input_ids.to(dev),
+                attention_mask=tok.attention_mask.to(dev),
+                output_hidden_states=True,
+            )
         valid = tok.attention_mask[0].bool().to(dev)  # one prompt: all of its tokens are valid
         hidden = out.hidden_states[-1][0][valid]
         hidden = hidden[drop:][:max_len]
@@ -117,21 +160,24 @@ class QwenImageStagedModel(StagedModel):
         return Conditioning(prompt_embeds=cond, negative_prompt_embeds=neg)
 
     # -- latent ------------------------------------------------------------------------------------------
-    def latent_shape(self, *, height: int | None = None, width: int | None = None,
-                     num_frames: int | None = None) -> tuple[int, ...]:
+    def latent_shape(
+        self, *, height: int | None = None, width: int | None = None, num_frames: int | None = None
+    ) -> tuple[int, ...]:
         d = self.defaults
         height = d.height if height is None else height
         width = d.width if width is None else width
         if num_frames not in (None, 1):
-            raise InvalidUsage(f"gfdit.models: {self.name} makes images; num_frames must be 1, got "
-                               f"{num_frames!r}")
+            raise InvalidUsage(
+                f"gfdit.models: {self.name} makes images; num_frames must be 1, got {num_frames!r}"
+            )
         for what, v in (("height", height), ("width", width)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidUsage(f"gfdit.models: {what} must be a positive integer, got {v!r}")
         m = self.vae_scale * 2
         if height % m or width % m:
-            raise InvalidUsage(f"gfdit.models: {self.name} height x width {height}x{width} must be "
-                               f"multiples of {m}")
+            raise InvalidUsage(
+                f"gfdit.models: {self.name} height x width {height}x{width} must be multiples of {m}"
+            )
         z = int(self.transformer.config.in_channels) // 4
         return (1, z, 1, height // self.vae_scale, width // self.vae_scale)
 
@@ -153,38 +199,61 @@ class QwenImageStagedModel(StagedModel):
     def init_latent(self, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
         shape = tuple(int(s) for s in shape)
         if len(shape) != 5 or shape[0] != 1 or shape[2] != 1 or shape[3] % 2 or shape[4] % 2:
-            raise InvalidUsage(f"gfdit.models: Qwen-Image latent shape must be [1, C, 1, H, W] with even "
-                               f"H, W, got {shape}")
+            raise InvalidUsage(
+                f"gfdit.models: Qwen-Image latent shape must be [1, C, 1, H, W] with even H, W, got {shape}"
+            )
         g = torch.Generator().manual_seed(int(seed))
         # diffusers draws [1, 1, C, H, W]: the same numbers in the same order as [1, C, 1, H, W].
         return self.pack(torch.randn(shape, generator=g, dtype=torch.float32)).contiguous()
 
-    def initial_state(self, conditioning: Conditioning, latent: torch.Tensor, *,
-                      num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                      grid: tuple[int, int, int] | None = None) -> DenoiseState:
+    def initial_state(
+        self,
+        conditioning: Conditioning,
+        latent: torch.Tensor,
+        *,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        grid: tuple[int, int, int] | None = None,
+    ) -> DenoiseState:
         if grid is None and latent.dim() == 3:
-            raise InvalidUsage("gfdit.models: a packed Qwen-Image latent needs grid=(1, H, W) of the VAE "
-                               "latent")
+            raise InvalidUsage(
+                "gfdit.models: a packed Qwen-Image latent needs grid=(1, H, W) of the VAE latent"
+            )
         if latent.dim() == 5:
             grid = self._grid_of(latent)
             latent = self.pack(latent)
-        return super().initial_state(conditioning, latent, num_inference_steps=num_inference_steps,
-                                     guidance_scale=guidance_scale, grid=grid)
+        return super().initial_state(
+            conditioning,
+            latent,
+            num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale,
+            grid=grid,
+        )
 
-    def schedule(self, num_inference_steps: int,
-                 grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def schedule(
+        self, num_inference_steps: int, grid: tuple[int, int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         import numpy as np
 
         cfg = self.scheduler_config
         n = num_inference_steps
-        mu = calculate_shift(self.sequence_length(grid), cfg.get("base_image_seq_len", 256),
-                             cfg.get("max_image_seq_len", 4096), cfg.get("base_shift", 0.5),
-                             cfg.get("max_shift", 1.15))
+        mu = calculate_shift(
+            self.sequence_length(grid),
+            cfg.get("base_image_seq_len", 256),
+            cfg.get("max_image_seq_len", 4096),
+            cfg.get("base_shift", 0.5),
+            cfg.get("max_shift", 1.15),
+        )
         return flow_match_schedule(cfg, n, sigmas=np.linspace(1.0, 1 / n, n), mu=mu)
 
     # -- denoise -----------------------------------------------------------------------------------------
-    def denoise_step(self, state: DenoiseState, step_idx: int, group: comm.Group | None = None,
-                     spec: ParallelSpec | None = None) -> DenoiseState:
+    def denoise_step(
+        self,
+        state: DenoiseState,
+        step_idx: int,
+        group: comm.Group | None = None,
+        spec: ParallelSpec | None = None,
+    ) -> DenoiseState:
         self.check_step(state, step_idx)
         t = state.timesteps[step_idx]
         model = self.transformer
@@ -196,9 +265,18 @@ class QwenImageStagedModel(StagedModel):
         img_shapes = [[(1, h // 2, w // 2)]]
 
         def velocity(embeds: torch.Tensor) -> torch.Tensor:
-            out = self.parallel_call(model, self.parallel, group, spec, hidden_states=x, timestep=timestep,
-                                     guidance=None, encoder_hidden_states_mask=None,
-                                     encoder_hidden_states=embeds.to(dev, dtype), img_shapes=img_shapes)
+            out = self.parallel_call(
+                model,
+                self.parallel,
+                group,
+                spec,
+                hidden_states=x,
+                timestep=timestep,
+                guidance=None,
+                encoder_hidden_states_mask=None,
+                encoder_hidden_states=embeds.to(dev, dtype),
+                img_shapes=img_shapes,
+            )
             return out.float().cpu()
 
         with torch.no_grad():
@@ -215,8 +293,9 @@ class QwenImageStagedModel(StagedModel):
         if isinstance(state_or_latent, DenoiseState):
             return self.unpack(state_or_latent.latent, state_or_latent.grid)
         if not isinstance(state_or_latent, torch.Tensor) or state_or_latent.dim() != 5:
-            raise InvalidUsage("gfdit.models: Qwen-Image decode needs a DenoiseState or a [1, C, 1, H, W] "
-                               "latent")
+            raise InvalidUsage(
+                "gfdit.models: Qwen-Image decode needs a DenoiseState or a [1, C, 1, H, W] latent"
+            )
         return state_or_latent
 
     def decode(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
@@ -227,9 +306,13 @@ class QwenImageStagedModel(StagedModel):
         """Writes a diffusers QwenImagePipeline folder (plus gfdit.json: defaults, template drop)."""
         from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
-        pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
-                                 vae=self.vae, text_encoder=self.text_encoder, tokenizer=self.tokenizer,
-                                 transformer=self.transformer)
+        pipe = QwenImagePipeline(
+            scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
+            vae=self.vae,
+            text_encoder=self.text_encoder,
+            tokenizer=self.tokenizer,
+            transformer=self.transformer,
+        )
         pipe.save_pretrained(os.fspath(path))
         write_gfdit_config(path, self.name, self.defaults, prompt_template_drop=self.prompt_template_drop)
 
@@ -245,13 +328,21 @@ def build_tiny(seed: int = 0) -> QwenImageStagedModel:
     encoder = text.tiny_qwen25vl_encoder(seed + 1, hidden_size=int(transformer.config.joint_attention_dim))
     vae = text.randomize_module(AutoencoderKLQwenImage(**TINY_VAE), seed + 2)
     drop = len(tokenizer(PROMPT_TEMPLATE.split("{}")[0]).input_ids)  # the template's prefix, in byte tokens
-    return QwenImageStagedModel(name="tiny-qwen-image", tokenizer=tokenizer, text_encoder=encoder, vae=vae,
-                                transformer=transformer, scheduler_config=QWEN_IMAGE_SCHEDULER,
-                                defaults=TINY_DEFAULTS, prompt_template_drop=drop)
+    return QwenImageStagedModel(
+        name="tiny-qwen-image",
+        tokenizer=tokenizer,
+        text_encoder=encoder,
+        vae=vae,
+        transformer=transformer,
+        scheduler_config=QWEN_IMAGE_SCHEDULER,
+        defaults=TINY_DEFAULTS,
+        prompt_template_drop=drop,
+    )
 
 
-def load_folder(name: str, path: Any, *, dtype: torch.dtype | None = None,
-                device: str | torch.device = "cpu") -> QwenImageStagedModel:
+def load_folder(
+    name: str, path: Any, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> QwenImageStagedModel:
     """A Qwen-Image model from a local diffusers folder (from_pretrained with local_files_only=True)."""
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
@@ -265,13 +356,20 @@ def load_folder(name: str, path: Any, *, dtype: torch.dtype | None = None,
     try:
         tokenizer = AutoTokenizer.from_pretrained(os.path.join(path, "tokenizer"), local_files_only=True)
         encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            os.path.join(path, "text_encoder"), local_files_only=True, **({"dtype": dtype} if dtype else {}))
+            os.path.join(path, "text_encoder"), local_files_only=True, **({"dtype": dtype} if dtype else {})
+        )
         vae = load_diffusers_model(AutoencoderKLQwenImage, path, "vae", torch.float32)
         transformer = load_diffusers_model(QwenImageTransformer2DModel, path, "transformer", dtype)
     except (OSError, ValueError) as exc:
         raise InvalidUsage(f"gfdit.models.load: {name!r}: cannot load {path!r}: {exc}") from None
     drop = int(gcfg.get("prompt_template_drop", PROMPT_TEMPLATE_DROP))
-    return QwenImageStagedModel(name=gcfg.get("name", name), tokenizer=tokenizer,
-                                text_encoder=encoder.to(device), vae=vae.to(device),
-                                transformer=transformer.to(device), scheduler_config=sched, defaults=defaults,
-                                prompt_template_drop=drop)
+    return QwenImageStagedModel(
+        name=gcfg.get("name", name),
+        tokenizer=tokenizer,
+        text_encoder=encoder.to(device),
+        vae=vae.to(device),
+        transformer=transformer.to(device),
+        scheduler_config=sched,
+        defaults=defaults,
+        prompt_template_drop=drop,
+    )

@@ -32,12 +32,15 @@ class QwenJointAttentionProcessor:
     def __init__(self, shards: SequenceShards) -> None:
         self.shards = shards
 
-    def __call__(self, attn: torch.nn.Module, hidden_states: torch.Tensor,
-                 encoder_hidden_states: torch.Tensor | None = None,
-                 encoder_hidden_states_mask: torch.Tensor | None = None,
-                 attention_mask: torch.Tensor | None = None,
-                 image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self,
+        attn: torch.nn.Module,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_hidden_states_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
 
         if encoder_hidden_states is None:
@@ -50,8 +53,9 @@ class QwenJointAttentionProcessor:
             return x.unflatten(-1, (-1, head_dim))
 
         img_q, img_k, img_v = (heads(p(hidden_states)) for p in (attn.to_q, attn.to_k, attn.to_v))
-        txt_q, txt_k, txt_v = (heads(p(encoder_hidden_states))
-                               for p in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+        txt_q, txt_k, txt_v = (
+            heads(p(encoder_hidden_states)) for p in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
+        )
         # Per-head RMSNorms act on each token alone: the same on a shard as on the whole sequence.
         if attn.norm_q is not None:
             img_q = attn.norm_q(img_q)
@@ -67,8 +71,17 @@ class QwenJointAttentionProcessor:
             img_k = apply_rotary_emb_qwen(img_k, img_freqs, use_real=False)
             txt_q = apply_rotary_emb_qwen(txt_q, txt_freqs, use_real=False)
             txt_k = apply_rotary_emb_qwen(txt_k, txt_freqs, use_real=False)
-        img_out, txt_out = attention(img_q, img_k, img_v, group=self.shards.group, spec=self.shards.spec,
-                                     joint_q=txt_q, joint_k=txt_k, joint_v=txt_v, joint="front")
+        img_out, txt_out = attention(
+            img_q,
+            img_k,
+            img_v,
+            group=self.shards.group,
+            spec=self.shards.spec,
+            joint_q=txt_q,
+            joint_k=txt_k,
+            joint_v=txt_v,
+            joint="front",
+        )
         img_out = img_out.flatten(2, 3).to(img_q.dtype)
         txt_out = txt_out.flatten(2, 3).to(img_q.dtype)
         img_out = attn.to_out[0](img_out.contiguous())
@@ -98,16 +111,19 @@ class QwenImageAdapter(ModelAdapter):
         args = bound.arguments
         hs = args.get("hidden_states")
         if not isinstance(hs, torch.Tensor) or hs.dim() != 3:
-            raise InvalidUsage("gfdit.models: Qwen-Image hidden_states must be a [B, S, C] tensor of packed "
-                               "latent patches")
+            raise InvalidUsage(
+                "gfdit.models: Qwen-Image hidden_states must be a [B, S, C] tensor of packed latent patches"
+            )
         if args.get("encoder_hidden_states") is None:
             raise InvalidUsage("gfdit.models: Qwen-Image needs encoder_hidden_states (the text stream)")
         shards._fix(int(hs.shape[1]), "hidden_states")
         mask = args.get("encoder_hidden_states_mask")
         if mask is not None:
             if not isinstance(mask, torch.Tensor) or not bool(mask.bool().all()):
-                raise InvalidUsage("gfdit.models: Qwen-Image parallel calls support only a text mask that "
-                                   "keeps every token (or none); drop the padding tokens instead")
+                raise InvalidUsage(
+                    "gfdit.models: Qwen-Image parallel calls support only a text mask that "
+                    "keeps every token (or none); drop the padding tokens instead"
+                )
             args["encoder_hidden_states_mask"] = None  # all ones: the same result without a mask
         control = args.get("controlnet_block_samples")
         if control is not None:
@@ -121,11 +137,15 @@ class QwenImageAdapter(ModelAdapter):
             raise InvalidUsage("gfdit.models: this Qwen-Image model has no transformer blocks")
         for i, block in enumerate(blocks):
             proc = block.attn.processor
-            if type(proc) is not QwenDoubleStreamAttnProcessor2_0 or getattr(
-                    proc, "_parallel_config", None) is not None:
-                raise InvalidUsage(f"gfdit.models: Qwen-Image transformer_blocks[{i}].attn uses "
-                                   f"{type(proc).__name__} (or diffusers' own context parallelism); gfdit "
-                                   "replaces only the stock QwenDoubleStreamAttnProcessor2_0")
+            if (
+                type(proc) is not QwenDoubleStreamAttnProcessor2_0
+                or getattr(proc, "_parallel_config", None) is not None
+            ):
+                raise InvalidUsage(
+                    f"gfdit.models: Qwen-Image transformer_blocks[{i}].attn uses "
+                    f"{type(proc).__name__} (or diffusers' own context parallelism); gfdit "
+                    "replaces only the stock QwenDoubleStreamAttnProcessor2_0"
+                )
 
         def cut_rope(_module, _inputs, output):
             img_freqs, txt_freqs = output
@@ -135,8 +155,9 @@ class QwenImageAdapter(ModelAdapter):
             found, hs = _arg(args, kwargs, "hidden_states", _BLOCK_HIDDEN_STATES)
             if not found:
                 return None
-            return _set_arg(args, kwargs, "hidden_states", _BLOCK_HIDDEN_STATES,
-                            shards.take(hs, 1, "the hidden states"))
+            return _set_arg(
+                args, kwargs, "hidden_states", _BLOCK_HIDDEN_STATES, shards.take(hs, 1, "the hidden states")
+            )
 
         memo: dict[str, Any] = {"src": None, "cut": None}
 

@@ -41,10 +41,11 @@ class SequenceShards:
         if self.total is None:
             self.total = total
             self.splits = even_splits(total, self.n)
-            self.offset = sum(self.splits[:self.me])
+            self.offset = sum(self.splits[: self.me])
         elif total != self.total:
-            raise InvalidUsage(f"gfdit.models: {what} has {total} tokens, but this call's sequence has "
-                               f"{self.total}")
+            raise InvalidUsage(
+                f"gfdit.models: {what} has {total} tokens, but this call's sequence has {self.total}"
+            )
 
     @property
     def local(self) -> int:
@@ -64,12 +65,13 @@ class SequenceShards:
         if self.total is None:
             raise InvalidUsage("gfdit.models: nothing was split in this call, so there is nothing to gather")
         if t.shape[dim] != self.local:
-            raise InvalidUsage(f"gfdit.models: gathering {t.shape[dim]} tokens, but this member holds "
-                               f"{self.local}")
+            raise InvalidUsage(
+                f"gfdit.models: gathering {t.shape[dim]} tokens, but this member holds {self.local}"
+            )
         longest = max(self.splits)
         moved = t.movedim(dim, 0)
         padded = moved.new_zeros((longest,) + tuple(moved.shape[1:]))
-        padded[:self.local] = moved
+        padded[: self.local] = moved
         out = padded.new_empty((self.n,) + tuple(padded.shape))
         self.world.all_gather_into_tensor(out, padded, group=self.group)
         whole = torch.cat([out[i, :s] for i, s in enumerate(self.splits)], dim=0)

@@ -95,14 +95,16 @@ class DenoiseState:
 
 
 # ---------------------------------------------------------------------------------------------- flow matching
-def euler_step(latent: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor,
-               velocity: torch.Tensor) -> torch.Tensor:
+def euler_step(
+    latent: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor, velocity: torch.Tensor
+) -> torch.Tensor:
     """Flow-matching Euler, as diffusers' FlowMatchEulerDiscreteScheduler.step: x + (s' - s) v, in float32."""
     return (latent.float() + (sigma_next - sigma) * velocity.float()).to(latent.dtype)
 
 
-def flow_match_schedule(scheduler_config: dict, num_inference_steps: int, *, sigmas: Any = None,
-                        mu: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def flow_match_schedule(
+    scheduler_config: dict, num_inference_steps: int, *, sigmas: Any = None, mu: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(sigmas [N + 1], timesteps [N]) of a FlowMatchEulerDiscreteScheduler with this config, float32.
 
     A fresh scheduler object per call: the schedule is a pure function of the config, N and mu.
@@ -141,8 +143,9 @@ class StagedModel(abc.ABC):
         max_sequence_length, guidance_scale."""
 
     @abc.abstractmethod
-    def latent_shape(self, *, height: int | None = None, width: int | None = None,
-                     num_frames: int | None = None) -> tuple[int, ...]:
+    def latent_shape(
+        self, *, height: int | None = None, width: int | None = None, num_frames: int | None = None
+    ) -> tuple[int, ...]:
         """The VAE-latent shape [1, C, F, H, W] of a request of this size (None: the model's default);
         sizes the model cannot patch raise gfdit.InvalidUsage."""
 
@@ -151,13 +154,19 @@ class StagedModel(abc.ABC):
         """The initial noise for ``seed`` (a CPU torch.Generator; float32), in the transformer's layout."""
 
     @abc.abstractmethod
-    def schedule(self, num_inference_steps: int,
-                 grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def schedule(
+        self, num_inference_steps: int, grid: tuple[int, int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(sigmas [N + 1], timesteps [N]), float32, for a latent of this (frames, height, width) grid."""
 
     @abc.abstractmethod
-    def denoise_step(self, state: DenoiseState, step_idx: int, group: comm.Group | None = None,
-                     spec: ParallelSpec | None = None) -> DenoiseState:
+    def denoise_step(
+        self,
+        state: DenoiseState,
+        step_idx: int,
+        group: comm.Group | None = None,
+        spec: ParallelSpec | None = None,
+    ) -> DenoiseState:
         """Runs step ``step_idx`` (must be ``state.step_idx``) on ``group`` with ``spec``; returns the next
         state (the input is not modified). Every member of the group calls it with the same state and gets
         the same result. group None: the gfdit world if initialised, else a plain local call."""
@@ -196,9 +205,15 @@ class StagedModel(abc.ABC):
             video = vae.decode(latent / std + mean, return_dict=False)[0]
         return (video[0].float().cpu() / 2 + 0.5).clamp(0, 1)
 
-    def initial_state(self, conditioning: Conditioning, latent: torch.Tensor, *,
-                      num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                      grid: tuple[int, int, int] | None = None) -> DenoiseState:
+    def initial_state(
+        self,
+        conditioning: Conditioning,
+        latent: torch.Tensor,
+        *,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        grid: tuple[int, int, int] | None = None,
+    ) -> DenoiseState:
         """The state before step 0. latent: from ``init_latent`` (its grid is derived from the shape unless
         given). Guidance > 1 needs a negative embedding in the conditioning."""
         steps = self.defaults.num_inference_steps if num_inference_steps is None else num_inference_steps
@@ -206,19 +221,29 @@ class StagedModel(abc.ABC):
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise InvalidUsage(f"gfdit.models: num_inference_steps must be a positive integer, got {steps!r}")
         if scale > 1.0 and conditioning.negative_prompt_embeds is None:
-            raise InvalidUsage(f"gfdit.models: guidance_scale {scale} > 1 needs negative_prompt_embeds; "
-                               "encode with the same guidance_scale")
+            raise InvalidUsage(
+                f"gfdit.models: guidance_scale {scale} > 1 needs negative_prompt_embeds; "
+                "encode with the same guidance_scale"
+            )
         grid = self._grid_of(latent) if grid is None else tuple(int(x) for x in grid)
         sigmas, timesteps = self.schedule(steps, grid)
         neg = conditioning.negative_prompt_embeds if scale > 1.0 else None
-        return DenoiseState(latent=latent.float().contiguous(), prompt_embeds=conditioning.prompt_embeds,
-                            negative_prompt_embeds=neg, sigmas=sigmas, timesteps=timesteps, step_idx=0,
-                            guidance_scale=scale, grid=grid)
+        return DenoiseState(
+            latent=latent.float().contiguous(),
+            prompt_embeds=conditioning.prompt_embeds,
+            negative_prompt_embeds=neg,
+            sigmas=sigmas,
+            timesteps=timesteps,
+            step_idx=0,
+            guidance_scale=scale,
+            grid=grid,
+        )
 
     def _grid_of(self, latent: torch.Tensor) -> tuple[int, int, int]:
         if latent.dim() != 5:
-            raise InvalidUsage(f"gfdit.models: cannot derive the latent grid from shape "
-                               f"{tuple(latent.shape)}; pass grid=")
+            raise InvalidUsage(
+                f"gfdit.models: cannot derive the latent grid from shape {tuple(latent.shape)}; pass grid="
+            )
         return tuple(int(x) for x in latent.shape[2:])  # type: ignore[return-value]
 
     def sequence_length(self, grid: tuple[int, int, int]) -> int:
@@ -229,15 +254,30 @@ class StagedModel(abc.ABC):
 
     patch_size: tuple[int, int, int] = (1, 2, 2)
 
-    def generate(self, prompt: str, *, seed: int = 0, negative_prompt: str | None = None,
-                 height: int | None = None, width: int | None = None, num_frames: int | None = None,
-                 num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                 group: comm.Group | None = None, spec: ParallelSpec | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        prompt: str,
+        *,
+        seed: int = 0,
+        negative_prompt: str | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        num_frames: int | None = None,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        group: comm.Group | None = None,
+        spec: ParallelSpec | None = None,
+    ) -> torch.Tensor:
         """The whole trajectory on one group (a convenience and a reference)."""
         cond = self.encode(prompt, negative_prompt, guidance_scale=guidance_scale)
         shape = self.latent_shape(height=height, width=width, num_frames=num_frames)
-        state = self.initial_state(cond, self.init_latent(seed, shape), grid=tuple(shape[2:]),
-                                   num_inference_steps=num_inference_steps, guidance_scale=guidance_scale)
+        state = self.initial_state(
+            cond,
+            self.init_latent(seed, shape),
+            grid=tuple(shape[2:]),
+            num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale,
+        )
         for k in range(state.num_steps):
             state = self.denoise_step(state, k, group=group, spec=spec)
         return self.decode(state)
@@ -251,14 +291,21 @@ class StagedModel(abc.ABC):
         if not isinstance(state, DenoiseState):
             raise InvalidUsage(f"gfdit.models: denoise_step needs a DenoiseState, got {type(state).__name__}")
         if step_idx != state.step_idx:
-            raise InvalidUsage(f"gfdit.models: step {step_idx} asked, but the state is before step "
-                               f"{state.step_idx} of {state.num_steps}")
+            raise InvalidUsage(
+                f"gfdit.models: step {step_idx} asked, but the state is before step "
+                f"{state.step_idx} of {state.num_steps}"
+            )
         if state.done:
             raise InvalidUsage(f"gfdit.models: the state has finished all {state.num_steps} steps")
 
     @staticmethod
-    def parallel_call(model: torch.nn.Module, wrapper: torch.nn.Module, group: comm.Group | None,
-                      spec: ParallelSpec | None, **kwargs: Any) -> torch.Tensor:
+    def parallel_call(
+        model: torch.nn.Module,
+        wrapper: torch.nn.Module,
+        group: comm.Group | None,
+        spec: ParallelSpec | None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         """The transformer's output: the plain model when group is None and gfdit is not initialised,
         else the parallel wrapper on the group (the world for None)."""
         if group is None and not comm.is_initialized():
@@ -278,8 +325,14 @@ HEADER_LEN = 64
 MAGIC = 0x6766646974  # "gfdit"
 VERSION = 1
 _MAX_DIMS = 6
-_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3, torch.int64: 4,
-          torch.uint8: 5}
+_CODES = {
+    torch.float32: 0,
+    torch.float16: 1,
+    torch.bfloat16: 2,
+    torch.int32: 3,
+    torch.int64: 4,
+    torch.uint8: 5,
+}
 _DTYPES = {v: k for k, v in _CODES.items()}
 
 
@@ -309,12 +362,13 @@ def pack_state(state: DenoiseState, with_payload: bool = True) -> tuple[torch.Te
             head += [-1, 0] + [0] * _MAX_DIMS
             continue
         if t.dtype not in _CODES or t.dim() > _MAX_DIMS:
-            raise InvalidUsage(f"gfdit.models: state tensor {name} ({t.dtype}, {t.dim()} dims) cannot "
-                               "migrate")
+            raise InvalidUsage(
+                f"gfdit.models: state tensor {name} ({t.dtype}, {t.dim()} dims) cannot migrate"
+            )
         head += [_CODES[t.dtype], t.dim()] + list(t.shape) + [0] * (_MAX_DIMS - t.dim())
         if with_payload:
             parts.append(_bytes(t))
-    header[:len(head)] = torch.tensor(head, dtype=torch.int64)
+    header[: len(head)] = torch.tensor(head, dtype=torch.int64)
     if not with_payload:
         return header, None
     payload = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
@@ -329,7 +383,7 @@ def _layout(header: torch.Tensor) -> list[tuple[torch.dtype, tuple[int, ...]] | 
     pos = 8
     for _ in STATE_TENSORS:
         code, ndim = h[pos], h[pos + 1]
-        out.append(None if code < 0 else (_DTYPES[code], tuple(h[pos + 2:pos + 2 + ndim])))
+        out.append(None if code < 0 else (_DTYPES[code], tuple(h[pos + 2 : pos + 2 + ndim])))
         pos += 2 + _MAX_DIMS
     return out
 
@@ -349,8 +403,10 @@ def unpack_state(header: torch.Tensor, payload: torch.Tensor) -> DenoiseState:
     h = header.tolist()
     layout = _layout(header)
     if payload.numel() != payload_bytes(header):
-        raise InvalidUsage(f"gfdit.models: state payload has {payload.numel()} bytes, the header says "
-                           f"{payload_bytes(header)}")
+        raise InvalidUsage(
+            f"gfdit.models: state payload has {payload.numel()} bytes, the header says "
+            f"{payload_bytes(header)}"
+        )
     tensors: dict[str, torch.Tensor | None] = {}
     offset = 0
     for name, item in zip(STATE_TENSORS, layout):
@@ -359,10 +415,11 @@ def unpack_state(header: torch.Tensor, payload: torch.Tensor) -> DenoiseState:
             continue
         dtype, shape = item
         n = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
-        tensors[name] = payload[offset:offset + n].clone().view(dtype).reshape(shape)
+        tensors[name] = payload[offset : offset + n].clone().view(dtype).reshape(shape)
         offset += n
-    return DenoiseState(step_idx=int(h[3]), guidance_scale=_bits_f64(h[4]),
-                        grid=(int(h[5]), int(h[6]), int(h[7])), **tensors)  # type: ignore[arg-type]
+    return DenoiseState(
+        step_idx=int(h[3]), guidance_scale=_bits_f64(h[4]), grid=(int(h[5]), int(h[6]), int(h[7])), **tensors
+    )  # type: ignore[arg-type]
 
 
 def state_digest(state: DenoiseState) -> str:
@@ -425,8 +482,9 @@ def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> D
     if me == src:
         return state  # type: ignore[return-value]
     h = header.tolist()
-    return DenoiseState(step_idx=int(h[3]), guidance_scale=_bits_f64(h[4]), grid=(int(h[5]), int(h[6]), int(h[7])),
-                        **tensors)  # type: ignore[arg-type]
+    return DenoiseState(
+        step_idx=int(h[3]), guidance_scale=_bits_f64(h[4]), grid=(int(h[5]), int(h[6]), int(h[7])), **tensors
+    )  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -448,19 +506,23 @@ def read_json(path: str) -> dict:
 def check_folder(name: str, path: Any, components: tuple[str, ...]) -> str:
     """The folder as a str, or gfdit.InvalidUsage saying what is missing."""
     if path is None:
-        raise InvalidUsage(f"gfdit.models.load: {name!r} needs path= (a local diffusers folder); nothing is "
-                           "downloaded")
+        raise InvalidUsage(
+            f"gfdit.models.load: {name!r} needs path= (a local diffusers folder); nothing is downloaded"
+        )
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise InvalidUsage(f"gfdit.models.load: {name!r}: path {path!r} is not a folder")
     if not os.path.isfile(os.path.join(path, "model_index.json")):
-        raise InvalidUsage(f"gfdit.models.load: {name!r}: {path!r} has no model_index.json; expected a "
-                           "diffusers pipeline folder (save_pretrained, or a downloaded *-Diffusers "
-                           "repository)")
+        raise InvalidUsage(
+            f"gfdit.models.load: {name!r}: {path!r} has no model_index.json; expected a "
+            "diffusers pipeline folder (save_pretrained, or a downloaded *-Diffusers "
+            "repository)"
+        )
     missing = [c for c in components if not os.path.isdir(os.path.join(path, c))]
     if missing:
-        raise InvalidUsage(f"gfdit.models.load: {name!r}: {path!r} lacks the component folder(s) "
-                           f"{', '.join(missing)}")
+        raise InvalidUsage(
+            f"gfdit.models.load: {name!r}: {path!r} lacks the component folder(s) {', '.join(missing)}"
+        )
     return path
 
 
@@ -501,8 +563,14 @@ def load_diffusers_model(cls: Any, path: str, subfolder: str, dtype: torch.dtype
     return model.eval()
 
 
-def load(name: str, path: str | os.PathLike | None = None, *, seed: int = 0, dtype: torch.dtype | None = None,
-         device: str | torch.device = "cpu") -> StagedModel:
+def load(
+    name: str,
+    path: str | os.PathLike | None = None,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> StagedModel:
     """A staged model by name.
 
     "tiny-wan", "tiny-qwen-image": tiny float32 models with weights drawn from ``seed`` (tokenizer and text

@@ -19,8 +19,14 @@ T5_SPECIALS = ("<pad>", "</s>", "<unk>")
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-def byte_tokenizer(specials: Sequence[str], *, eos: str | None = None, pad: str, unk: str | None = None,
-                   append_eos: bool = False) -> Any:
+def byte_tokenizer(
+    specials: Sequence[str],
+    *,
+    eos: str | None = None,
+    pad: str,
+    unk: str | None = None,
+    append_eos: bool = False,
+) -> Any:
     """A byte-level transformers fast tokenizer with ``len(specials) + 256`` ids.
 
     specials take ids 0..len(specials)-1 (and match as whole tokens inside text); byte b of the UTF-8 text
@@ -39,8 +45,9 @@ def byte_tokenizer(specials: Sequence[str], *, eos: str | None = None, pad: str,
     if append_eos:
         if eos is None:
             raise ValueError("append_eos needs an eos token")
-        tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}",
-                                                           special_tokens=[(eos, vocab[eos])])
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"$A {eos}", special_tokens=[(eos, vocab[eos])]
+        )
     kwargs = {"pad_token": pad}
     if eos is not None:
         kwargs["eos_token"] = eos
@@ -59,8 +66,14 @@ def qwen_byte_tokenizer() -> Any:
     return byte_tokenizer(QWEN_SPECIALS, eos="<|im_end|>", pad="<|endoftext|>")
 
 
-def randomize_module(model: torch.nn.Module, seed: int, *, norm_mean: float = 1.0, norm_std: float = 0.1,
-                     vector_std: float = 0.05) -> torch.nn.Module:
+def randomize_module(
+    model: torch.nn.Module,
+    seed: int,
+    *,
+    norm_mean: float = 1.0,
+    norm_std: float = 0.1,
+    vector_std: float = 0.05,
+) -> torch.nn.Module:
     """Every parameter from one seeded generator, in name order: matrices ~ N(0, 1/fan_in), norm weights ~
     N(norm_mean, norm_std^2), other vectors ~ N(0, vector_std^2). Buffers stay as the constructor made them."""
     g = torch.Generator().manual_seed(seed)
@@ -76,19 +89,31 @@ def randomize_module(model: torch.nn.Module, seed: int, *, norm_mean: float = 1.
     return model.eval()
 
 
-def tiny_umt5_encoder(seed: int, *, d_model: int,
-                      vocab_size: int = len(T5_SPECIALS) + 256) -> torch.nn.Module:
+def tiny_umt5_encoder(
+    seed: int, *, d_model: int, vocab_size: int = len(T5_SPECIALS) + 256
+) -> torch.nn.Module:
     """A float32 UMT5EncoderModel (one layer, three heads) of width d_model with seeded weights."""
     from transformers import UMT5Config, UMT5EncoderModel
 
-    config = UMT5Config(vocab_size=vocab_size, d_model=d_model, d_kv=8, d_ff=2 * d_model, num_layers=1,
-                        num_heads=3, relative_attention_num_buckets=8, relative_attention_max_distance=32,
-                        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    config = UMT5Config(
+        vocab_size=vocab_size,
+        d_model=d_model,
+        d_kv=8,
+        d_ff=2 * d_model,
+        num_layers=1,
+        num_heads=3,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=32,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
     return randomize_module(UMT5EncoderModel(config), seed)
 
 
-def tiny_qwen25vl_encoder(seed: int, *, hidden_size: int,
-                          vocab_size: int = len(QWEN_SPECIALS) + 256) -> torch.nn.Module:
+def tiny_qwen25vl_encoder(
+    seed: int, *, hidden_size: int, vocab_size: int = len(QWEN_SPECIALS) + 256
+) -> torch.nn.Module:
     """A float32 Qwen2_5_VLForConditionalGeneration (one text layer, a one-block vision tower) of text
     width hidden_size (a multiple of 12) with seeded weights."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
@@ -97,11 +122,26 @@ def tiny_qwen25vl_encoder(seed: int, *, hidden_size: int,
         raise ValueError("tiny Qwen2.5-VL hidden_size must be a multiple of 12 (2 heads, mrope 3 x 2)")
     head_dim = hidden_size // 2
     section = [head_dim // 6, head_dim // 6, head_dim // 2 - 2 * (head_dim // 6)]
-    text = {"vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": 2 * hidden_size,
-            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-            "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}}
-    vision = {"depth": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
-              "out_hidden_size": hidden_size, "fullatt_block_indexes": [0]}
+    text = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 2048,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
+    }
+    vision = {
+        "depth": 1,
+        "hidden_size": 16,
+        "num_heads": 2,
+        "intermediate_size": 32,
+        "out_hidden_size": hidden_size,
+        "fullatt_block_indexes": [0],
+    }
     config = Qwen2_5_VLConfig(text_config=text, vision_config=vision)
     return randomize_module(Qwen2_5_VLForConditionalGeneration(config), seed)

@@ -62,9 +62,18 @@ def tiny_qwen_image(seed: int = 0, **overrides: Any) -> torch.nn.Module:
     return _randomize(QwenImageTransformer2DModel(**{**QWEN_IMAGE_CONFIG, **overrides}), seed)
 
 
-def wan_inputs(model: torch.nn.Module, seed: int, *, batch: int = 1, frames: int = 3, height: int = 6,
-               width: int = 10, text: int = 7, per_token_timestep: bool = False,
-               image_tokens: int = 0) -> dict[str, Any]:
+def wan_inputs(
+    model: torch.nn.Module,
+    seed: int,
+    *,
+    batch: int = 1,
+    frames: int = 3,
+    height: int = 6,
+    width: int = 10,
+    text: int = 7,
+    per_token_timestep: bool = False,
+    image_tokens: int = 0,
+) -> dict[str, Any]:
     """Forward kwargs for a tiny Wan: latent [B, C, F, H, W] (F*H/2*W/2 tokens), text [B, text, text_dim].
 
     image_tokens: Wan 2.1 I2V's image context [B, image_tokens, image_dim] (the model needs image_dim and
@@ -80,15 +89,28 @@ def wan_inputs(model: torch.nn.Module, seed: int, *, batch: int = 1, frames: int
     else:
         timestep = torch.randint(0, 1000, (batch,), generator=g)
     context = torch.randn(batch, text, cfg.text_dim, generator=g)
-    kwargs = {"hidden_states": latent, "timestep": timestep, "encoder_hidden_states": context,
-              "return_dict": False}
+    kwargs = {
+        "hidden_states": latent,
+        "timestep": timestep,
+        "encoder_hidden_states": context,
+        "return_dict": False,
+    }
     if image_tokens:
         kwargs["encoder_hidden_states_image"] = torch.randn(batch, image_tokens, cfg.image_dim, generator=g)
     return kwargs
 
 
-def qwen_image_inputs(model: torch.nn.Module, seed: int, *, batch: int = 1, height: int = 6, width: int = 7,
-                      text: int = 5, extra_shapes: tuple = (), mask: bool = False) -> dict[str, Any]:
+def qwen_image_inputs(
+    model: torch.nn.Module,
+    seed: int,
+    *,
+    batch: int = 1,
+    height: int = 6,
+    width: int = 7,
+    text: int = 5,
+    extra_shapes: tuple = (),
+    mask: bool = False,
+) -> dict[str, Any]:
     """Forward kwargs for a tiny Qwen-Image: packed latent [B, H*W (+ extra images), in_channels], text."""
     cfg = model.config
     g = torch.Generator().manual_seed(seed)

@@ -37,13 +37,19 @@ class WanSelfAttentionProcessor:
     def __init__(self, shards: SequenceShards) -> None:
         self.shards = shards
 
-    def __call__(self, attn: torch.nn.Module, hidden_states: torch.Tensor,
-                 encoder_hidden_states: torch.Tensor | None = None,
-                 attention_mask: torch.Tensor | None = None,
-                 rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def __call__(
+        self,
+        attn: torch.nn.Module,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         if encoder_hidden_states is not None or attention_mask is not None:
-            raise InvalidUsage("gfdit.models: Wan self-attention got a context or a mask; only the plain "
-                               "self-attention of WanTransformerBlock.attn1 is supported")
+            raise InvalidUsage(
+                "gfdit.models: Wan self-attention got a context or a mask; only the plain "
+                "self-attention of WanTransformerBlock.attn1 is supported"
+            )
         if getattr(attn, "fused_projections", False):
             query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
         else:
@@ -74,7 +80,7 @@ def _set_arg(args: tuple, kwargs: dict, name: str, pos: int, value: Any) -> tupl
         kwargs = dict(kwargs)
         kwargs[name] = value
     else:
-        args = args[:pos] + (value,) + args[pos + 1:]
+        args = args[:pos] + (value,) + args[pos + 1 :]
     return args, kwargs
 
 
@@ -96,13 +102,16 @@ class WanAdapter(ModelAdapter):
         p_t, p_h, p_w = model.config.patch_size
         _, _, f, h, w = hs.shape
         if f % p_t or h % p_h or w % p_w:
-            raise InvalidUsage(f"gfdit.models: Wan latent [F, H, W] = {[f, h, w]} is not a multiple of the "
-                               f"patch size {[p_t, p_h, p_w]}")
+            raise InvalidUsage(
+                f"gfdit.models: Wan latent [F, H, W] = {[f, h, w]} is not a multiple of the "
+                f"patch size {[p_t, p_h, p_w]}"
+            )
         shards._fix((f // p_t) * (h // p_h) * (w // p_w), "the patched latent")
         ts = bound.arguments.get("timestep")
         if isinstance(ts, torch.Tensor) and ts.dim() == 2 and ts.shape[1] != shards.total:
-            raise InvalidUsage(f"gfdit.models: Wan per-token timestep has {ts.shape[1]} tokens, the latent "
-                               f"{shards.total}")
+            raise InvalidUsage(
+                f"gfdit.models: Wan per-token timestep has {ts.shape[1]} tokens, the latent {shards.total}"
+            )
 
     def install(self, model: torch.nn.Module, shards: SequenceShards) -> list[Undo]:
         from diffusers.models.transformers.transformer_wan import WanAttnProcessor
@@ -112,9 +121,11 @@ class WanAdapter(ModelAdapter):
         for i, block in enumerate(model.blocks):
             proc = block.attn1.processor
             if type(proc) is not WanAttnProcessor or getattr(proc, "_parallel_config", None) is not None:
-                raise InvalidUsage(f"gfdit.models: Wan blocks[{i}].attn1 uses {type(proc).__name__} (or "
-                                   "diffusers' own context parallelism); gfdit replaces only the stock "
-                                   "WanAttnProcessor")
+                raise InvalidUsage(
+                    f"gfdit.models: Wan blocks[{i}].attn1 uses {type(proc).__name__} (or "
+                    "diffusers' own context parallelism); gfdit replaces only the stock "
+                    "WanAttnProcessor"
+                )
             if block.attn1.add_k_proj is not None:
                 raise InvalidUsage(f"gfdit.models: Wan blocks[{i}].attn1 has added K/V projections")
 
@@ -126,8 +137,11 @@ class WanAdapter(ModelAdapter):
             temb, timestep_proj, *rest = output
             if temb.dim() != 3:  # one timestep per sample: nothing is per token
                 return output
-            return (shards.take(temb, 1, "the per-token timestep embedding"),
-                    shards.take(timestep_proj, 1, "the per-token timestep projection"), *rest)
+            return (
+                shards.take(temb, 1, "the per-token timestep embedding"),
+                shards.take(timestep_proj, 1, "the per-token timestep projection"),
+                *rest,
+            )
 
         def cut_hidden_states(_module, args, kwargs):
             found, hs = _arg(args, kwargs, "hidden_states", 0)

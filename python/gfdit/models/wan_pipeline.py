@@ -39,17 +39,26 @@ from gfdit.models.staged import (
 )
 
 # Serving defaults (DESIGN.md): Wan2.2 T2V 40 steps, 1280x720, 81 frames, guidance 4.0.
-WAN22_DEFAULTS = StageDefaults(height=720, width=1280, num_frames=81, num_inference_steps=40,
-                               guidance_scale=4.0, max_sequence_length=512)
+WAN22_DEFAULTS = StageDefaults(
+    height=720, width=1280, num_frames=81, num_inference_steps=40, guidance_scale=4.0, max_sequence_length=512
+)
 # diffusers WanPipeline's own defaults (Wan 2.1).
-WAN21_DEFAULTS = StageDefaults(height=480, width=832, num_frames=81, num_inference_steps=50,
-                               guidance_scale=5.0, max_sequence_length=512)
-TINY_DEFAULTS = StageDefaults(height=32, width=48, num_frames=9, num_inference_steps=4, guidance_scale=4.0,
-                              max_sequence_length=16)
+WAN21_DEFAULTS = StageDefaults(
+    height=480, width=832, num_frames=81, num_inference_steps=50, guidance_scale=5.0, max_sequence_length=512
+)
+TINY_DEFAULTS = StageDefaults(
+    height=32, width=48, num_frames=9, num_inference_steps=4, guidance_scale=4.0, max_sequence_length=16
+)
 TINY_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0}
-TINY_VAE = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,
-            "temperal_downsample": [False, True, True], "latents_mean": [0.1, -0.2, 0.05, 0.0],
-            "latents_std": [1.5, 0.8, 1.2, 1.0]}
+TINY_VAE = {
+    "base_dim": 8,
+    "z_dim": 4,
+    "dim_mult": [1, 1, 1, 1],
+    "num_res_blocks": 1,
+    "temperal_downsample": [False, True, True],
+    "latents_mean": [0.1, -0.2, 0.05, 0.0],
+    "latents_std": [1.5, 0.8, 1.2, 1.0],
+}
 
 
 def _prompt_clean(text: str) -> str:
@@ -63,10 +72,20 @@ class WanStagedModel(StagedModel):
 
     is_video = True
 
-    def __init__(self, *, name: str, tokenizer: Any, text_encoder: torch.nn.Module, vae: torch.nn.Module,
-                 transformer: torch.nn.Module, scheduler_config: dict, defaults: StageDefaults,
-                 transformer_2: torch.nn.Module | None = None, boundary_ratio: float | None = None,
-                 expand_timesteps: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        tokenizer: Any,
+        text_encoder: torch.nn.Module,
+        vae: torch.nn.Module,
+        transformer: torch.nn.Module,
+        scheduler_config: dict,
+        defaults: StageDefaults,
+        transformer_2: torch.nn.Module | None = None,
+        boundary_ratio: float | None = None,
+        expand_timesteps: bool = False,
+    ) -> None:
         from gfdit.models.core import parallelize
 
         self.name = name
@@ -87,8 +106,15 @@ class WanStagedModel(StagedModel):
 
     # -- encode ------------------------------------------------------------------------------------------
     def _embed(self, text: str, max_len: int) -> torch.Tensor:
-        tok = self.tokenizer([_prompt_clean(text)], padding="max_length", max_length=max_len, truncation=True,
-                             add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+        tok = self.tokenizer(
+            [_prompt_clean(text)],
+            padding="max_length",
+            max_length=max_len,
+            truncation=True,
+            add_special_tokens=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
         ids, mask = tok.input_ids, tok.attention_mask
         seq_len = int(mask.gt(0).sum())
         dev = next(self.text_encoder.parameters()).device
@@ -106,8 +132,9 @@ class WanStagedModel(StagedModel):
         return Conditioning(prompt_embeds=cond, negative_prompt_embeds=neg)
 
     # -- latent ------------------------------------------------------------------------------------------
-    def latent_shape(self, *, height: int | None = None, width: int | None = None,
-                     num_frames: int | None = None) -> tuple[int, ...]:
+    def latent_shape(
+        self, *, height: int | None = None, width: int | None = None, num_frames: int | None = None
+    ) -> tuple[int, ...]:
         d = self.defaults
         height = d.height if height is None else height
         width = d.width if width is None else width
@@ -118,11 +145,14 @@ class WanStagedModel(StagedModel):
         _, ph, pw = self.patch_size
         mh, mw = self.scale_spatial * ph, self.scale_spatial * pw
         if height % mh or width % mw:
-            raise InvalidUsage(f"gfdit.models: {self.name} height x width {height}x{width} must be "
-                               f"multiples of {mh}x{mw} (VAE {self.scale_spatial} x patch)")
+            raise InvalidUsage(
+                f"gfdit.models: {self.name} height x width {height}x{width} must be "
+                f"multiples of {mh}x{mw} (VAE {self.scale_spatial} x patch)"
+            )
         if (num_frames - 1) % self.scale_temporal:
-            raise InvalidUsage(f"gfdit.models: {self.name} num_frames {num_frames} must be "
-                               f"{self.scale_temporal} k + 1")
+            raise InvalidUsage(
+                f"gfdit.models: {self.name} num_frames {num_frames} must be {self.scale_temporal} k + 1"
+            )
         frames = (num_frames - 1) // self.scale_temporal + 1
         pt = self.patch_size[0]
         if frames % pt:
@@ -137,8 +167,9 @@ class WanStagedModel(StagedModel):
         g = torch.Generator().manual_seed(int(seed))
         return torch.randn(shape, generator=g, dtype=torch.float32)
 
-    def schedule(self, num_inference_steps: int,
-                 grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def schedule(
+        self, num_inference_steps: int, grid: tuple[int, int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return flow_match_schedule(self.scheduler_config, num_inference_steps)
 
     # -- denoise -----------------------------------------------------------------------------------------
@@ -150,8 +181,13 @@ class WanStagedModel(StagedModel):
             return self.transformer, self.parallel
         return self.transformer_2, self.parallel_2  # type: ignore[return-value]
 
-    def denoise_step(self, state: DenoiseState, step_idx: int, group: comm.Group | None = None,
-                     spec: ParallelSpec | None = None) -> DenoiseState:
+    def denoise_step(
+        self,
+        state: DenoiseState,
+        step_idx: int,
+        group: comm.Group | None = None,
+        spec: ParallelSpec | None = None,
+    ) -> DenoiseState:
         self.check_step(state, step_idx)
         t = state.timesteps[step_idx]
         model, wrapper = self._expert(float(t))
@@ -166,8 +202,15 @@ class WanStagedModel(StagedModel):
             timestep = t.expand(1).to(dev)
 
         def velocity(embeds: torch.Tensor) -> torch.Tensor:
-            out = self.parallel_call(model, wrapper, group, spec, hidden_states=x, timestep=timestep,
-                                     encoder_hidden_states=embeds.to(dev, dtype))
+            out = self.parallel_call(
+                model,
+                wrapper,
+                group,
+                spec,
+                hidden_states=x,
+                timestep=timestep,
+                encoder_hidden_states=embeds.to(dev, dtype),
+            )
             return out.float().cpu()
 
         with torch.no_grad():
@@ -193,10 +236,16 @@ class WanStagedModel(StagedModel):
         """Writes a diffusers WanPipeline folder (plus gfdit.json with this model's defaults)."""
         from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
-        pipe = WanPipeline(tokenizer=self.tokenizer, text_encoder=self.text_encoder, vae=self.vae,
-                           scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
-                           transformer=self.transformer, transformer_2=self.transformer_2,
-                           boundary_ratio=self.boundary_ratio, expand_timesteps=self.expand_timesteps)
+        pipe = WanPipeline(
+            tokenizer=self.tokenizer,
+            text_encoder=self.text_encoder,
+            vae=self.vae,
+            scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
+            transformer=self.transformer,
+            transformer_2=self.transformer_2,
+            boundary_ratio=self.boundary_ratio,
+            expand_timesteps=self.expand_timesteps,
+        )
         pipe.save_pretrained(os.fspath(path))
         write_gfdit_config(path, self.name, self.defaults)
 
@@ -210,8 +259,15 @@ def build_tiny(seed: int = 0) -> WanStagedModel:
     transformer = tiny.tiny_wan(seed)
     encoder = text.tiny_umt5_encoder(seed + 1, d_model=int(transformer.config.text_dim))
     vae = text.randomize_module(AutoencoderKLWan(**TINY_VAE), seed + 2)
-    return WanStagedModel(name="tiny-wan", tokenizer=text.t5_byte_tokenizer(), text_encoder=encoder, vae=vae,
-                          transformer=transformer, scheduler_config=TINY_SCHEDULER, defaults=TINY_DEFAULTS)
+    return WanStagedModel(
+        name="tiny-wan",
+        tokenizer=text.t5_byte_tokenizer(),
+        text_encoder=encoder,
+        vae=vae,
+        transformer=transformer,
+        scheduler_config=TINY_SCHEDULER,
+        defaults=TINY_DEFAULTS,
+    )
 
 
 def _scheduler_config(path: str) -> dict:
@@ -221,12 +277,16 @@ def _scheduler_config(path: str) -> dict:
     if cfg.get("_class_name") == "FlowMatchEulerDiscreteScheduler":
         return cfg
     shift = cfg.get("flow_shift") or cfg.get("shift") or 3.0
-    return {"_class_name": "FlowMatchEulerDiscreteScheduler",
-            "num_train_timesteps": int(cfg.get("num_train_timesteps", 1000)), "shift": float(shift)}
+    return {
+        "_class_name": "FlowMatchEulerDiscreteScheduler",
+        "num_train_timesteps": int(cfg.get("num_train_timesteps", 1000)),
+        "shift": float(shift),
+    }
 
 
-def load_folder(name: str, path: Any, *, dtype: torch.dtype | None = None,
-                device: str | torch.device = "cpu") -> WanStagedModel:
+def load_folder(
+    name: str, path: Any, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> WanStagedModel:
     """A Wan model from a local diffusers folder (from_pretrained with local_files_only=True)."""
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
     from transformers import AutoTokenizer, UMT5EncoderModel
@@ -241,20 +301,30 @@ def load_folder(name: str, path: Any, *, dtype: torch.dtype | None = None,
         defaults = WAN21_DEFAULTS if name == "wan2.1" else WAN22_DEFAULTS
     try:
         tokenizer = AutoTokenizer.from_pretrained(os.path.join(path, "tokenizer"), local_files_only=True)
-        encoder = UMT5EncoderModel.from_pretrained(os.path.join(path, "text_encoder"), local_files_only=True,
-                                                   **({"dtype": dtype} if dtype is not None else {}))
+        encoder = UMT5EncoderModel.from_pretrained(
+            os.path.join(path, "text_encoder"),
+            local_files_only=True,
+            **({"dtype": dtype} if dtype is not None else {}),
+        )
         vae = load_diffusers_model(AutoencoderKLWan, path, "vae", torch.float32)
         transformer = load_diffusers_model(WanTransformer3DModel, path, "transformer", dtype)
         transformer_2 = None
         if index.get("transformer_2", [None, None])[0] is not None and os.path.isdir(
-                os.path.join(path, "transformer_2")):
+            os.path.join(path, "transformer_2")
+        ):
             transformer_2 = load_diffusers_model(WanTransformer3DModel, path, "transformer_2", dtype)
     except (OSError, ValueError) as exc:
         raise InvalidUsage(f"gfdit.models.load: {name!r}: cannot load {path!r}: {exc}") from None
-    model = WanStagedModel(name=gcfg.get("name", name), tokenizer=tokenizer, text_encoder=encoder.to(device),
-                           vae=vae.to(device), transformer=transformer.to(device),
-                           transformer_2=None if transformer_2 is None else transformer_2.to(device),
-                           scheduler_config=_scheduler_config(path), defaults=defaults,
-                           boundary_ratio=index.get("boundary_ratio"),
-                           expand_timesteps=bool(index.get("expand_timesteps", False)))
+    model = WanStagedModel(
+        name=gcfg.get("name", name),
+        tokenizer=tokenizer,
+        text_encoder=encoder.to(device),
+        vae=vae.to(device),
+        transformer=transformer.to(device),
+        transformer_2=None if transformer_2 is None else transformer_2.to(device),
+        scheduler_config=_scheduler_config(path),
+        defaults=defaults,
+        boundary_ratio=index.get("boundary_ratio"),
+        expand_timesteps=bool(index.get("expand_timesteps", False)),
+    )
     return model

@@ -8,12 +8,12 @@
 #include "edge_kernels.h"
 #include "gfdit/error.h"
 
-#define GFDIT_CUDA_CHECK(call)                                                                    \
-  do {                                                                                            \
-    cudaError_t gfdit_err_ = (call);                                                              \
-    if (gfdit_err_ != cudaSuccess) {                                                              \
-      GFDIT_THROW(kSystemError) << #call << ": " << cudaGetErrorString(gfdit_err_);               \
-    }                                                                                             \
+#define GFDIT_CUDA_CHECK(call)                                                      \
+  do {                                                                              \
+    cudaError_t gfdit_err_ = (call);                                                \
+    if (gfdit_err_ != cudaSuccess) {                                                \
+      GFDIT_THROW(kSystemError) << #call << ": " << cudaGetErrorString(gfdit_err_); \
+    }                                                                               \
   } while (0)
 
 namespace gfdit {
@@ -21,8 +21,7 @@ namespace cuda {
 namespace {
 
 // One block copies with 16-byte vectors where alignment allows, then the last thread publishes.
-__global__ void putWithSignalKernel(uint8_t* dst, const uint8_t* src, size_t bytes, uint64_t* signal,
-                                    uint64_t value) {
+__global__ void putWithSignalKernel(uint8_t* dst, const uint8_t* src, size_t bytes, uint64_t* signal, uint64_t value) {
   size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   size_t nthreads = static_cast<size_t>(gridDim.x) * blockDim.x;
   bool aligned = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0;

@@ -100,7 +100,9 @@ int main() {
     std::printf("consumer: control plane FAILED\n");
     return 1;
   }
-  std::printf("consumer: all_gather and a control plane with its own executor and policy through find_package(gfdit) "
-              "OK (gfdit %s)\n", gfdit::version());
+  std::printf(
+      "consumer: all_gather and a control plane with its own executor and policy through find_package(gfdit) "
+      "OK (gfdit %s)\n",
+      gfdit::version());
   return 0;
 }

@@ -23,6 +23,9 @@ import gfdit
 import torch
 from gfdit import Engine, Request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
@@ -200,10 +203,44 @@ def main() -> int:
             f"{r['bytes']:>12}{r['time_us']:>12.1f}{r['gbps']:>8.2f}{r['memcpy_gbps']:>13.2f}"
             f"{100 * r['fraction']:>9.0f}%   {verdict(r['fraction'] >= 0.5)}"
         )
+    targets = [
+        C.Target(
+            "dispatch -> worker start, median [us]",
+            lat["dispatch_to_start_us"]["median"],
+            "<= 20 us",
+            lat["dispatch_to_start_us"]["median"] <= 20,
+        ),
+        C.Target(
+            "completion -> control plane, median [us]",
+            lat["completion_to_engine_us"]["median"],
+            "<= 20 us",
+            lat["completion_to_engine_us"]["median"] <= 20,
+        ),
+        C.Target(
+            "control-plane CPU per step [% of step]",
+            100 * ctl["control_fraction"],
+            "<= 1%",
+            ctl["control_fraction"] <= 0.01,
+        ),
+        C.Target(
+            "idle engine control thread [% of a core]",
+            100 * ctl["idle_core_fraction"],
+            "< 1%",
+            ctl["idle_core_fraction"] < 0.01,
+        ),
+    ]
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(
-            {"build_info": gfdit.build_info(), "latency": lat, "control": ctl, "migration": mig}, f, indent=2
+            {
+                "build_info": gfdit.build_info(),
+                "latency": lat,
+                "control": ctl,
+                "migration": mig,
+                "targets": [t.__dict__ for t in targets],
+            },
+            f,
+            indent=2,
         )
     print(f"\nwrote {args.json}")
     return 0

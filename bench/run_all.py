@@ -5,7 +5,10 @@
   2. bench_groups.py (gfdit.new_group vs torch new_group, first collective on a fresh group): results/groups.json
   3. bench_collectives.py (bandwidth vs gloo and memcpy): results/collectives.json
   4. bench_attention.py (sequence-parallel attention and a tiny Wan forward vs gloo): results/attention.json
-  5. bench_runtime.py (queue latencies, control-plane CPU per step, migration bandwidth): results/runtime.json
+  5. bench_runtime.py (queue latencies, control-plane CPU per step, idle CPU, migration): results/runtime.json
+  6. C++ scheduling round with 1,000 waiting requests (Google Benchmark): results/control.json
+  7. bench_simulator.py (simulator speed on a 10,000-request Qwen-Image trace): results/simulator.json
+  8. bench_fidelity.py (simulator vs real engine, same trace and policies): results/fidelity.json
 
 and ends with a summary of every target. Defaults take about 15 minutes on 2 cores; --quick is a smoke
 test. Exit status 0 when every benchmark ran (missed targets are reported, not an error) unless --strict.
@@ -34,15 +37,15 @@ CPP_BENCH_NAME = "group_formation_bench"
 CPP_TARGET_NS = 1000.0
 
 
-def find_cpp_bench(explicit: str | None) -> str | None:
+def find_cpp_bench(explicit: str | None, name: str = CPP_BENCH_NAME) -> str | None:
     if explicit:
         return explicit if os.path.isfile(explicit) else None
     candidates = []
     for pattern in (
-        f"build/cpp/bench/{CPP_BENCH_NAME}",
-        f"build/cpp/{CPP_BENCH_NAME}",
-        f"build/**/{CPP_BENCH_NAME}",
-        f"**/build*/**/{CPP_BENCH_NAME}",
+        f"build/cpp/bench/{name}",
+        f"build/cpp/{name}",
+        f"build/**/{name}",
+        f"**/build*/**/{name}",
     ):
         candidates += glob.glob(os.path.join(ROOT, pattern), recursive=True)
     candidates = [c for c in candidates if os.path.isfile(c) and os.access(c, os.X_OK)]
@@ -85,6 +88,20 @@ def cpp_targets(path: str) -> list[C.Target]:
     return out
 
 
+def control_targets(path: str) -> list[C.Target]:
+    """One target per built-in policy: a scheduling round with 1,000 waiting requests at most 50 us."""
+    with open(path) as f:
+        data = json.load(f)
+    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+    out = []
+    for b in data.get("benchmarks", []):
+        if b.get("run_type") == "aggregate" or not b["name"].endswith("/1000"):
+            continue
+        us = b["real_time"] * scale.get(b.get("time_unit", "us"), 1.0)
+        out.append(C.Target(f"C++ {b['name']}: round [us]", us, "<= 50 us", us <= 50))
+    return out
+
+
 def _fmt_value(t: C.Target) -> str:
     if t.value is None:
         return "-"
@@ -104,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cpp-bench", default=None, help=f"path of the {CPP_BENCH_NAME} binary (default: search build/)"
     )
-    ap.add_argument("--skip", default="", help="comma separated: cpp,groups,collectives,attention,runtime")
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma separated: cpp,groups,collectives,attention,runtime,control,simulator,fidelity",
+    )
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--collectives-args", default="", help="extra arguments for bench_collectives.py")
     args = ap.parse_args(argv)
@@ -135,12 +156,30 @@ def main(argv: list[str] | None = None) -> int:
                 sources.append(("C++ group formation", cpp_targets(out)))
                 targets += sources[-1][1]
 
+    if "control" not in skip:
+        exe = find_cpp_bench(None, "control_bench")
+        out = os.path.join(args.results, "control.json")
+        if exe is None:
+            print(
+                "C++ benchmark control_bench not found under build/ (build it: make build); skipped",
+                flush=True,
+            )
+            status.append(["C++ scheduling round", "not built", "-", "-"])
+        else:
+            rc, dt = run([exe, f"--benchmark_out={out}", "--benchmark_out_format=json"], 300)
+            status.append(["C++ scheduling round", "ok" if rc == 0 else f"exit {rc}", f"{dt:.0f}", out])
+            if rc == 0 and os.path.isfile(out):
+                sources.append(("C++ scheduling round", control_targets(out)))
+                targets += sources[-1][1]
+
     py = sys.executable
     for key, script, json_name, timeout_s, extra in (
         ("groups", "bench_groups.py", "groups.json", 900, []),
         ("collectives", "bench_collectives.py", "collectives.json", 1800, args.collectives_args.split()),
         ("attention", "bench_attention.py", "attention.json", 900, []),
         ("runtime", "bench_runtime.py", "runtime.json", 900, []),
+        ("simulator", "bench_simulator.py", "simulator.json", 600, []),
+        ("fidelity", "bench_fidelity.py", "fidelity.json", 1200, []),
     ):
         if key in skip:
             continue

@@ -55,7 +55,7 @@ def make_trace(n: int, rate: float, seed: int = 1, model: str = "tiny-wan") -> l
 def compare(policies: list[str], world_size: int, n: int, rate: float, workdir: str, log=print) -> dict:
     """Profiles, replays and simulates; returns per-policy real and simulated metrics and the errors."""
     t0 = time.perf_counter()
-    prof = gprofile.measure("tiny-wan", world_size, shapes=[VIDEO[:3], IMAGE[:3]], steps=3, repeats=3)
+    prof = gprofile.measure("tiny-wan", world_size, shapes=[VIDEO[:3], IMAGE[:3]], steps=4, repeats=5)
     profile_path = os.path.join(workdir, "profile.json")
     with open(profile_path, "w") as f:
         json.dump(prof, f)

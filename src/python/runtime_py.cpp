@@ -95,6 +95,16 @@ DType dtypeOfFormat(const std::string& f, size_t itemsize) {
   GFDIT_THROW(kInvalidUsage) << "unsupported output element format '" << f << "' (" << itemsize << " bytes)";
 }
 
+RequestShape shapeOf(int height, int width, int num_frames, int num_steps, double guidance_scale) {
+  RequestShape s;
+  s.height = height;
+  s.width = width;
+  s.num_frames = num_frames;
+  s.num_steps = num_steps;
+  s.guidance_scale = guidance_scale;
+  return s;
+}
+
 py::dict statsDict(const EngineStats& s) {
   py::dict d;
   d["submitted"] = s.control.submitted;
@@ -408,12 +418,7 @@ void register_runtime(py::module_& m) {
       .def(
           "check",
           [](const RequestLimits& lim, int h, int w, int f, int steps, double g) {
-            RequestShape s;
-            s.height = h;
-            s.width = w;
-            s.num_frames = f;
-            s.num_steps = steps;
-            s.guidance_scale = g;
+            RequestShape s = shapeOf(h, w, f, steps, g);
             checkRequest(s, lim);
             return s.tokens;
           },
@@ -424,12 +429,7 @@ void register_runtime(py::module_& m) {
   r.def(
       "check_request",
       [](const std::string& model, int h, int w, int f, int steps, double g) {
-        RequestShape s;
-        s.height = h;
-        s.width = w;
-        s.num_frames = f;
-        s.num_steps = steps;
-        s.guidance_scale = g;
+        RequestShape s = shapeOf(h, w, f, steps, g);
         checkRequest(s, RequestLimits::of(cost::modelArch(model)));
         return s.tokens;
       },
@@ -482,11 +482,7 @@ void register_runtime(py::module_& m) {
           [](EngineLoop& e, int h, int w, int f, int steps, double g, int64_t tokens, double deadline_s, int priority,
              int max_degree, const py::bytes& payload) {
             RequestSpec s;
-            s.shape.height = h;
-            s.shape.width = w;
-            s.shape.num_frames = f;
-            s.shape.num_steps = steps;
-            s.shape.guidance_scale = g;
+            s.shape = shapeOf(h, w, f, steps, g);
             s.shape.tokens = tokens;
             s.arrival_ns = nowNs();
             if (std::isfinite(deadline_s)) s.deadline_ns = s.arrival_ns + static_cast<int64_t>(deadline_s * 1e9);
@@ -538,11 +534,7 @@ void register_runtime(py::module_& m) {
              SimRequest q;
              q.id = id;
              q.arrival_s = arrival_s;
-             q.shape.height = h;
-             q.shape.width = w;
-             q.shape.num_frames = f;
-             q.shape.num_steps = steps;
-             q.shape.guidance_scale = g ? *g : -1.0;  // filled from the model's default
+             q.shape = shapeOf(h, w, f, steps, g ? *g : -1.0);  // no guidance: the model's default
              q.deadline_s = deadline_s ? *deadline_s : std::nan("");
              q.priority = priority;
              return q;

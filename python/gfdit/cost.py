@@ -17,6 +17,7 @@ from typing import Any
 
 from gfdit._C import InvalidUsage
 from gfdit._C import cost as _C
+from gfdit._errors import user_message
 
 Stage = _C.Stage
 Profile = _C.Profile
@@ -235,7 +236,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             num_nodes=args.num_nodes,
         )
     except InvalidUsage as e:
-        print(f"gfdit cost: {e}", file=sys.stderr)
+        print(f"gfdit cost: {user_message(e)}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(est))

@@ -22,6 +22,7 @@ import torch
 
 from gfdit._C import InvalidUsage
 from gfdit._C import runtime as rt
+from gfdit._errors import user_message
 
 RequestState = rt.RequestState
 TaskKind = rt.TaskKind
@@ -294,7 +295,7 @@ class Engine:
                 float(g),
             )
         except InvalidUsage as e:
-            raise InvalidUsage(f"gfdit.Request: {_strip_location(str(e))}") from None
+            raise InvalidUsage(f"gfdit.Request: {user_message(e)}") from None
         payload = json.dumps(
             {
                 "prompt": r.prompt,
@@ -470,11 +471,3 @@ def gfdit_errors() -> tuple:
     from gfdit._C import Error
 
     return (Error,)
-
-
-def _strip_location(message: str) -> str:
-    """A C++ check's message without its "file.cpp:123: check failed: expr: " prefix."""
-    if ": check failed: " in message:
-        rest = message.split(": check failed: ", 1)[1]
-        return rest.split(": ", 1)[1] if ": " in rest else rest
-    return message

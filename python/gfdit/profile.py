@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from gfdit._C import InvalidUsage
+from gfdit._errors import user_message
 
 FORMAT = "gfdit-profile/1"
 STAGES = ("encode", "step", "migrate", "decode")
@@ -370,7 +371,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             log=lambda s: print(s, flush=True),
         )
     except InvalidUsage as e:
-        print(f"gfdit {command}: {e}", file=sys.stderr)
+        print(f"gfdit {command}: {user_message(e)}", file=sys.stderr)
         return 2
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(profile, f, indent=1)

@@ -24,6 +24,7 @@ from concurrent.futures import CancelledError
 from typing import Any
 
 from gfdit._C import InvalidUsage
+from gfdit._errors import user_message
 from gfdit.trace import (
     Interval,
     Outcome,
@@ -185,9 +186,7 @@ def _check_policy(policy: str, num_ranks: int) -> None:
     try:
         rt.make_policy(policy)  # parses the name the way the simulator and the engine do
     except InvalidUsage as e:
-        raise InvalidUsage(
-            f"unknown policy {policy!r} (valid: {', '.join(rt.policy_names())}): {e}"
-        ) from None
+        raise InvalidUsage(user_message(e)) from None  # names the built-in policies
     if policy.startswith("static:") and num_ranks % int(policy.split(":", 1)[1]) != 0:
         raise InvalidUsage(
             f"policy {policy!r} needs a rank count divisible by its degree; the cluster has {num_ranks}"
@@ -549,7 +548,7 @@ def run(args: argparse.Namespace, command: str) -> int:
                 timeout_s=args.timeout,
             )
     except InvalidUsage as e:
-        print(f"gfdit {command}: {e}", file=sys.stderr)
+        print(f"gfdit {command}: {user_message(e)}", file=sys.stderr)
         return 2
     summary = replay.summary()
     completed = sum(o.completed for o in replay.outcomes)

@@ -280,14 +280,18 @@ def test_python_policy_sees_holders_shapes_and_the_cost_model():
             out = []
             free = list(view.free_ranks)
             for r in view.ready:
-                seen.append((r.id, r.step, list(r.ranks), r.tokens, view.cost is not None, list(view.node_of)))
+                seen.append(
+                    (r.id, r.step, list(r.ranks), r.tokens, view.cost is not None, list(view.node_of))
+                )
                 if free:
                     out.append(Decision(r.id, [free.pop(0)], Layout(), 1))
             return out
 
     model = cost.cost_model("tiny-wan", "h20x8")
     with Engine(model="tiny-wan", world_size=2, policy=Watcher(), timeout_s=20.0, cost_model=model) as eng:
-        r = eng.submit(Request(prompt="watched", num_frames=5, height=32, width=48, seed=1)).result(timeout=120)
+        r = eng.submit(Request(prompt="watched", num_frames=5, height=32, width=48, seed=1)).result(
+            timeout=120
+        )
     assert r.state == "DONE"
     assert all(has_cost and nodes == [0, 0] for *_, has_cost, nodes in seen)
     assert all(tokens == 2 * 2 * 3 for _, _, _, tokens, _, _ in seen)  # (5-1)/4+1 frames x 32/16 x 48/16

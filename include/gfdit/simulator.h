@@ -32,6 +32,9 @@ struct SimOptions {
   double completion_s = 0;        ///< worker end -> control plane
   double regroup_s = -1;          ///< cost of the first use of a rank set (<0: the cluster's hardware value)
   int num_cores = -1;             ///< cores the ranks share (<0: the cluster's; 0: one device per rank)
+  /// Share of its fair share of the cores a task of two or more members gets done while ranks outnumber
+  /// the cores: its collectives wait for members that are not running (measured by `gfdit profile`).
+  double collective_efficiency = 1.0;
 };
 
 /// How one request ended.

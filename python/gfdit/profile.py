@@ -5,7 +5,9 @@ layout being measured (``PinnedPolicy``). Requests go one at a time, so every ta
 task's duration is read from the request's timeline (the workers' own start and end times). For every
 shape and every layout the model allows on the world, ``--repeats`` requests of ``--steps`` steps give the
 encode, step and decode times; requests that start on rank 0 and move to a group of degree d give the
-migration times (one holder, d - 1 new members). Control-plane latencies come from ``Engine.ping``.
+migration times (one holder, d - 1 new members). Control-plane latencies come from ``Engine.ping``. When the
+ranks outnumber the cores, two-rank groups running at once give the collective efficiency (how much of its
+share of the cores a collective task gets done), which the simulator's core sharing uses.
 
 The file (format ``gfdit-profile/1``) holds the median of each stage's samples; ``gfdit simulate --cluster
 cpu --profile FILE`` and ``gfdit.cost.cost_model(..., profile=FILE)`` read it.
@@ -173,6 +175,7 @@ class PinnedPolicy:
             def __init__(self) -> None:
                 super().__init__()
                 self.plan: list[Phase] = []
+                self.spread = 0  # > 0: see _collective_efficiency
 
             def name(self) -> str:
                 return "profile-pinned"
@@ -180,6 +183,16 @@ class PinnedPolicy:
             def schedule(self, view: Any) -> list[Any]:
                 free = set(view.free_ranks)
                 out = []
+                if self.spread:  # every request on a group of its own of `spread` ranks, all its steps
+                    d = self.spread
+                    for r in view.ready:
+                        if len(free) < d:
+                            break
+                        ranks = sorted(free)[:d]
+                        free -= set(ranks)
+                        layout = gfdit.Layout(ulysses=d)
+                        out.append(gfdit.Decision(r.id, ranks, layout, max(1, r.num_steps - r.step)))
+                    return out
                 for r in view.ready:
                     begin = 0
                     for phase in self.plan:
@@ -216,6 +229,55 @@ def _run(
         )
     )
     return handle.result(timeout=timeout_s).timeline
+
+
+def _collective_efficiency(
+    eng: Any, policy: Any, facts: Any, shapes: list, samples: dict, steps: int, timeout_s: float
+) -> float:
+    """How much of its fair share of the cores a collective task gets done when the ranks outnumber the
+    cores: a request of the largest shape on every group of two ranks at once, each step compared with the
+    same step alone times ranks / cores (its members wait in collectives for peers the OS is not running).
+    1 when the ranks do not outnumber the cores, or two groups of two do not fit."""
+    import gfdit
+
+    world = eng.world_size
+    cores = os.cpu_count() or 1
+    heads = int(eng.model_info.get("heads", 1))
+    if world <= cores or world % 2 or world < 4 or heads % 2:
+        return 1.0
+    shape = max(shapes, key=lambda s: facts.tokens(*s))
+    alone = samples.get(("step", facts.tokens(*shape), 2, 2, 1, "usp", 0))
+    if not alone:
+        return 1.0
+    h, w, f = shape
+    policy.spread = 2
+    try:
+        handles = [
+            eng.submit(
+                gfdit.Request(
+                    prompt="profile collectives",
+                    height=h,
+                    width=w,
+                    num_frames=f,
+                    num_inference_steps=max(8, 2 * steps),
+                    seed=1000 + k,
+                )
+            )
+            for k in range(world // 2)
+        ]
+        timelines = [hd.result(timeout=timeout_s).timeline for hd in handles]
+    finally:
+        policy.spread = 0
+    # the steps that ran while every rank was busy: all but the first and last of each request
+    together = [
+        (s.end_ns - s.start_ns) / 1e9
+        for tl in timelines
+        for s in [x for x in tl if x.kind == "denoise"][1:-1]
+    ]
+    if not together:
+        return 1.0
+    eff = statistics.median(alone) * (world / cores) / statistics.median(together)
+    return float(min(1.2, max(0.2, eff)))
 
 
 def measure(
@@ -294,6 +356,9 @@ def measure(
                 log(
                     f"  {shape[0]}x{shape[1]}x{shape[2]} ({tokens} tokens) done at {time.perf_counter() - t0:.1f} s"
                 )
+        collective = _collective_efficiency(eng, policy, facts, shapes, samples, steps, timeout_s)
+        if log:
+            log(f"  collective efficiency {collective:.3f} at {time.perf_counter() - t0:.1f} s")
         ping = eng.ping(0, pings)
     entries = [
         ProfileEntry(
@@ -318,6 +383,7 @@ def measure(
         "num_cores": os.cpu_count() or 1,
         "dispatch_s": statistics.median([(start - disp) / 1e9 for disp, start, _, _ in ping]),
         "completion_s": statistics.median([(seen - post) / 1e9 for _, _, post, seen in ping]),
+        "collective_efficiency": collective,
         "entries": [dataclasses.asdict(e) for e in entries],
     }
 

@@ -126,6 +126,7 @@ def simulate_trace(
             "dispatch_s": float(prof.get("dispatch_s", 0.0)),
             "completion_s": float(prof.get("completion_s", 0.0)),
             "num_cores": int(prof.get("num_cores", 0)) if cluster == "cpu" else -1,
+            "collective_efficiency": float(prof.get("collective_efficiency", 1.0)),
         }
     sim = rt.Simulator(
         cm, cl, policy, max_inflight_steps=max_inflight_steps, record_intervals=record_intervals, **overheads

@@ -585,8 +585,11 @@ void register_runtime(py::module_& m) {
   py::class_<Simulator>(r, "Simulator")
       .def(py::init([](std::shared_ptr<cost::CostModel> cost, const cost::Cluster& cluster, const py::object& policy,
                        int max_inflight_steps, bool record_intervals, double dispatch_s, double completion_s,
-                       double regroup_s, int num_cores, bool lookahead) {
+                       double regroup_s, int num_cores, bool lookahead, double collective_efficiency) {
+             GFDIT_CHECK(collective_efficiency > 0 && collective_efficiency <= 1.5)
+                 << "collective_efficiency " << collective_efficiency << " outside (0, 1.5]";
              SimOptions o;
+             o.collective_efficiency = collective_efficiency;
              o.max_inflight_steps = max_inflight_steps;
              o.record_intervals = record_intervals;
              o.dispatch_s = dispatch_s;
@@ -598,7 +601,8 @@ void register_runtime(py::module_& m) {
            }),
            py::arg("cost_model"), py::arg("cluster"), py::arg("policy"), py::arg("max_inflight_steps") = 2,
            py::arg("record_intervals") = false, py::arg("dispatch_s") = 0.0, py::arg("completion_s") = 0.0,
-           py::arg("regroup_s") = -1.0, py::arg("num_cores") = -1, py::arg("lookahead") = true)
+           py::arg("regroup_s") = -1.0, py::arg("num_cores") = -1, py::arg("lookahead") = true,
+           py::arg("collective_efficiency") = 1.0)
       .def("run", &Simulator::run, py::arg("requests"), py::call_guard<py::gil_scoped_release>());
 }
 

@@ -5,8 +5,10 @@
 // wrote it; it starts when it heads the queue of every member and all of them are idle (a collective
 // cannot start before its last member arrives), and it keeps all members until it ends. Its length is the
 // cost model's time for the stage. When ranks share `num_cores` cores (the CPU cluster), the tasks running
-// at once share them: a task's work is its time alone divided by how much it was slowed down alone
-// (max(1, members / cores)), and all running tasks progress at min(1, cores / busy members). Completions
+// at once share them: while the busy members fit the cores every task progresses at 1, else at
+// cores / busy members, times the collective efficiency for a task of two or more members (its collectives
+// wait for members the OS is not running; `gfdit profile` measures the factor with two groups at once). A
+// task's work is its time alone times the rate it had alone. Completions
 // reach the control plane `completion_s` after the task ends. Everything is deterministic.
 #include <algorithm>
 #include <chrono>
@@ -30,7 +32,6 @@ struct SimTask {
   std::vector<int> members;
   int64_t ready_ns = 0;
   double work_ns = 0;  // left, at rate 1
-  double slow_alone = 1;
   bool running = false;
   int64_t start_ns = 0;
 };
@@ -58,8 +59,7 @@ class SimExecutor : public Executor {
     t->members = workers;
     t->ready_ns = clock_.nowNs() + static_cast<int64_t>(opt_.dispatch_s * kNs);
     double alone = duration(d) * kNs;
-    t->slow_alone = cores_ > 0 ? std::max(1.0, static_cast<double>(workers.size()) / cores_) : 1.0;
-    t->work_ns = alone / t->slow_alone;
+    t->work_ns = alone * rateFor(static_cast<int>(workers.size()), static_cast<double>(workers.size()));
     SimTask* p = t.get();
     tasks_.emplace(p, std::move(t));
     for (int w : workers) queues_[w].push_back(p);
@@ -72,10 +72,12 @@ class SimExecutor : public Executor {
   int64_t nextEvent() const {
     int64_t t = INT64_MAX;
     if (!running_.empty()) {
-      double rate = rate_();
+      double demand = demand_();
       double least = 1e300;
-      for (const SimTask* r : running_) least = std::min(least, r->work_ns);
-      t = std::min(t, last_ns_ + static_cast<int64_t>(std::ceil(std::max(0.0, least) / rate)));
+      for (const SimTask* r : running_) {
+        least = std::min(least, std::max(0.0, r->work_ns) / rateFor(static_cast<int>(r->members.size()), demand));
+      }
+      t = std::min(t, last_ns_ + static_cast<int64_t>(std::ceil(least)));
     }
     if (!deliveries_.empty()) t = std::min(t, deliveries_.top().t_ns);
     if (!wakes_.empty()) t = std::min(t, wakes_.top());
@@ -84,10 +86,10 @@ class SimExecutor : public Executor {
 
   // Advances running work to now, ends finished tasks, starts what can start.
   void advance(int64_t now) {
-    double rate = rate_();
+    double demand = demand_();
     double dt = static_cast<double>(now - last_ns_);
     if (dt > 0) {
-      for (SimTask* r : running_) r->work_ns -= dt * rate;
+      for (SimTask* r : running_) r->work_ns -= dt * rateFor(static_cast<int>(r->members.size()), demand);
     }
     last_ns_ = now;
     while (!wakes_.empty() && wakes_.top() <= now) {
@@ -125,11 +127,16 @@ class SimExecutor : public Executor {
   uint64_t numTasks() const { return num_tasks_; }
 
  private:
-  double rate_() const {
-    if (cores_ <= 0) return 1.0;
+  // The rate of a task of `members` while `demand` members are busy (NOTE [simulated execution]).
+  double rateFor(int members, double demand) const {
+    if (cores_ <= 0 || demand <= cores_) return 1.0;
+    return (members > 1 ? opt_.collective_efficiency : 1.0) * cores_ / demand;
+  }
+
+  double demand_() const {
     double demand = 0;
     for (const SimTask* r : running_) demand += static_cast<double>(r->members.size());
-    return demand > cores_ ? cores_ / demand : 1.0;
+    return demand;
   }
 
   int numNodes(const std::vector<int>& ranks) const {

@@ -124,3 +124,21 @@ TEST(Simulator, RefusesUnorderedTraces) {
   SimRequest bad = image(0, 0, 2, 63);
   EXPECT_THROW(sim.run({bad}), Error);
 }
+
+TEST(Simulator, CollectivesLoseTheirShareWhenRanksOutnumberCores) {
+  // 4 ranks on 2 cores; two requests on two groups of two (static:2). A step of a two-rank group alone takes
+  // 1 ms (perfect scaling of 2 ms); both at once share the cores (x2), and collectives get only 75% of that.
+  auto cost = std::make_shared<FixedCost>(0.0, 0.032, 0.0, 0.0, 1.0);
+  SimOptions opt;
+  opt.num_cores = 2;
+  opt.collective_efficiency = 0.75;
+  Simulator sim(cost, gpus(4), makePolicy("static:2"), opt);
+  SimResult alone = sim.run({image(0, 0, 10)});
+  EXPECT_NEAR(alone.requests[0].finish_s, 0.010, 1e-6);  // two members fit two cores
+  SimResult both = sim.run({image(0, 0, 10), image(1, 0, 10)});
+  EXPECT_NEAR(both.requests[0].finish_s, 0.010 * 2 / 0.75, 1e-6);
+  EXPECT_NEAR(both.requests[1].finish_s, 0.010 * 2 / 0.75, 1e-6);
+  Simulator ones(cost, gpus(4), makePolicy("static:1"), opt);  // one-member tasks only share the cores
+  SimResult four = ones.run({image(0, 0, 5), image(1, 0, 5), image(2, 0, 5), image(3, 0, 5)});
+  for (const auto& o : four.requests) EXPECT_NEAR(o.finish_s, 0.010 * 2, 1e-6);
+}

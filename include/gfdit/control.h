@@ -229,7 +229,7 @@ struct ControlStats {
   uint64_t migrations = 0;
   uint64_t recoveries = 0;  ///< worlds re-created after a failure (the epoch)
   uint64_t task_timeouts = 0;
-  int64_t policy_ns = 0;  ///< time spent in the policy
+  int64_t policy_ns = 0;  ///< real time spent in the policy (also when the clock is virtual)
 };
 
 struct ControlConfig {
@@ -300,6 +300,8 @@ class ControlPlane {
   void pump(Request& r);
   bool lookahead(Request& r);
   void taskDone(Task& t);
+  void applyDone(Task& t);
+  void dropCopy(Request& r, int worker);
   void endDecision(Request& r);
   void dispatchDecode(Request& r);
   void finish(Request& r, RequestState state, const std::string& reason = "");

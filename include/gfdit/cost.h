@@ -157,9 +157,11 @@ struct Profile {
   std::string model;
   std::string hardware = "cpu";
   int32_t world_size = 0;
-  int32_t num_cores = 0;    ///< cores the ranks shared when measured (0: one device per rank)
-  double dispatch_s = 0;    ///< control plane -> worker start, measured
-  double completion_s = 0;  ///< worker end -> control plane, measured
+  int32_t num_cores = 0;             ///< cores the ranks shared when measured (0: one device per rank)
+  double dispatch_s = 0;             ///< control plane -> worker start, measured
+  double completion_s = 0;           ///< worker end -> control plane, measured
+  double collective_efficiency = 1;  ///< share of its share of the cores a collective task gets done while
+                                     ///< ranks outnumber cores (NOTE [simulated execution] in simulator.cpp)
   std::vector<ProfileEntry> entries;
 };
 

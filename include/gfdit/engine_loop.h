@@ -86,7 +86,7 @@ class EngineLoop {
 
   void loop();
   void post(Event e);
-  void checkWorkers(int64_t now);
+  void checkWorkers();
 
   EngineOptions options_;
   std::unique_ptr<QueueSet> queues_;

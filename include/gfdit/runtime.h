@@ -124,17 +124,14 @@ class MessageRing {
             bool wake = true);
   /// Messages in the ring (exact for its producer and its consumer, a hint for anyone else).
   uint64_t size() const;
-  /// Bytes of the oldest message, or -1 when empty.
-  int64_t peekBytes() const;
   /// Takes the oldest message into `out` (resized); false when empty.
   bool tryPop(std::string& out);
   /// Takes the oldest message, waiting while empty at most `timeout`; false on timeout.
   bool pop(std::string& out, std::chrono::microseconds timeout);
-  /// Messages waiting (approximate under concurrency).
-  bool empty() const;
+  /// Whether no message waits (see size()).
+  bool empty() const { return size() == 0; }
   /// Largest message the ring accepts.
   size_t maxMessage() const;
-  Doorbell* dataBell() const { return data_bell_; }
 
  private:
   struct Header;

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gfdit._C import InvalidUsage
+from gfdit._C import Error, InvalidUsage
 from gfdit._C import runtime as rt
 from gfdit._errors import user_message
 
@@ -93,9 +93,10 @@ class RequestFailed(RuntimeError):
 class RequestHandle:
     """What submit returns: wait for the result, ask for progress, or cancel."""
 
-    def __init__(self, engine: Engine, request_id: int) -> None:
+    def __init__(self, engine: Engine, request_id: int, num_steps: int) -> None:
         self._engine = engine
         self.request_id = request_id
+        self.num_steps = num_steps
         self._event = threading.Event()
         self._result: Result | None = None
 
@@ -116,19 +117,22 @@ class RequestHandle:
 
     def status(self) -> dict:
         """{"state", "step", "num_steps", "ranks"}: where the request is now."""
+        if not self.done():
+            st = self._engine._loop.status(self.request_id)
+            if st is not None:
+                return {
+                    "state": st["state"].name,
+                    "step": st["step"],
+                    "num_steps": self.num_steps,
+                    "ranks": list(st["ranks"]),
+                }
+            self._event.wait(1.0)  # it ended a moment ago: its result is on the way
         r = self._result
-        if r is not None:
-            steps = sum(s.num_steps for s in r.timeline if s.kind == "denoise")
-            return {"state": r.state, "step": steps, "num_steps": None, "ranks": []}
-        s = self._engine._loop.status(self.request_id)
-        if s is None:  # finished a moment ago; the handle is about to get its result
-            self._event.wait(1.0)
-            return self.status() if self._result is not None else {"state": "UNKNOWN"}
         return {
-            "state": s["state"].name,
-            "step": s["step"],
-            "num_steps": s["num_steps"],
-            "ranks": list(s["ranks"]),
+            "state": r.state if r else "UNKNOWN",
+            "step": r.transitions[-1][1] if r else 0,
+            "num_steps": self.num_steps,
+            "ranks": [],
         }
 
     def cancel(self) -> None:
@@ -190,7 +194,6 @@ class Engine:
             task_timeout_s=float(task_timeout_s),
             max_attempts=max_attempts,
         )
-        self._policy = policy  # a Python policy lives as long as the engine
         self.policy_name = policy if isinstance(policy, str) else policy.name()
         self._store = dist.TCPStore(
             "127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
@@ -222,15 +225,15 @@ class Engine:
             self._procs.append(p)
         try:
             hello = self._loop.await_workers([p.pid for p in self._procs], start_timeout_s)
-        except BaseException as e:
+        except Error as e:
             self._kill_all()
-            if isinstance(e, gfdit_errors()):
-                raise RuntimeError(f"gfdit.Engine: {e}") from None
+            raise RuntimeError(f"gfdit.Engine: {user_message(e)}") from None
+        except BaseException:
+            self._kill_all()
             raise
         self.model_info: dict = json.loads(hello[0])
         self._limits = self._make_limits(model, limits or {})
         self._handles: dict[int, RequestHandle] = {}
-        self._early: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._loop.start()
         self._thread = threading.Thread(target=self._collect, name="gfdit-results", daemon=True)
@@ -323,12 +326,8 @@ class Engine:
                 self._max_degree,
                 payload,
             )
-            handle = RequestHandle(self, rid)
-            early = self._early.pop(rid, None)
-            if early is None:
-                self._handles[rid] = handle
-        if early is not None:
-            handle._finish(self._result_of(early))
+            # registered before the lock is released, so _collect always finds it
+            handle = self._handles[rid] = RequestHandle(self, rid, fields["num_inference_steps"])
         return handle
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -420,10 +419,7 @@ class Engine:
             batch = self._loop.wait_results(0.5)
             for rr in batch:
                 with self._lock:
-                    handle = self._handles.pop(rr.id, None)
-                    if handle is None:
-                        self._early[rr.id] = rr
-                        continue
+                    handle = self._handles.pop(rr.id)
                 handle._finish(self._result_of(rr))
             if not batch and self._loop.closed:
                 return
@@ -465,9 +461,3 @@ class Engine:
             if p.is_alive():
                 p.kill()
             p.join(5.0)
-
-
-def gfdit_errors() -> tuple:
-    from gfdit._C import Error
-
-    return (Error,)

@@ -114,40 +114,28 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
 
 
 class _ModelFacts:
-    """Defaults, size rules and token counts of the model the engine serves: the cost model's table where
-    the build has it (the tokens the cost model will be asked about), else the staged model itself."""
+    """Defaults, size rules and token counts of a model, from the cost model's table (the tokens the cost
+    model will be asked about)."""
 
     def __init__(self, name: str) -> None:
         from gfdit._C import cost
 
         self.name = name
-        self.arch = cost.model_arch(name) if hasattr(cost, "model_arch") else None
-        if self.arch is not None:
-            a = self.arch
-            self.is_video = bool(a.is_video)
-            self.default = (int(a.default_height), int(a.default_width), int(a.default_frames))
-            self.staged = None
-        else:
-            from gfdit import models
-
-            self.staged = models.load(name)
-            d = self.staged.defaults
-            self.is_video = bool(self.staged.is_video)
-            self.default = (int(d.height), int(d.width), int(d.num_frames))
+        self.arch = cost.model_arch(name)
+        self.is_video = bool(self.arch.is_video)
+        self.default = (
+            int(self.arch.default_height),
+            int(self.arch.default_width),
+            int(self.arch.default_frames),
+        )
 
     def check(self, h: int, w: int, f: int) -> None:
-        if self.arch is not None:
-            from gfdit.trace import check_size
+        from gfdit.trace import check_size
 
-            check_size(self.name, h, w, f, 1)
-        else:
-            self.staged.latent_shape(height=h, width=w, num_frames=f)
+        check_size(self.name, h, w, f, 1)
 
     def tokens(self, h: int, w: int, f: int) -> int:
-        if self.arch is not None:
-            return int(self.arch.tokens(h, w, f))
-        shape = self.staged.latent_shape(height=h, width=w, num_frames=f)
-        return int(self.staged.sequence_length(tuple(shape[2:])))
+        return int(self.arch.tokens(h, w, f))
 
     def default_shapes(self) -> list[tuple[int, int, int]]:
         """From the model's default size up to 4x its tokens (multiples of the default size, so always

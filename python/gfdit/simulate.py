@@ -55,21 +55,6 @@ class Replay:
 
 
 # ------------------------------------------------------------------------------------------------ simulate
-def _load_profile(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            profile = json.load(f)
-    except OSError as e:
-        raise InvalidUsage(f"cannot read profile {path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise InvalidUsage(f"profile {path} is not valid JSON ({e.msg}, line {e.lineno})") from None
-    if not isinstance(profile, dict) or not isinstance(profile.get("world_size"), int):
-        raise InvalidUsage(
-            f"profile {path} is not a gfdit profile (no integer world_size); write one with `gfdit profile`"
-        )
-    return profile
-
-
 def simulate_trace(
     requests: Sequence[TraceRequest],
     *,
@@ -87,24 +72,15 @@ def simulate_trace(
     from gfdit._C import cost as cost_c
     from gfdit._C import runtime as rt
 
-    num_ranks = 0
-    if cluster == "cpu":
-        if profile is None:
-            raise InvalidUsage(
-                "the cpu cluster is this machine: it needs --profile (written by `gfdit profile`)"
-            )
-        num_ranks = int(_load_profile(profile)["world_size"])
-    elif profile is not None:
-        _load_profile(profile)
-    if not hasattr(cost_c, "cluster"):
-        raise InvalidUsage("this build of gfdit has no cost model binding (gfdit._C.cost.cluster)")
-    cl = cost_c.cluster(cluster, num_ranks)  # unknown names: InvalidUsage listing the valid ones
-    _check_policy(policy, int(cl.num_ranks))
-    if not hasattr(rt, "Simulator"):
-        raise InvalidUsage("this build of gfdit has no simulator (gfdit._C.runtime.Simulator)")
+    if cluster == "cpu" and profile is None:
+        raise InvalidUsage("the cpu cluster is this machine: it needs --profile (written by `gfdit profile`)")
     from gfdit import cost
 
-    cm = cost.cost_model(model, cluster, profile=profile)
+    prof = cost.load_profile(profile) if profile is not None else None
+    num_ranks = prof.world_size if cluster == "cpu" else 0
+    cl = cost_c.cluster(cluster, num_ranks)  # unknown names: InvalidUsage listing the valid ones
+    _check_policy(policy, int(cl.num_ranks))
+    cm = cost.cost_model(model, cluster, profile=prof)
     sim_requests = [
         rt.SimRequest(
             id=r.id,
@@ -120,13 +96,12 @@ def simulate_trace(
         for r in requests
     ]
     overheads = {}
-    if profile is not None:  # what this machine measured: ring round trips, and the cores the ranks share
-        prof = _load_profile(profile)
+    if prof is not None:  # what this machine measured: ring round trips, and the cores the ranks share
         overheads = {
-            "dispatch_s": float(prof.get("dispatch_s", 0.0)),
-            "completion_s": float(prof.get("completion_s", 0.0)),
-            "num_cores": int(prof.get("num_cores", 0)) if cluster == "cpu" else -1,
-            "collective_efficiency": float(prof.get("collective_efficiency", 1.0)),
+            "dispatch_s": prof.dispatch_s,
+            "completion_s": prof.completion_s,
+            "num_cores": prof.num_cores if cluster == "cpu" else -1,
+            "collective_efficiency": prof.collective_efficiency,
         }
     sim = rt.Simulator(
         cm, cl, policy, max_inflight_steps=max_inflight_steps, record_intervals=record_intervals, **overheads
@@ -134,41 +109,24 @@ def simulate_trace(
     t0 = time.perf_counter()
     res = sim.run(sim_requests)
     wall = time.perf_counter() - t0
-    by_id = {r.id: r for r in requests}
-    outcomes = []
-    for o in res.requests:
-        r = by_id[int(o.id)]
-        state = str(getattr(o.state, "name", o.state))
-        finish = float(o.finish_s) if state == "DONE" and o.finish_s is not None else None
-        # the trace's own times: the simulator's arrival is the trace's, and the deadline is read the same way
-        outcomes.append(
-            Outcome(
-                id=r.id,
-                arrival_s=r.arrival_s,
-                finish_s=finish,
-                deadline_s=r.deadline_s,
-                state=state,
-                priority=r.priority,
-            )
-        )
-    missing = set(by_id) - {o.id for o in outcomes}
-    outcomes += [
+    # the trace's own times: the simulator's arrival is the trace's, and the deadline is read the same way
+    outcomes = [
         Outcome(
-            id=i,
-            arrival_s=by_id[i].arrival_s,
-            finish_s=None,
-            deadline_s=by_id[i].deadline_s,
-            state="MISSING",
-            priority=by_id[i].priority,
+            id=r.id,
+            arrival_s=r.arrival_s,
+            finish_s=float(o.finish_s) if o.state == "DONE" else None,
+            deadline_s=r.deadline_s,
+            state=o.state,
+            priority=r.priority,
         )
-        for i in sorted(missing)
+        for r, o in zip(requests, res.requests)  # the simulator keeps the trace's order
     ]
     outcomes.sort(key=lambda o: (o.arrival_s, o.id))
     intervals = [
         Interval(rank=int(rank), request_id=int(rid), kind=str(kind), start_s=float(s), end_s=float(e))
         for rank, rid, kind, s, e in (res.intervals if record_intervals else [])
     ]
-    describe = cm.describe() if hasattr(cm, "describe") else type(cm).__name__
+    describe = cm.describe()
     return Replay(
         policy=policy,
         outcomes=outcomes,

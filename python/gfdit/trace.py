@@ -5,9 +5,9 @@ A line is ``{"id", "arrival_s", "model", "height", "width", "num_frames", "num_i
 ``arrival_s`` and ``deadline_s`` are seconds after the trace's start (``deadline_s`` may be null).
 
 ``load_trace`` refuses a malformed trace with ``gfdit.InvalidUsage`` naming the line and the reason;
-model facts (known names, patch sizes, limits) come from the cost model's table (``gfdit._C.cost``), or
-from the runtime's own request check (``gfdit._C.runtime.check_request``) where the build has one, so a
-trace is held to the rules the engine applies at submit.
+known model names come from the cost model's table (``gfdit._C.cost``) and sizes are checked by the
+runtime's own request check (``gfdit._C.runtime.check_request``), so a trace is held to the rules the
+engine applies at submit.
 
 ``summarize`` turns the outcomes of a replay (real engine or simulator) into the metrics both
 ``gfdit run-trace`` and ``gfdit simulate`` print.
@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gfdit._C import InvalidUsage
+from gfdit._errors import user_message
 
 # field -> (accepted Python types, required)
 _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
@@ -67,65 +68,20 @@ def _model_arch(name: str) -> Any:
     """The cost model's architecture record of a model; InvalidUsage (listing the known ones) if unknown."""
     from gfdit._C import cost
 
-    if not hasattr(cost, "model_arch"):
-        raise InvalidUsage(
-            "gfdit.trace: this build's gfdit._C.cost has no model table (model_arch); "
-            "cannot check trace requests against a model"
-        )
-    if hasattr(cost, "model_names") and name not in list(cost.model_names()):
+    if name not in list(cost.model_names()):
         raise InvalidUsage(f"unknown model {name!r} (known: {', '.join(cost.model_names())})")
     return cost.model_arch(name)
 
 
 def check_size(model: str, height: int, width: int, num_frames: int, num_steps: int) -> None:
-    """Refuses (InvalidUsage naming the field) a request size that ``model`` cannot serve.
-
-    Uses the runtime's ``check_request`` when the build has it (the engine's own rule set); otherwise the
-    same rules from the model's architecture: sizes the model cannot patch, frames that the VAE cannot
-    compress, steps and sizes beyond the model's limits (a limit of 0 means none).
-    """
+    """Refuses (InvalidUsage naming the field) a request size that ``model`` cannot serve: the engine's own
+    check at submit (``gfdit._C.runtime.check_request``), so a trace is held to the same rules."""
     from gfdit._C import runtime
 
-    if hasattr(runtime, "check_request"):
+    try:
         runtime.check_request(model, height, width, num_frames, num_steps)
-        return
-    arch = _model_arch(model)
-    for name, v in (
-        ("height", height),
-        ("width", width),
-        ("num_frames", num_frames),
-        ("num_inference_steps", num_steps),
-    ):
-        if v < 1:
-            raise InvalidUsage(f"{name} must be positive, got {v}")
-    m = int(arch.spatial_multiple())
-    for name, v in (("height", height), ("width", width)):
-        if v % m != 0:
-            raise InvalidUsage(
-                f"{name} {v} is not a multiple of {m} ({model}: VAE stride {arch.vae_stride_s} "
-                f"x patch {arch.patch_s})"
-            )
-    if arch.is_video:
-        st = int(arch.vae_stride_t)
-        if (num_frames - 1) % st != 0:
-            raise InvalidUsage(
-                f"num_frames {num_frames} is not {st} * k + 1 ({model}: temporal VAE stride {st})"
-            )
-        if arch.max_frames and num_frames > arch.max_frames:
-            raise InvalidUsage(f"num_frames {num_frames} exceeds {model}'s limit of {arch.max_frames}")
-    elif num_frames != 1:
-        raise InvalidUsage(f"num_frames must be 1 for the image model {model}, got {num_frames}")
-    if arch.max_steps and num_steps > arch.max_steps:
-        raise InvalidUsage(f"num_inference_steps {num_steps} exceeds {model}'s limit of {arch.max_steps}")
-    if arch.max_pixels and height * width > arch.max_pixels:
-        raise InvalidUsage(
-            f"height x width = {height * width} pixels exceeds {model}'s limit of {arch.max_pixels}"
-        )
-    tokens = int(arch.tokens(height, width, num_frames))
-    if arch.max_tokens and tokens > arch.max_tokens:
-        raise InvalidUsage(
-            f"{height}x{width}x{num_frames} is {tokens} tokens, beyond {model}'s limit of {arch.max_tokens}"
-        )
+    except InvalidUsage as e:
+        raise InvalidUsage(user_message(e)) from None
 
 
 def _parse_line(text: str, model: str | None) -> TraceRequest:

@@ -284,6 +284,7 @@ void register_cost(py::module_& m) {
       .def_readwrite("num_cores", &Profile::num_cores)
       .def_readwrite("dispatch_s", &Profile::dispatch_s)
       .def_readwrite("completion_s", &Profile::completion_s)
+      .def_readwrite("collective_efficiency", &Profile::collective_efficiency)
       .def_readwrite("entries", &Profile::entries, "the measurements (a list; assign a new list to change it)");
 
   c.def("profiled", &cost::makeProfiledCostModel, py::arg("profile"),

@@ -140,8 +140,7 @@ struct ControlPlane::Request {
   int32_t todo = 0;       // steps of the decision not yet dispatched
   int32_t next_step = 0;  // the step the next denoise task starts at
   int32_t inflight = 0;   // encode/denoise/migrate/decode tasks of it not yet completed
-  bool cancel = false;
-  bool hit = false;  // one of its tasks failed in the current recovery
+  bool hit = false;       // one of its tasks failed in the current recovery
   std::string last_error;
   OutputRef output;
   std::vector<std::pair<int, int32_t>> copies;  // (worker, step) of every copy of its state it knows of
@@ -217,10 +216,7 @@ void ControlPlane::cancel(uint64_t id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& r = *it->second;
-  if (isFinished(r.rec.state)) return;
-  r.cancel = true;
-  r.todo = 0;
-  finish(r, RequestState::kCancelled, "cancelled by the caller");
+  finish(r, RequestState::kCancelled, "cancelled by the caller");  // tasks in flight drain, then it is pruned
 }
 
 void ControlPlane::occupy(const std::vector<int>& ranks) {
@@ -245,14 +241,7 @@ uint64_t ControlPlane::dispatch(Request* r, TaskKind kind, const std::vector<int
   t->step_begin = step_begin;
   t->num_steps = num_steps;
   t->dispatch_ns = clock_.nowNs();
-  if (kind == TaskKind::kMigrate) {
-    t->members.push_back(src);
-    for (int w : ranks) {
-      if (w != src) t->members.push_back(w);
-    }
-  } else {
-    t->members = ranks;
-  }
+  t->members = ranks;  // a migration's group starts with its source
   int64_t start = t->dispatch_ns;
   for (int w : t->members) {
     GFDIT_CHECK_CODE(kInternal, w >= 0 && w < config_.world_size && alive_[w])
@@ -308,7 +297,7 @@ void ControlPlane::buildView(SchedulerView& view, const Request* la) {
   }
   view.ready.reserve(order_.size());
   for (const Request* r : order_) {
-    if (isFinished(r->rec.state) || r->cancel) continue;
+    if (isFinished(r->rec.state)) continue;
     if (r == la) continue;  // added below, as it will be at its boundary
     (r->rec.busy ? view.running : view.ready).push_back(&r->rec);
   }
@@ -324,7 +313,7 @@ void ControlPlane::validate(const std::vector<Decision>& ds, const SchedulerView
     auto it = requests_.find(d.request_id);
     GFDIT_CHECK(it != requests_.end()) << "policy " << pname << " chose unknown request " << d.request_id;
     const Request& r = *it->second;
-    GFDIT_CHECK((&r == la || !r.rec.busy) && !isFinished(r.rec.state) && !r.cancel)
+    GFDIT_CHECK((&r == la || !r.rec.busy) && !isFinished(r.rec.state))
         << "policy " << pname << " chose request " << d.request_id << ", which is not ready";
     GFDIT_CHECK(std::find(seen.begin(), seen.end(), d.request_id) == seen.end())
         << "policy " << pname << " chose request " << d.request_id << " twice";
@@ -354,7 +343,7 @@ void ControlPlane::schedule() {
   SchedulerView view;
   buildView(view, nullptr);
   if (view.ready.empty()) return;
-  int64_t t0 = clock_.nowNs();
+  int64_t t0 = nowNs();  // the real clock: this is the policy's cost, also in a simulation
   std::vector<Decision> ds;
   try {
     ++stats_.policy_calls;
@@ -371,7 +360,7 @@ void ControlPlane::schedule() {
     }
     return;
   }
-  stats_.policy_ns += clock_.nowNs() - t0;
+  stats_.policy_ns += nowNs() - t0;
   for (const Decision& d : ds) startDecision(req(d.request_id), d);
 }
 
@@ -442,7 +431,7 @@ int ControlPlane::inflightLimit() const {
 }
 
 bool ControlPlane::lookahead(Request& r) {
-  if (!config_.lookahead || recovering_ || r.cancel) return false;
+  if (!config_.lookahead || recovering_) return false;
   SchedulerView view;
   buildView(view, &r);
   RequestRecord future = r.rec;  // as it will be at its boundary: ready at next_step on its group
@@ -456,7 +445,7 @@ bool ControlPlane::lookahead(Request& r) {
                                 return a->arrival_ns != b->arrival_ns ? a->arrival_ns < b->arrival_ns : a->id < b->id;
                               });
   view.ready.insert(pos, &future);
-  int64_t t0 = clock_.nowNs();
+  int64_t t0 = nowNs();  // the real clock: this is the policy's cost, also in a simulation
   std::vector<Decision> ds;
   try {
     ++stats_.policy_calls;
@@ -464,7 +453,7 @@ bool ControlPlane::lookahead(Request& r) {
   } catch (const std::exception&) {
     return false;  // the real round reports a broken policy
   }
-  stats_.policy_ns += clock_.nowNs() - t0;
+  stats_.policy_ns += nowNs() - t0;
   for (const Decision& d : ds) {
     if (d.request_id != r.rec.id) continue;
     if (d.ranks != r.group || d.layout != r.layout || d.num_steps < 1) return false;
@@ -557,8 +546,17 @@ void ControlPlane::expectNext(int worker, int64_t now) {
 void ControlPlane::taskDone(Task& done) {
   std::unique_ptr<Task> owned = std::move(tasks_[done.id]);
   tasks_.erase(done.id);
-  Task& t = *owned;
   ++stats_.tasks_completed;
+  applyDone(*owned);
+  tryReinit();  // recovering: a world can be re-created once the last task in flight is done
+}
+
+void ControlPlane::dropCopy(Request& r, int worker) {
+  r.copies.erase(std::remove_if(r.copies.begin(), r.copies.end(), [&](const auto& cp) { return cp.first == worker; }),
+                 r.copies.end());
+}
+
+void ControlPlane::applyDone(Task& t) {
   if (t.end_ns > t.start_ns && t.error == TaskError::kOk) {
     double& e = ewma_ns_[static_cast<int>(t.kind) & 7];
     double dur = static_cast<double>(t.end_ns - t.start_ns);
@@ -567,9 +565,7 @@ void ControlPlane::taskDone(Task& done) {
   if (t.kind == TaskKind::kReinit) {
     if (t.error == TaskError::kOk) {
       reinitDone();
-    } else if (t.error == TaskError::kWorkerDied) {
-      tryReinit();  // another worker died meanwhile: again among the new survivors
-    } else {
+    } else if (t.error != TaskError::kWorkerDied) {  // another death: taskDone tries again among survivors
       recovering_ = false;
       finishAll("could not re-create the collectives world: " + t.message, true);
     }
@@ -578,23 +574,16 @@ void ControlPlane::taskDone(Task& done) {
   auto it = requests_.find(t.request_id);
   if (it == requests_.end() || t.probe) {
     if (t.output.name[0] != '\0') executor_.discardOutput(t.output);
-    if (recovering_) tryReinit();
     return;
   }
   Request& r = *it->second;
   RequestRecord& rec = r.rec;
   for (const auto& se : t.step_ends) {  // a negative step: the worker holds no copy
-    r.copies.erase(
-        std::remove_if(r.copies.begin(), r.copies.end(), [&](const auto& cp) { return cp.first == se.first; }),
-        r.copies.end());
+    dropCopy(r, se.first);
     if (se.second >= 0) r.copies.push_back(se);
   }
   if (t.kind == TaskKind::kFree) {
-    for (int w : t.members) {
-      r.copies.erase(std::remove_if(r.copies.begin(), r.copies.end(), [&](const auto& cp) { return cp.first == w; }),
-                     r.copies.end());
-    }
-    if (recovering_) tryReinit();
+    for (int w : t.members) dropCopy(r, w);
     return;
   }
   --r.inflight;
@@ -615,7 +604,6 @@ void ControlPlane::taskDone(Task& done) {
   if (isFinished(rec.state)) {
     if (t.output.name[0] != '\0') executor_.discardOutput(t.output);
     maybePrune(r);
-    if (recovering_) tryReinit();
     return;
   }
   if (t.error != TaskError::kOk) {
@@ -626,7 +614,6 @@ void ControlPlane::taskDone(Task& done) {
     } else {
       finish(r, RequestState::kFailed, t.message);
     }
-    if (recovering_) tryReinit();
     return;
   }
   switch (t.kind) {
@@ -641,10 +628,7 @@ void ControlPlane::taskDone(Task& done) {
       return;
     default: break;
   }
-  if (recovering_) {
-    tryReinit();
-    return;
-  }
+  if (recovering_) return;  // nothing new goes out before the world is re-created
   pump(r);
   if (r.todo == 0 && r.inflight == 0) endDecision(r);
 }
@@ -851,7 +835,7 @@ void ControlPlane::checkDeadlines(int64_t now) {
 int64_t ControlPlane::poll() {
   int64_t now = clock_.nowNs();
   if (config_.task_timeout_s > 0) checkDeadlines(now);
-  if (recovering_) tryReinit();
+  tryReinit();
   if (dirty_) schedule();
   int64_t next = INT64_MAX;
   for (const auto& kv : tasks_) {

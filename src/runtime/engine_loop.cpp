@@ -231,7 +231,7 @@ void EngineLoop::shutdown() {
   queues_->unlinkName();
 }
 
-void EngineLoop::checkWorkers(int64_t now) {
+void EngineLoop::checkWorkers() {
   for (int w = 0; w < options_.num_workers; ++w) {
     if (plane_->alive(w) && processGone(pids_[w])) plane_->onWorkerDeath(w);
   }
@@ -278,7 +278,7 @@ void EngineLoop::loop() {
         }
         int64_t now = nowNs();
         if (now >= next_liveness) {
-          checkWorkers(now);
+          checkWorkers();
           next_liveness = now + liveness_ns;
         }
         if (stopping) {

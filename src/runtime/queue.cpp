@@ -161,19 +161,6 @@ bool MessageRing::tryPush(const void* a, size_t a_bytes, const void* b, size_t b
   return true;
 }
 
-int64_t MessageRing::peekBytes() const {
-  Header* h = header_;
-  uint64_t cap = h->capacity;
-  uint64_t head = __atomic_load_n(&h->head, __ATOMIC_RELAXED);  // only this consumer writes it
-  uint64_t tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
-  while (head != tail) {
-    auto* fh = reinterpret_cast<const FrameHeader*>(data_ + head % cap);
-    if (fh->bytes != kPadFrame) return fh->bytes;
-    head += cap - head % cap;
-  }
-  return -1;
-}
-
 bool MessageRing::tryPop(std::string& out) {
   Header* h = header_;
   uint64_t cap = h->capacity;
@@ -195,8 +182,6 @@ bool MessageRing::tryPop(std::string& out) {
   if (head != __atomic_load_n(&h->head, __ATOMIC_RELAXED)) __atomic_store_n(&h->head, head, __ATOMIC_RELEASE);
   return false;
 }
-
-bool MessageRing::empty() const { return peekBytes() < 0; }
 
 namespace {
 

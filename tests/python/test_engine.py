@@ -131,15 +131,15 @@ def test_worker_killed_mid_trajectory_requests_continue():
                 break
             time.sleep(0.01)
         t_kill = time.monotonic()
-        t_kill_ns = gfdit._C.runtime.now_ns()
         os.kill(eng.worker_pids[1], signal.SIGKILL)
         while eng.alive_workers()[1] and time.monotonic() - t_kill < 5:
             time.sleep(0.005)
         detected = time.monotonic() - t_kill
+        t_seen_ns = gfdit._C.runtime.now_ns()  # tasks may go to worker 1 until its death is seen
         assert not eng.alive_workers()[1] and detected < 1.0, f"death seen after {detected:.2f} s"
         outs = [h.result(timeout=180) for h in hs]
         assert eng.stats()["recoveries"] >= 1, "the world was not re-created among the survivors"
-        assert all(1 not in s.ranks for o in outs for s in o.timeline if s.dispatch_ns > t_kill_ns)
+        assert all(1 not in s.ranks for o in outs for s in o.timeline if s.dispatch_ns > t_seen_ns)
     _assert_gone(eng)
     for out, ref in zip(outs, ref_out):
         assert out.state == "DONE"

@@ -11,11 +11,6 @@ from gfdit import simulate
 from gfdit._C import cost as cost_c
 from gfdit.trace import SUMMARY_KEYS, TraceRequest, load_trace, write_trace
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(cost_c, "model_arch"),
-    reason="gfdit._C.cost.model_arch (the cost model's table) not in this build",
-)
-
 WORLD = 2
 
 

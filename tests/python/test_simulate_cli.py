@@ -10,17 +10,7 @@ import random
 import pytest
 from gfdit import profile, simulate
 from gfdit._C import cost as cost_c
-from gfdit._C import runtime as rt
 from gfdit.trace import SUMMARY_KEYS, Interval, Outcome, TraceRequest, write_trace
-
-needs_cost = pytest.mark.skipif(
-    not hasattr(cost_c, "cluster") or not hasattr(cost_c, "model_arch"),
-    reason="the cost model binding (gfdit._C.cost.cluster, model_arch) is not in this build",
-)
-needs_simulator = pytest.mark.skipif(
-    not hasattr(rt, "Simulator"),
-    reason="the simulator binding (gfdit._C.runtime.Simulator) is not in this build yet",
-)
 
 
 def _cli(argv: list[str]) -> int:
@@ -62,8 +52,6 @@ def _check_metrics(m: dict, policy: str, n: int) -> None:
     assert 0 < m["utilization"] <= 1
 
 
-@needs_cost
-@needs_simulator
 @pytest.mark.parametrize("policy", ["fcfs", "static:2"])
 def test_simulate_h20x8_analytic(tmp_path, policy, capsys):
     trace = _trace(tmp_path / "t.jsonl", "qwen-image", n=12, gap_s=20.0, budget_s=300.0)
@@ -99,8 +87,6 @@ def cpu_profile(tmp_path_factory) -> str:
     return str(path)
 
 
-@needs_cost
-@needs_simulator
 @pytest.mark.timeout(120)
 def test_simulate_cpu_with_profile(tmp_path, cpu_profile):
     arch = cost_c.model_arch("tiny-wan")
@@ -140,7 +126,6 @@ def test_simulate_cpu_with_profile(tmp_path, cpu_profile):
     assert _cli([*argv[:6], "--model", "tiny-wan"]) == 2  # the cpu cluster needs a profile
 
 
-@needs_cost
 def test_unknown_cluster_and_policy_list_valid_names(tmp_path, capsys):
     trace = _trace(tmp_path / "t.jsonl", "qwen-image", n=2, gap_s=1.0, budget_s=None)
     base = ["--trace", trace, "--model", "qwen-image"]

@@ -19,11 +19,6 @@ from gfdit.trace import (
     write_trace,
 )
 
-needs_arch = pytest.mark.skipif(
-    not hasattr(cost_c, "model_arch"),
-    reason="gfdit._C.cost.model_arch (the cost model's table) not in this build",
-)
-
 
 def _line(arch, **changes) -> dict:
     """A valid request line for `arch` at its default size, with `changes` applied (None deletes a key)."""
@@ -56,20 +51,15 @@ def _write(path, lines) -> str:
 
 @pytest.fixture
 def wan():
-    if not hasattr(cost_c, "model_arch"):
-        pytest.skip("gfdit._C.cost.model_arch not in this build")
     return cost_c.model_arch("tiny-wan")
 
 
 @pytest.fixture
 def qwen():
-    if not hasattr(cost_c, "model_arch"):
-        pytest.skip("gfdit._C.cost.model_arch not in this build")
     return cost_c.model_arch("tiny-qwen-image")
 
 
 # ------------------------------------------------------------------------------------------------ loading
-@needs_arch
 def test_good_trace_loads(tmp_path, wan):
     m = wan.spatial_multiple()
     lines = [
@@ -98,7 +88,6 @@ def test_good_trace_loads(tmp_path, wan):
     assert len(load_trace(_write(tmp_path / "u.jsonl", [_line(wan)]))) == 1
 
 
-@needs_arch
 def test_round_trip(tmp_path, wan, qwen):
     reqs = [
         TraceRequest(0, 0.0, "tiny-wan", wan.default_height, wan.default_width, 1, 3, None),
@@ -196,7 +185,6 @@ def _bad_cases(wan, qwen):
     return cases
 
 
-@needs_arch
 def test_malformed_traces_name_the_line(tmp_path, wan, qwen):
     for name, (lines, model, lineno, words) in _bad_cases(wan, qwen).items():
         path = _write(tmp_path / "bad.jsonl", lines)
@@ -208,7 +196,6 @@ def test_malformed_traces_name_the_line(tmp_path, wan, qwen):
             assert w.lower() in msg.lower(), f"{name}: {w!r} not in {msg!r}"
 
 
-@needs_arch
 def test_empty_and_missing_traces(tmp_path, wan):
     with pytest.raises(gfdit.InvalidUsage, match="no requests"):
         load_trace(_write(tmp_path / "empty.jsonl", ["", "  "]))

@@ -5,6 +5,7 @@
 // simulated cluster (Simulator), and a C++ program can drive it with its own executor and policy.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -105,6 +106,47 @@ struct RequestSpec {
   std::string payload;             ///< opaque to the control plane: what encode tasks carry to the worker
 };
 
+/// Which layouts a policy considers for a group (DESIGN.md, Policies).
+enum class LayoutFamily : int32_t {
+  kAuto = 0,   ///< whatever the cost model predicts fastest: Ulysses, Ring, USP in either placement, Torus
+  kUsp = 1,    ///< xDiT's USP: Ulysses inside a node, Ring across nodes
+  kSwift = 2,  ///< SwiftFusion's placement: Ring inside a node, Ulysses across nodes
+  kTorus = 3,  ///< Torus (overlapped Ulysses x Ring)
+};
+
+/// Name of a layout family ("auto", "usp", "swift", "torus").
+const char* layoutFamilyName(LayoutFamily f);
+
+/// Power-of-two group degrees a prediction covers: 1, 2, 4, ..., kMaxRanks.
+constexpr int kNumDegrees = 7;
+
+/// The cost model's predictions for one request, filled in by the control plane at submit when it has a cost
+/// model. Groups are assumed placed as compactly as the topology allows (ceil(degree / ranks per node) nodes).
+struct RequestCost {
+  bool known = false;       ///< false: no cost model; policies fall back to shape-only rules
+  double encode_s = 0;      ///< text encoder, once, on the first group
+  double decode_s = 0;      ///< VAE decode, on one rank
+  double migrate_s = 0;     ///< state hand-off to one new member
+  int32_t max_ulysses = 1;  ///< the largest Ulysses degree the model's heads allow
+  /// step_s[k]: one denoising step on 2^k ranks with layout[k]; infinity where the degree is not allowed.
+  std::array<double, kNumDegrees> step_s{};
+  std::array<Layout, kNumDegrees> layout{};
+
+  /// Seconds of one step on a group of `degree` ranks (a power of two).
+  double stepSeconds(int degree) const;
+  /// The layout predictions assume for `degree` ranks.
+  const Layout& layoutFor(int degree) const;
+};
+
+/// The fastest layout of `family` for one step of `shape` on `degree` ranks spread over `num_nodes` nodes,
+/// Ulysses at most `max_ulysses`; its predicted seconds go to `step_s`.
+Layout bestLayout(const cost::CostModel& cost, const RequestShape& shape, int degree, int num_nodes, int max_ulysses,
+                  LayoutFamily family, double* step_s);
+
+/// Predictions for a request of `shape` on groups of up to `max_degree` ranks, `ranks_per_node` to a node.
+RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape, int max_degree, int ranks_per_node,
+                         LayoutFamily family);
+
 /// What the control plane knows of a request; what policies see.
 struct RequestRecord {
   uint64_t id = 0;
@@ -120,9 +162,16 @@ struct RequestRecord {
   Layout layout;           ///< the layout of its current or last decision
   bool busy = false;       ///< a decision of it is running (its group's ranks are occupied)
   int32_t steps_in_flight = 0;
-  int32_t attempts = 0;  ///< recoveries it went through
-  std::string reason;    ///< FAILED / CANCELLED
+  int32_t attempts = 0;         ///< recoveries it went through
+  int64_t decision_end_ns = 0;  ///< busy: predicted end of its running decision (0: unknown)
+  RequestCost cost;             ///< predictions (cost.known is false without a cost model)
+  std::string reason;           ///< FAILED / CANCELLED
   std::vector<Transition> transitions;
+
+  int32_t stepsLeft() const { return num_steps - step; }
+  /// Predicted seconds from now to its end on `degree` ranks: encode when it has not started, the steps left,
+  /// decode (0 without a cost model).
+  double remainingSeconds(int degree) const;
 };
 
 /// A policy's answer for one ready request: run it on `ranks` (in order) with `layout` for `num_steps`
@@ -154,16 +203,39 @@ class Policy {
   virtual std::string name() const = 0;
   /// Decisions for some ready requests; each uses distinct ranks from view.free_ranks.
   virtual std::vector<Decision> schedule(const SchedulerView& view) = 0;
+  /// The layouts it chooses from: RequestRecord::cost is predicted for these.
+  virtual LayoutFamily layouts() const { return LayoutFamily::kAuto; }
+};
+
+/// How a built-in dynamic policy orders requests.
+enum class PolicyOrder : int32_t {
+  kArrival = 0,    ///< fcfs
+  kRemaining = 1,  ///< srtf: shortest remaining trajectory time first, with aging
+  kDeadline = 2,   ///< edf: earliest deadline first; requests that cannot make theirs last
+  kPriority = 3,   ///< priority: strict classes (larger first), EDF inside a class
+};
+
+/// Options of the built-in dynamic policies (fcfs, srtf, edf, priority).
+struct PolicyOptions {
+  PolicyOrder order = PolicyOrder::kArrival;
+  LayoutFamily layouts = LayoutFamily::kAuto;
+  int32_t steps_per_decision = 2;  ///< steps before the next decision (NOTE [lookahead] asks again before they end)
+  double min_gain = 0.1;           ///< spare ranks double a group only when its step gets this much faster
+  /// srtf: a request waiting this many times its remaining time alone goes first (no starvation).
+  double aging = 4.0;
 };
 
 /// "static:D": ranks split into fixed groups of D (0..D-1, D..2D-1, ...); a request keeps the group it
 /// got first for its whole life; the baseline of fixed-degree serving systems.
 std::unique_ptr<Policy> makeStaticPolicy(int degree);
-/// "fcfs": arrival order; at every step boundary each waiting or running request gets ranks from those
-/// free, the oldest first, preferring ranks that hold its state, so degrees and groups change while
-/// requests run.
-std::unique_ptr<Policy> makeFcfsPolicy(int steps_per_decision = 1);
-/// Parses a policy name ("fcfs", "static:D"); unknown names list the built-in ones.
+/// The built-in dynamic policies (NOTE [planning] in policies.cpp): at every step boundary, requests in the
+/// policy's order get a degree from the cost model and the load, the ranks that hold their state where
+/// possible, and a layout for the topology; requests that do not fit wait (paused on their holders).
+std::unique_ptr<Policy> makePlanningPolicy(const PolicyOptions& options);
+/// "fcfs": the planning policy in arrival order.
+std::unique_ptr<Policy> makeFcfsPolicy(int steps_per_decision = 2);
+/// Parses a policy name: "fcfs", "srtf", "edf", "priority", "static:D", the dynamic ones optionally with
+/// ":layout=auto|usp|swift|torus"; unknown names list the built-in ones.
 std::unique_ptr<Policy> makePolicy(const std::string& spec);
 /// Names of the built-in policies ("static:D" stands for any degree).
 std::vector<std::string> policyNames();
@@ -327,6 +399,7 @@ class ControlPlane {
   std::vector<bool> alive_;
   std::vector<int64_t> worker_free_at_;  ///< expected end of each worker's queued work
   double ewma_ns_[8] = {};               ///< measured task duration by kind
+  int ranks_per_node_ = 0;               ///< ranks on node 0 (nodes are assumed equal)
   uint64_t next_request_id_ = 1;
   uint64_t next_task_id_ = 1;
   bool dirty_ = false;

@@ -30,8 +30,11 @@ struct SimOptions {
   bool record_intervals = false;  ///< keep per-rank intervals (for a Gantt chart)
   double dispatch_s = 0;          ///< control plane -> worker start
   double completion_s = 0;        ///< worker end -> control plane
-  double regroup_s = -1;          ///< cost of the first use of a rank set (<0: the cluster's hardware value)
-  int num_cores = -1;             ///< cores the ranks share (<0: the cluster's; 0: one device per rank)
+  double regroup_s = -1;          ///< cost of forming a group (<0: the cluster's hardware value)
+  /// false: a rank set pays regroup_s on its first use (cached communicators); true: each rank keeps only its
+  /// current group, so a task pays whenever a member's group changed since its last collective task.
+  bool regroup_every_change = false;
+  int num_cores = -1;  ///< cores the ranks share (<0: the cluster's; 0: one device per rank)
   /// Share of its fair share of the cores a task of two or more members gets done while ranks outnumber
   /// the cores: its collectives wait for members that are not running (measured by `gfdit profile`).
   double collective_efficiency = 1.0;

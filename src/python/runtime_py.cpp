@@ -29,6 +29,7 @@ class PyPolicy : public Policy {
   std::vector<Decision> schedule(const SchedulerView& view) override {
     PYBIND11_OVERRIDE_PURE(std::vector<Decision>, Policy, schedule, view);
   }
+  LayoutFamily layouts() const override { PYBIND11_OVERRIDE(LayoutFamily, Policy, layouts); }
 };
 
 // A policy object owned by Python, called from the control thread: takes the GIL for each call and turns
@@ -46,6 +47,14 @@ class HeldPolicy : public Policy {
       return policy_->name();
     } catch (py::error_already_set& e) {
       throw Error(ErrorCode::kInvalidUsage, std::string("policy name() raised: ") + e.what());
+    }
+  }
+  LayoutFamily layouts() const override {
+    py::gil_scoped_acquire gil;
+    try {
+      return policy_->layouts();
+    } catch (py::error_already_set& e) {
+      throw Error(ErrorCode::kInvalidUsage, std::string("policy layouts() raised: ") + e.what());
     }
   }
   std::vector<Decision> schedule(const SchedulerView& view) override {
@@ -67,7 +76,8 @@ class HeldPolicy : public Policy {
 
 std::shared_ptr<Policy> policyFrom(const py::object& policy) {
   if (py::isinstance<py::str>(policy)) return makePolicy(policy.cast<std::string>());
-  GFDIT_CHECK(py::isinstance<Policy>(policy)) << "a policy is a name ('fcfs', 'static:D') or a gfdit.Policy object";
+  GFDIT_CHECK(py::isinstance<Policy>(policy))
+      << "a policy is a name ('fcfs', 'srtf', 'edf', 'priority', 'static:D') or a gfdit.Policy object";
   auto sp = policy.cast<std::shared_ptr<Policy>>();
   if (dynamic_cast<PyPolicy*>(sp.get()) == nullptr) return sp;  // a built-in: no GIL needed
   return std::make_shared<HeldPolicy>(policy);
@@ -334,6 +344,48 @@ void register_runtime(py::module_& m) {
       .def_readonly("end_ns", &StageRecord::end_ns)
       .def_readonly("error", &StageRecord::error);
 
+  py::enum_<LayoutFamily>(r, "LayoutFamily")
+      .value("AUTO", LayoutFamily::kAuto)
+      .value("USP", LayoutFamily::kUsp)
+      .value("SWIFT", LayoutFamily::kSwift)
+      .value("TORUS", LayoutFamily::kTorus);
+
+  py::class_<RequestCost>(r, "RequestCost")
+      .def_readonly("known", &RequestCost::known)
+      .def_readonly("encode_s", &RequestCost::encode_s)
+      .def_readonly("decode_s", &RequestCost::decode_s)
+      .def_readonly("migrate_s", &RequestCost::migrate_s)
+      .def_readonly("max_ulysses", &RequestCost::max_ulysses)
+      .def("step_s", &RequestCost::stepSeconds, py::arg("degree"),
+           "Seconds of one step on a group of `degree` ranks (a power of two); inf where not allowed.")
+      .def("layout", &RequestCost::layoutFor, py::arg("degree"), "The layout step_s(degree) assumes.")
+      .def("__repr__", [](const RequestCost& c) {
+        std::string s = "RequestCost(known=" + std::string(c.known ? "True" : "False") + ", step_s={";
+        for (int k = 0; k < kNumDegrees && c.known; ++k) {
+          if (!std::isfinite(c.step_s[k])) break;
+          s += (k ? ", " : "") + std::to_string(1 << k) + ": " + std::to_string(c.step_s[k]);
+        }
+        return s + "})";
+      });
+  r.def(
+      "best_layout",
+      [](const cost::CostModel& cost, int h, int w, int f, int steps, double g, int degree, int num_nodes,
+         LayoutFamily family) {
+        RequestShape shape;
+        shape.height = h;
+        shape.width = w;
+        shape.num_frames = f;
+        shape.num_steps = steps;
+        shape.guidance_scale = g;
+        shape.tokens = cost.model().tokens(h, w, f);
+        double s = 0;
+        Layout l = bestLayout(cost, shape, degree, num_nodes, maxUlyssesDegree(cost.model().heads), family, &s);
+        return py::make_tuple(l, s);
+      },
+      py::arg("cost_model"), py::arg("height"), py::arg("width"), py::arg("num_frames"), py::arg("num_steps"),
+      py::arg("guidance_scale"), py::arg("degree"), py::arg("num_nodes") = 1, py::arg("family") = LayoutFamily::kAuto,
+      "The fastest layout of `family` for one step on `degree` ranks over `num_nodes` nodes, and its seconds.");
+
   py::class_<RequestRecord>(r, "RequestRecord")
       .def_readonly("id", &RequestRecord::id)
       .def_readonly("state", &RequestRecord::state)
@@ -353,6 +405,11 @@ void register_runtime(py::module_& m) {
       .def_readonly("busy", &RequestRecord::busy)
       .def_readonly("steps_in_flight", &RequestRecord::steps_in_flight)
       .def_readonly("attempts", &RequestRecord::attempts)
+      .def_readonly("decision_end_ns", &RequestRecord::decision_end_ns)
+      .def_readonly("cost", &RequestRecord::cost)
+      .def_property_readonly("steps_left", &RequestRecord::stepsLeft)
+      .def("remaining_s", &RequestRecord::remainingSeconds, py::arg("degree"),
+           "Predicted seconds to its end on `degree` ranks (0 without a cost model).")
       .def("__repr__", [](const RequestRecord& q) {
         return "RequestRecord(id=" + std::to_string(q.id) + ", state=" + requestStateName(q.state) +
                ", step=" + std::to_string(q.step) + "/" + std::to_string(q.num_steps) + ")";
@@ -393,7 +450,8 @@ void register_runtime(py::module_& m) {
   py::class_<Policy, PyPolicy, std::shared_ptr<Policy>>(r, "Policy")
       .def(py::init<>())
       .def("name", &Policy::name)
-      .def("schedule", &Policy::schedule);
+      .def("schedule", &Policy::schedule)
+      .def("layouts", &Policy::layouts);
   r.def(
       "make_policy", [](const std::string& name) { return std::shared_ptr<Policy>(makePolicy(name)); }, py::arg("name"),
       "A built-in policy by name; unknown names raise InvalidUsage listing the built-in ones.");
@@ -585,7 +643,8 @@ void register_runtime(py::module_& m) {
   py::class_<Simulator>(r, "Simulator")
       .def(py::init([](std::shared_ptr<cost::CostModel> cost, const cost::Cluster& cluster, const py::object& policy,
                        int max_inflight_steps, bool record_intervals, double dispatch_s, double completion_s,
-                       double regroup_s, int num_cores, bool lookahead, double collective_efficiency) {
+                       double regroup_s, int num_cores, bool lookahead, double collective_efficiency,
+                       bool regroup_every_change) {
              GFDIT_CHECK(collective_efficiency > 0 && collective_efficiency <= 1.5)
                  << "collective_efficiency " << collective_efficiency << " outside (0, 1.5]";
              SimOptions o;
@@ -595,6 +654,7 @@ void register_runtime(py::module_& m) {
              o.dispatch_s = dispatch_s;
              o.completion_s = completion_s;
              o.regroup_s = regroup_s;
+             o.regroup_every_change = regroup_every_change;
              o.num_cores = num_cores;
              o.lookahead = lookahead;
              return std::make_unique<Simulator>(std::move(cost), cluster, policyFrom(policy), o);
@@ -602,7 +662,7 @@ void register_runtime(py::module_& m) {
            py::arg("cost_model"), py::arg("cluster"), py::arg("policy"), py::arg("max_inflight_steps") = 2,
            py::arg("record_intervals") = false, py::arg("dispatch_s") = 0.0, py::arg("completion_s") = 0.0,
            py::arg("regroup_s") = -1.0, py::arg("num_cores") = -1, py::arg("lookahead") = true,
-           py::arg("collective_efficiency") = 1.0)
+           py::arg("collective_efficiency") = 1.0, py::arg("regroup_every_change") = false)
       .def("run", &Simulator::run, py::arg("requests"), py::call_guard<py::gil_scoped_release>());
 }
 

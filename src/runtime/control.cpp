@@ -162,6 +162,7 @@ ControlPlane::ControlPlane(ControlConfig config, Clock& clock, Executor& executo
   rank_busy_.assign(config_.world_size, false);
   alive_.assign(config_.world_size, true);
   worker_free_at_.assign(config_.world_size, 0);
+  for (int n : config_.node_of) ranks_per_node_ += n == config_.node_of[0];
 }
 
 ControlPlane::~ControlPlane() = default;
@@ -198,6 +199,10 @@ uint64_t ControlPlane::submit(RequestSpec spec) {
   rec.priority = spec.priority;
   rec.shape = spec.shape;
   rec.max_degree = std::max(1, spec.max_degree);
+  if (cost_ != nullptr) {
+    rec.cost = predictCosts(*cost_, rec.shape, std::min(rec.max_degree, config_.world_size), ranks_per_node_,
+                            policy_->layouts());
+  }
   rec.transitions.push_back({RequestState::kQueued, 0, rec.arrival_ns});
   r->payload = std::move(spec.payload);
   Request* p = r.get();
@@ -402,6 +407,12 @@ void ControlPlane::startDecision(Request& r, const Decision& d) {
     if (!stale.empty()) dispatch(&r, TaskKind::kFree, stale, Layout(), rec.step, 0);  // FIFO: after the migration
     rec.ranks = r.group;
   }
+  rec.decision_end_ns = 0;
+  if (rec.cost.known) {
+    double s = r.todo * rec.cost.stepSeconds(d.layout.degree());
+    if (rec.state == RequestState::kEncoding) s += rec.cost.encode_s;
+    rec.decision_end_ns = clock_.nowNs() + static_cast<int64_t>(s * 1e9);
+  }
   pump(r);
   if (r.todo == 0 && r.inflight == 0) endDecision(r);
 }
@@ -458,6 +469,9 @@ bool ControlPlane::lookahead(Request& r) {
     if (d.request_id != r.rec.id) continue;
     if (d.ranks != r.group || d.layout != r.layout || d.num_steps < 1) return false;
     r.todo = std::min(d.num_steps, r.rec.num_steps - r.next_step);
+    if (r.rec.decision_end_ns != 0) {
+      r.rec.decision_end_ns += static_cast<int64_t>(r.todo * r.rec.cost.stepSeconds(d.layout.degree()) * 1e9);
+    }
     ++stats_.lookahead_hits;
     return true;
   }

@@ -172,8 +172,19 @@ std::vector<RequestResult> EngineLoop::waitResults(double timeout_s) {
 }
 
 RequestStatus EngineLoop::status(uint64_t id) {
-  std::lock_guard<std::mutex> lock(plane_mu_);
-  return plane_->status(id);
+  std::lock_guard<std::mutex> lock(plane_mu_);  // then the inbox: the control thread's order
+  RequestStatus s = plane_->status(id);
+  if (s.known) return s;
+  // Submitted, and the control thread has not taken it from the inbox yet: it is queued.
+  std::lock_guard<std::mutex> ilock(inbox_mu_);
+  for (const Event& e : inbox_) {
+    if (e.kind == Event::kSubmit && e.id == id) {
+      s.known = true;
+      s.num_steps = e.spec.shape.num_steps;
+      break;
+    }
+  }
+  return s;
 }
 
 std::vector<ProbeSample> EngineLoop::ping(int worker, int count, double timeout_s) {

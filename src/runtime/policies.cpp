@@ -24,12 +24,6 @@ const char* requestStateName(RequestState s) {
 
 namespace {
 
-int largestPowerOfTwoAtMost(int n) {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
-
 Layout ulyssesLayout(int degree) {
   Layout l;
   l.ulysses = degree;
@@ -79,7 +73,7 @@ class StaticPolicy : public Policy {
         d.ranks.push_back(r);
         free_[r] = false;
       }
-      d.layout = ulyssesLayout(degree_);
+      d.layout = req->cost.known ? req->cost.layoutFor(degree_) : ulyssesLayout(degree_);
       d.num_steps = std::max(1, req->num_steps - req->step);  // the whole rest: the degree never changes
       out.push_back(std::move(d));
     }
@@ -91,66 +85,31 @@ class StaticPolicy : public Policy {
   std::vector<bool> free_;
 };
 
-class FcfsPolicy : public Policy {
- public:
-  explicit FcfsPolicy(int steps) : steps_(steps) {}
-  std::string name() const override { return "fcfs"; }
-
-  std::vector<Decision> schedule(const SchedulerView& view) override {
-    free_.assign(view.world_size, false);
-    int num_free = 0;
-    for (int r : view.free_ranks) {
-      free_[r] = true;
-      ++num_free;
-    }
-    std::vector<Decision> out;
-    size_t n_ready = view.ready.size();
-    for (size_t i = 0; i < n_ready && num_free > 0; ++i) {
-      const RequestRecord* req = view.ready[i];
-      // The oldest gets what it can use, but leaves one rank for each younger ready request.
-      int leave = static_cast<int>(std::min<size_t>(n_ready - i - 1, static_cast<size_t>(num_free - 1)));
-      int degree = largestPowerOfTwoAtMost(std::max(1, std::min(num_free - leave, req->max_degree)));
-      Decision d;
-      d.request_id = req->id;
-      // Ranks that hold the request's state first: shrinking moves nothing, and keeping them moves less.
-      for (int r : req->ranks) {
-        if (static_cast<int>(d.ranks.size()) < degree && r >= 0 && r < view.world_size && free_[r]) {
-          d.ranks.push_back(r);
-          free_[r] = false;
-        }
-      }
-      for (int r = 0; r < view.world_size && static_cast<int>(d.ranks.size()) < degree; ++r) {
-        if (free_[r]) {
-          d.ranks.push_back(r);
-          free_[r] = false;
-        }
-      }
-      num_free -= degree;
-      d.layout = ulyssesLayout(degree);
-      d.num_steps = steps_;
-      out.push_back(std::move(d));
-    }
-    return out;
-  }
-
- private:
-  int steps_;
-  std::vector<bool> free_;
-};
-
 }  // namespace
 
 std::unique_ptr<Policy> makeStaticPolicy(int degree) { return std::make_unique<StaticPolicy>(degree); }
 
 std::unique_ptr<Policy> makeFcfsPolicy(int steps_per_decision) {
-  GFDIT_CHECK(steps_per_decision >= 1) << "steps per decision must be >= 1";
-  return std::make_unique<FcfsPolicy>(steps_per_decision);
+  PolicyOptions o;
+  o.steps_per_decision = steps_per_decision;
+  return makePlanningPolicy(o);
 }
 
-std::vector<std::string> policyNames() { return {"fcfs", "static:D"}; }
+std::vector<std::string> policyNames() { return {"fcfs", "srtf", "edf", "priority", "static:D"}; }
+
+namespace {
+
+[[noreturn]] void unknownPolicy(const std::string& spec, const std::string& why) {
+  std::ostringstream os;
+  os << "unknown policy '" << spec << "'" << why << "; built in:";
+  for (const auto& n : policyNames()) os << " " << n;
+  os << " (the dynamic ones take :layout=auto|usp|swift|torus)";
+  throw Error(ErrorCode::kInvalidUsage, os.str());
+}
+
+}  // namespace
 
 std::unique_ptr<Policy> makePolicy(const std::string& spec) {
-  if (spec == "fcfs") return makeFcfsPolicy();
   if (spec.rfind("static:", 0) == 0) {
     int d = 0;
     try {
@@ -164,10 +123,35 @@ std::unique_ptr<Policy> makePolicy(const std::string& spec) {
         << "policy '" << spec << "': the degree must be an integer in [1, " << kMaxRanks << "]";
     return makeStaticPolicy(d);
   }
-  std::ostringstream os;
-  os << "unknown policy '" << spec << "'; built in:";
-  for (const auto& n : policyNames()) os << " " << n;
-  throw Error(ErrorCode::kInvalidUsage, os.str());
+  const size_t colon = spec.find(':');
+  const std::string base = spec.substr(0, colon);
+  PolicyOptions o;
+  if (base == "fcfs") {
+    o.order = PolicyOrder::kArrival;
+  } else if (base == "srtf") {
+    o.order = PolicyOrder::kRemaining;
+  } else if (base == "edf") {
+    o.order = PolicyOrder::kDeadline;
+  } else if (base == "priority") {
+    o.order = PolicyOrder::kPriority;
+  } else {
+    unknownPolicy(spec, "");
+  }
+  if (colon != std::string::npos) {
+    const std::string opt = spec.substr(colon + 1);
+    if (opt == "layout=auto") {
+      o.layouts = LayoutFamily::kAuto;
+    } else if (opt == "layout=usp") {
+      o.layouts = LayoutFamily::kUsp;
+    } else if (opt == "layout=swift") {
+      o.layouts = LayoutFamily::kSwift;
+    } else if (opt == "layout=torus") {
+      o.layouts = LayoutFamily::kTorus;
+    } else {
+      unknownPolicy(spec, ": option '" + opt + "' is not layout=auto|usp|swift|torus");
+    }
+  }
+  return makePlanningPolicy(o);
 }
 
 // ---- request checks ----

@@ -46,7 +46,13 @@ struct Delivery {
 class SimExecutor : public Executor {
  public:
   SimExecutor(const cost::CostModel& cost, const cost::Cluster& cluster, const SimOptions& opt, VirtualClock& clock)
-      : cost_(cost), cluster_(cluster), opt_(opt), clock_(clock), queues_(cluster.num_ranks), busy_(cluster.num_ranks) {
+      : cost_(cost),
+        cluster_(cluster),
+        opt_(opt),
+        clock_(clock),
+        queues_(cluster.num_ranks),
+        busy_(cluster.num_ranks),
+        current_group_(cluster.num_ranks, 0) {
     cores_ = opt.num_cores >= 0 ? opt.num_cores : cluster.hw.num_cores;
     regroup_ns_ = (opt.regroup_s >= 0 ? opt.regroup_s : cluster.hw.regroup_s) * kNs;
   }
@@ -171,7 +177,8 @@ class SimExecutor : public Executor {
         q.layout = Layout();
         q.layout.ulysses = d.num_ranks;
         q.num_new = d.num_ranks - 1;
-        s = cost_.seconds(cost::Stage::kMigrate, q) + regroup(ranks);
+        // the broadcast rides the new group's formation, which its first step pays in regroup_every_change
+        s = cost_.seconds(cost::Stage::kMigrate, q) + (opt_.regroup_every_change ? 0 : regroup(ranks));
         break;
       case TaskKind::kDecode:
         q.degree = 1;
@@ -183,12 +190,20 @@ class SimExecutor : public Executor {
     return std::max(0.0, s);
   }
 
-  // A rank set used for the first time pays the group-formation cost (communicator caches keep the rest).
+  // Group formation (SimOptions::regroup_every_change): by default a rank set used for the first time pays
+  // it (communicator caches keep the rest); otherwise each rank keeps only its current group, and a task
+  // pays whenever one of its members last ran a collective task with another rank set.
   double regroup(const std::vector<int>& ranks) {
     if (regroup_ns_ <= 0 || ranks.size() < 2) return 0;
     uint64_t key = 0;
     for (int w : ranks) key |= uint64_t{1} << w;
-    return seen_groups_.insert(key).second ? regroup_ns_ / kNs : 0;
+    if (!opt_.regroup_every_change) return seen_groups_.insert(key).second ? regroup_ns_ / kNs : 0;
+    bool changed = false;
+    for (int w : ranks) {
+      changed |= current_group_[w] != key;
+      current_group_[w] = key;
+    }
+    return changed ? regroup_ns_ / kNs : 0;
   }
 
   bool startReady(int64_t now) {
@@ -262,6 +277,7 @@ class SimExecutor : public Executor {
   std::priority_queue<int64_t, std::vector<int64_t>, std::greater<int64_t>> wakes_;
   int cores_ = 0;
   double regroup_ns_ = 0;
+  std::vector<uint64_t> current_group_;  // regroup_every_change: each rank's current group (a rank bitmask)
   int64_t last_ns_ = 0;
   uint64_t seq_ = 0;
   uint64_t num_tasks_ = 0;
@@ -351,7 +367,7 @@ SimResult Simulator::run(const std::vector<SimRequest>& requests) {
       spec.arrival_ns = t;
       if (!std::isnan(r.deadline_s)) spec.deadline_ns = std::max<int64_t>(1, std::llround(r.deadline_s * kNs));
       spec.priority = r.priority;
-      spec.max_degree = maxUlyssesDegree(arch.heads);
+      spec.max_degree = kMaxRanks;  // Ring carries a group past the heads' Ulysses limit (RequestCost::max_ulysses)
       exec.addRequest(spec.id, spec.shape);
       plane.submit(std::move(spec));
     }

@@ -1,0 +1,426 @@
+// Predictions policies read (RequestCost, bestLayout) and the built-in dynamic policies (fcfs, srtf, edf,
+// priority).
+//
+// NOTE [planning]
+// A dynamic policy plans the whole cluster at every scheduling point, then acts on the part it may touch.
+//  1. Candidates are the requests waiting for a decision and those running one (not decoding: a decode holds
+//     one rank outside any policy). The capacity is the free ranks plus the ranks the running candidates
+//     hold: at their next step boundary those come back.
+//  2. Candidates are ordered by the policy (arrival, remaining time with aging, deadline, priority class);
+//     only the first `capacity` can get a rank, so a partial sort suffices.
+//  3. Base degrees, in order: 1 each, or for edf and priority the smallest degree at which the request's
+//     predicted finish meets its deadline (a request no degree can save goes last, on one rank). A candidate
+//     left without ranks waits; a running one yields its ranks at its next step boundary (preemption).
+//  4. Spare ranks, in order: a group doubles while the doubled group's step is at least `min_gain` faster.
+//     A small image whose step is dominated by communication therefore stays on one or two ranks, and under
+//     load every request runs on one rank, where a rank-second does the most work. Priority classes are
+//     strict: steps 3 and 4 run for a whole class before the next class gets any rank.
+//  5. Placement, in order: a running candidate whose plan is larger than its group reserves the difference
+//     among the free ranks (lower candidates may not take them; they stay idle at most until its boundary).
+//     A waiting candidate takes the largest power of two the unreserved free ranks allow, up to its plan:
+//     its holders first (nothing moves), then ranks on one node (best fit), avoiding ranks that hold the
+//     state of other waiting requests. The layout comes from the cost model for the node span it got.
+// The plan is recomputed from the view each time, so the policy holds no state besides scratch buffers, and
+// the lookahead (NOTE [lookahead] in control.cpp) gets the same answer it would get at the boundary.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "gfdit/control.h"
+#include "gfdit/error.h"
+
+namespace gfdit {
+namespace runtime {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+int pow2AtMost(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return n >= 1 ? p : 0;
+}
+
+int log2Of(int d) {
+  int k = 0;
+  while ((1 << k) < d) ++k;
+  return k;
+}
+
+double stepQuery(const cost::CostModel& cost, const RequestShape& shape, int degree, int num_nodes,
+                 const Layout& layout) {
+  cost::StageQuery q;
+  q.shape = shape;
+  q.degree = degree;
+  q.layout = layout;
+  q.num_nodes = std::min(num_nodes, degree);
+  try {
+    return cost.seconds(cost::Stage::kDenoiseStep, q);
+  } catch (const Error&) {
+    return kInf;  // a profile that did not measure this layout
+  }
+}
+
+double stageQuery(const cost::CostModel& cost, cost::Stage stage, const RequestShape& shape, int degree, int num_new) {
+  cost::StageQuery q;
+  q.shape = shape;
+  q.degree = degree;
+  q.layout.ulysses = degree;
+  q.num_new = num_new;
+  try {
+    return cost.seconds(stage, q);
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+const char* layoutFamilyName(LayoutFamily f) {
+  switch (f) {
+    case LayoutFamily::kAuto: return "auto";
+    case LayoutFamily::kUsp: return "usp";
+    case LayoutFamily::kSwift: return "swift";
+    case LayoutFamily::kTorus: return "torus";
+  }
+  return "unknown";
+}
+
+double RequestCost::stepSeconds(int degree) const {
+  int k = log2Of(std::max(1, degree));
+  return k < kNumDegrees ? step_s[k] : kInf;
+}
+
+const Layout& RequestCost::layoutFor(int degree) const {
+  int k = std::min(log2Of(std::max(1, degree)), kNumDegrees - 1);
+  return layout[k];
+}
+
+double RequestRecord::remainingSeconds(int degree) const {
+  if (!cost.known) return 0;
+  double s = stepsLeft() * cost.stepSeconds(degree) + cost.decode_s;
+  if (state == RequestState::kQueued) s += cost.encode_s;
+  return s;
+}
+
+Layout bestLayout(const cost::CostModel& cost, const RequestShape& shape, int degree, int num_nodes, int max_ulysses,
+                  LayoutFamily family, double* step_s) {
+  num_nodes = std::max(1, std::min(num_nodes, degree));
+  const int per_node = (degree + num_nodes - 1) / num_nodes;
+  Layout best;
+  best.ulysses = std::min(degree, std::max(1, max_ulysses));
+  best.ring = degree / best.ulysses;
+  double best_s = kInf;
+  auto consider = [&](int u, int r, int mode, int placement) {
+    Layout l;
+    l.ulysses = u;
+    l.ring = r;
+    l.mode = mode;
+    l.placement = placement;
+    double s = stepQuery(cost, shape, degree, num_nodes, l);
+    if (s < best_s) {
+      best_s = s;
+      best = l;
+    }
+  };
+  auto fixed = [&](int u) {  // u clipped to the heads; the rest is Ring
+    u = std::max(1, std::min({u, degree, pow2AtMost(std::max(1, max_ulysses))}));
+    return u;
+  };
+  switch (family) {
+    case LayoutFamily::kAuto:
+      for (int u = 1; u <= degree && u <= max_ulysses; u *= 2) {
+        const int r = degree / u;
+        for (int placement : num_nodes > 1 ? std::vector<int>{1, 2} : std::vector<int>{0}) {
+          consider(u, r, 0, placement);
+          if (u > 1 && r > 1) consider(u, r, 1, placement);
+        }
+      }
+      break;
+    case LayoutFamily::kUsp: {  // Ulysses over the ranks of a node, Ring across
+      int u = fixed(per_node);
+      consider(u, degree / u, 0, num_nodes > 1 ? 1 : 0);
+      break;
+    }
+    case LayoutFamily::kSwift: {  // Ring over the ranks of a node, Ulysses across (one node: Ulysses)
+      if (num_nodes == 1) {
+        int u = fixed(degree);
+        consider(u, degree / u, 0, 0);
+      } else {
+        int u = fixed(num_nodes);
+        consider(u, degree / u, 0, 2);
+      }
+      break;
+    }
+    case LayoutFamily::kTorus:
+      for (int u = 1; u <= degree && u <= max_ulysses; u *= 2) consider(u, degree / u, 1, 0);
+      break;
+  }
+  if (step_s != nullptr) *step_s = best_s;
+  return best;
+}
+
+RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape, int max_degree, int ranks_per_node,
+                         LayoutFamily family) {
+  RequestCost c;
+  c.max_ulysses = maxUlyssesDegree(cost.model().heads);
+  ranks_per_node = ranks_per_node > 0 ? ranks_per_node : kMaxRanks;
+  for (int k = 0; k < kNumDegrees; ++k) {
+    const int d = 1 << k;
+    c.step_s[k] = kInf;
+    c.layout[k].ulysses = std::min(d, c.max_ulysses);
+    c.layout[k].ring = d / c.layout[k].ulysses;
+    if (d > max_degree) continue;
+    const int nodes = (d + ranks_per_node - 1) / ranks_per_node;
+    c.layout[k] = bestLayout(cost, shape, d, nodes, c.max_ulysses, family, &c.step_s[k]);
+    if (std::isfinite(c.step_s[k])) c.known = true;
+  }
+  c.encode_s = stageQuery(cost, cost::Stage::kEncode, shape, 1, 0);
+  c.decode_s = stageQuery(cost, cost::Stage::kDecode, shape, 1, 0);
+  c.migrate_s = stageQuery(cost, cost::Stage::kMigrate, shape, 2, 1);
+  return c;
+}
+
+namespace {
+
+// One request the plan considers (NOTE [planning]).
+struct Candidate {
+  const RequestRecord* rec = nullptr;
+  bool ready = false;
+  int current = 0;  // running: its group's size
+  int base = 1;     // degree before spare ranks
+  int plan = 0;
+  double k0 = 0, k1 = 0, k2 = 0, k3 = 0;  // order: smaller first, then the id
+};
+
+class PlanningPolicy : public Policy {
+ public:
+  explicit PlanningPolicy(const PolicyOptions& o) : o_(o) {
+    GFDIT_CHECK(o.steps_per_decision >= 1) << "steps per decision must be >= 1";
+    GFDIT_CHECK(o.min_gain >= 0 && o.min_gain < 1) << "min_gain must be in [0, 1)";
+    GFDIT_CHECK(o.aging > 0) << "aging must be positive";
+  }
+
+  std::string name() const override {
+    static const char* names[] = {"fcfs", "srtf", "edf", "priority"};
+    std::string n = names[static_cast<int>(o_.order)];
+    if (o_.layouts != LayoutFamily::kAuto) n += std::string(":layout=") + layoutFamilyName(o_.layouts);
+    return n;
+  }
+  LayoutFamily layouts() const override { return o_.layouts; }
+
+  std::vector<Decision> schedule(const SchedulerView& view) override {
+    const int world = view.world_size;
+    world_ = world;
+    const double now_s = view.now_ns * 1e-9;
+    cands_.clear();
+    int capacity = static_cast<int>(view.free_ranks.size());
+    for (const RequestRecord* r : view.ready) cands_.push_back(candidate(r, true, now_s));
+    for (const RequestRecord* r : view.running) {
+      if (r->state == RequestState::kDecoding) continue;
+      Candidate c = candidate(r, false, now_s);
+      c.current = std::max(1, r->layout.degree());
+      capacity += c.current;
+      cands_.push_back(c);
+    }
+    if (cands_.empty() || capacity == 0) return {};
+
+    // 2. order; only the first `capacity` can get ranks
+    const size_t top = std::min(cands_.size(), static_cast<size_t>(capacity));
+    auto before = [](const Candidate& a, const Candidate& b) {
+      if (a.k0 != b.k0) return a.k0 < b.k0;
+      if (a.k1 != b.k1) return a.k1 < b.k1;
+      if (a.k2 != b.k2) return a.k2 < b.k2;
+      if (a.k3 != b.k3) return a.k3 < b.k3;
+      return a.rec->id < b.rec->id;
+    };
+    std::partial_sort(cands_.begin(), cands_.begin() + top, cands_.end(), before);
+
+    // 3 and 4, class by class (priority classes are strict; the other orders have one class)
+    int left = capacity;
+    for (size_t begin = 0; begin < top && left > 0;) {
+      size_t end = begin + 1;
+      while (end < top && (o_.order != PolicyOrder::kPriority || cands_[end].k0 == cands_[begin].k0)) ++end;
+      for (size_t i = begin; i < end && left > 0; ++i) {  // base degrees
+        Candidate& c = cands_[i];
+        c.plan = pow2AtMost(std::min({c.base, left, limit(*c.rec, world)}));
+        left -= c.plan;
+      }
+      for (size_t i = begin; i < end && left > 0; ++i) {  // spare ranks double groups while that pays
+        Candidate& c = cands_[i];
+        while (c.plan > 0 && left >= c.plan && c.plan * 2 <= limit(*c.rec, world) && worthDoubling(*c.rec, c.plan)) {
+          left -= c.plan;
+          c.plan *= 2;
+        }
+      }
+      begin = end;
+    }
+
+    // 5. placement
+    pool_.assign(world, false);
+    int num_pool = 0;
+    for (int w : view.free_ranks) {
+      pool_[w] = true;
+      ++num_pool;
+    }
+    held_.assign(world, 0);
+    for (const RequestRecord* r : view.ready) {
+      for (int w : r->ranks) {
+        if (w >= 0 && w < world) ++held_[w];
+      }
+    }
+    std::vector<Decision> out;
+    int reserved = 0;
+    for (size_t i = 0; i < top && num_pool - reserved > 0; ++i) {
+      const Candidate& c = cands_[i];
+      if (c.plan == 0) break;  // plans are given in order: nobody after this one got ranks
+      if (!c.ready) {
+        if (c.plan > c.current) reserved += std::min(c.plan - c.current, num_pool - reserved);
+        continue;
+      }
+      const int degree = pow2AtMost(std::min(c.plan, num_pool - reserved));
+      Decision d;
+      d.request_id = c.rec->id;
+      pick(*c.rec, degree, view, d.ranks);
+      for (int w : d.ranks) pool_[w] = false;
+      num_pool -= degree;
+      d.layout = layoutOf(*c.rec, d.ranks, view);
+      d.num_steps = o_.steps_per_decision;
+      out.push_back(std::move(d));
+    }
+    return out;
+  }
+
+ private:
+  static int limit(const RequestRecord& r, int world) { return pow2AtMost(std::max(1, std::min(r.max_degree, world))); }
+
+  // Step seconds on `degree` ranks; without a cost model, perfect scaling of a per-token unit.
+  static double stepOf(const RequestRecord& r, int degree) {
+    if (r.cost.known) return r.cost.stepSeconds(degree);
+    return static_cast<double>(std::max<int64_t>(1, r.shape.tokens)) * 1e-6 / degree;
+  }
+  static double remainingOf(const RequestRecord& r, int degree) {
+    if (r.cost.known) return r.remainingSeconds(degree);
+    return r.stepsLeft() * stepOf(r, degree);
+  }
+
+  bool worthDoubling(const RequestRecord& r, int degree) const {
+    const double a = stepOf(r, degree), b = stepOf(r, degree * 2);
+    return std::isfinite(b) && b <= a * (1.0 - o_.min_gain);
+  }
+
+  Candidate candidate(const RequestRecord* r, bool ready, double now_s) const {
+    Candidate c;
+    c.rec = r;
+    c.ready = ready;
+    const double arrival_s = r->arrival_ns * 1e-9;
+    c.k3 = arrival_s;
+    switch (o_.order) {
+      case PolicyOrder::kArrival: c.k0 = arrival_s; break;
+      case PolicyOrder::kRemaining: c.k0 = remainingOf(*r, 1) - (now_s - arrival_s) / o_.aging; break;
+      case PolicyOrder::kDeadline: deadlineKeys(*r, now_s, c); break;
+      case PolicyOrder::kPriority:
+        deadlineKeys(*r, now_s, c);
+        c.k0 = -static_cast<double>(r->priority);
+        break;
+    }
+    return c;
+  }
+
+  // EDF: k1 = 0 feasible (k2 deadline), 1 no deadline (k2 arrival), 2 cannot make it (k2 deadline); base =
+  // the smallest degree whose predicted finish meets the deadline.
+  void deadlineKeys(const RequestRecord& r, double now_s, Candidate& c) const {
+    if (r.deadline_ns <= 0) {
+      c.k1 = 1;
+      c.k2 = r.arrival_ns * 1e-9;
+      return;
+    }
+    const double deadline_s = r.deadline_ns * 1e-9;
+    c.k2 = deadline_s;
+    if (!r.cost.known) return;  // nothing to predict with: plain EDF
+    const int top = limit(r, world_);
+    for (int d = 1; d <= top; d *= 2) {
+      if (now_s + remainingOf(r, d) <= deadline_s) {
+        c.base = d;
+        return;
+      }
+    }
+    c.k1 = 2;
+  }
+
+  // Ranks for a group of `degree`: holders first, then one node (best fit), then ranks nobody waits on.
+  void pick(const RequestRecord& r, int degree, const SchedulerView& view, std::vector<int>& out) {
+    const int world = view.world_size;
+    auto nodeOf = [&](int w) { return view.node_of.empty() ? 0 : view.node_of[w]; };
+    out.clear();
+    for (int w : r.ranks) {
+      if (static_cast<int>(out.size()) < degree && w >= 0 && w < world && pool_[w]) out.push_back(w);
+    }
+    if (static_cast<int>(out.size()) < degree) {
+      const int need = degree - static_cast<int>(out.size());
+      int anchor = out.empty() ? -1 : nodeOf(out[0]);
+      if (anchor < 0) {  // the node whose unheld free ranks fit the group most tightly, else the one with most
+        counts_.assign(world, 0);
+        for (int w = 0; w < world; ++w) {
+          if (pool_[w] && held_[w] == 0) ++counts_[nodeOf(w)];
+        }
+        int best = -1;
+        for (int n = 0; n < world; ++n) {
+          if (counts_[n] == 0) continue;
+          auto better = [&](int a, int b) {
+            const bool fa = counts_[a] >= need, fb = counts_[b] >= need;
+            if (fa != fb) return fa;
+            return fa ? counts_[a] < counts_[b] : counts_[a] > counts_[b];
+          };
+          if (best < 0 || better(n, best)) best = n;
+        }
+        anchor = best;
+      }
+      order_.clear();
+      for (int w = 0; w < world; ++w) {
+        if (pool_[w] && std::find(out.begin(), out.end(), w) == out.end()) order_.push_back(w);
+      }
+      auto rank_key = [&](int w) { return std::make_tuple(nodeOf(w) != anchor, held_[w] > 0, w); };
+      std::partial_sort(order_.begin(), order_.begin() + std::min<size_t>(need, order_.size()), order_.end(),
+                        [&](int a, int b) { return rank_key(a) < rank_key(b); });
+      for (int i = 0; i < need && i < static_cast<int>(order_.size()); ++i) out.push_back(order_[i]);
+    }
+    // One order for one set, nodes together: the layout's placement reads it (Layout::placement).
+    std::sort(out.begin(), out.end(),
+              [&](int a, int b) { return std::make_pair(nodeOf(a), a) < std::make_pair(nodeOf(b), b); });
+  }
+
+  Layout layoutOf(const RequestRecord& r, const std::vector<int>& ranks, const SchedulerView& view) const {
+    const int degree = static_cast<int>(ranks.size());
+    if (!r.cost.known || view.cost == nullptr) {
+      Layout l;
+      l.ulysses = degree;
+      return l;
+    }
+    int nodes = 1;
+    if (!view.node_of.empty()) {
+      for (size_t i = 1; i < ranks.size(); ++i) nodes += view.node_of[ranks[i]] != view.node_of[ranks[i - 1]];
+    }
+    int per_node = 0;
+    for (int n : view.node_of) per_node += n == (view.node_of.empty() ? 0 : view.node_of[0]);
+    per_node = per_node > 0 ? per_node : view.world_size;
+    if (nodes == (degree + per_node - 1) / per_node) return r.cost.layoutFor(degree);  // as predicted
+    return bestLayout(*view.cost, r.shape, degree, nodes, r.cost.max_ulysses, o_.layouts, nullptr);
+  }
+
+  PolicyOptions o_;
+  int world_ = 1;
+  std::vector<Candidate> cands_;
+  std::vector<bool> pool_;
+  std::vector<int> held_, counts_, order_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> makePlanningPolicy(const PolicyOptions& options) {
+  return std::make_unique<PlanningPolicy>(options);
+}
+
+}  // namespace runtime
+}  // namespace gfdit

@@ -1,0 +1,339 @@
+// The built-in policies on small hand-made views (who gets which ranks, who waits), and in the simulator
+// against deadlines worked out from the cost model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "control_harness.h"
+#include "gfdit/error.h"
+#include "gfdit/simulator.h"
+
+using namespace gfdit;
+using namespace gfdit::runtime;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int64_t kSec = 1000000000;
+
+// A request whose step takes step_s[k] on 2^k ranks (1, 2, 4, 8).
+RequestRecord record(uint64_t id, std::vector<double> step_s, int steps_left, double arrival_s = 0) {
+  RequestRecord r;
+  r.id = id;
+  r.state = RequestState::kDenoising;
+  r.num_steps = 50;
+  r.step = 50 - steps_left;
+  r.arrival_ns = static_cast<int64_t>(arrival_s * kSec);
+  r.shape.height = r.shape.width = 512;
+  r.shape.num_steps = 50;
+  r.shape.tokens = 1024;
+  r.max_degree = kMaxRanks;
+  r.cost.known = true;
+  r.cost.max_ulysses = 8;
+  for (int k = 0; k < kNumDegrees; ++k) {
+    r.cost.step_s[k] = k < static_cast<int>(step_s.size()) ? step_s[k] : kInf;
+    r.cost.layout[k].ulysses = 1 << k;
+  }
+  return r;
+}
+
+// Scales perfectly up to 8 ranks.
+std::vector<double> scales(double t1) { return {t1, t1 / 2, t1 / 4, t1 / 8}; }
+// Communication outweighs compute past 2 ranks (a 512 px image).
+std::vector<double> smallImage() { return {0.372, 0.315, 0.330, 0.442}; }
+
+struct View {
+  std::vector<RequestRecord> recs;
+  SchedulerView v;
+  View(int world, std::vector<int> free_ranks, int64_t now_ns = 0) {
+    v.world_size = world;
+    v.free_ranks = std::move(free_ranks);
+    v.now_ns = now_ns;
+    recs.reserve(64);
+  }
+  RequestRecord& add(RequestRecord r, bool running = false) {
+    r.busy = running;
+    recs.push_back(std::move(r));
+    return recs.back();
+  }
+  const SchedulerView& build() {
+    v.ready.clear();
+    v.running.clear();
+    for (const auto& r : recs) (r.busy ? v.running : v.ready).push_back(&r);
+    std::sort(v.ready.begin(), v.ready.end(),
+              [](const RequestRecord* a, const RequestRecord* b) { return a->arrival_ns < b->arrival_ns; });
+    return v;
+  }
+};
+
+std::vector<int> allRanks(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+std::map<uint64_t, Decision> byId(const std::vector<Decision>& ds) {
+  std::map<uint64_t, Decision> m;
+  for (const auto& d : ds) m[d.request_id] = d;
+  return m;
+}
+
+const char* kDynamic[] = {"fcfs", "srtf", "edf", "priority"};
+
+}  // namespace
+
+TEST(Policies, SmallImageIsNotSpreadOverManyRanks) {
+  for (const char* name : kDynamic) {
+    View view(8, allRanks(8));
+    view.add(record(1, smallImage(), 20));
+    auto ds = makePolicy(name)->schedule(view.build());
+    ASSERT_EQ(ds.size(), 1u) << name;
+    EXPECT_EQ(ds[0].ranks.size(), 2u) << name << ": 2 ranks are 15% faster, 4 and 8 slower";
+    EXPECT_EQ(ds[0].layout.degree(), 2) << name;
+  }
+}
+
+TEST(Policies, LargeRequestAloneGetsEveryRankThatPays) {
+  for (const char* name : kDynamic) {
+    View view(8, allRanks(8));
+    view.add(record(1, scales(10.0), 40));
+    auto ds = makePolicy(name)->schedule(view.build());
+    ASSERT_EQ(ds.size(), 1u) << name;
+    EXPECT_EQ(ds[0].ranks, allRanks(8)) << name;
+  }
+}
+
+TEST(Policies, UnderLoadEveryRequestRunsOnOneRankAndSrtfPicksTheShortest) {
+  View view(4, allRanks(4));
+  // arrival order 1..6, remaining work 60, 50, 10, 40, 20, 30 s on one rank
+  double work[] = {60, 50, 10, 40, 20, 30};
+  for (int i = 0; i < 6; ++i) view.add(record(i + 1, scales(work[i] / 10), 10, 0.1 * i));
+  const SchedulerView& v = view.build();
+  auto fcfs = byId(makePolicy("fcfs")->schedule(v));
+  auto srtf = byId(makePolicy("srtf")->schedule(v));
+  ASSERT_EQ(fcfs.size(), 4u);
+  ASSERT_EQ(srtf.size(), 4u);
+  for (uint64_t id : {1, 2, 3, 4}) EXPECT_EQ(fcfs.count(id), 1u) << "fcfs runs the oldest";
+  for (uint64_t id : {3, 5, 6, 4}) EXPECT_EQ(srtf.count(id), 1u) << "srtf runs the shortest";
+  for (auto& kv : srtf) EXPECT_EQ(kv.second.ranks.size(), 1u);
+}
+
+TEST(Policies, LongRequestYieldsRanksAtItsBoundaryAndShrinksOntoItsHolders) {
+  // The long request held ranks 0-3 for its last step; four short ones run on 4-7; a fifth waits.
+  View view(8, {0, 1, 2, 3});
+  RequestRecord& lng = view.add(record(1, scales(100.0), 40, 0.0));
+  lng.ranks = {0, 1, 2, 3};
+  lng.layout.ulysses = 4;
+  for (int i = 0; i < 4; ++i) {
+    RequestRecord& s = view.add(record(10 + i, {1.0, 0.95, 0.95, 0.95}, 10, 1.0), true);
+    s.ranks = {4 + i};
+    s.layout.ulysses = 1;
+  }
+  view.add(record(20, {1.0, 0.95, 0.95, 0.95}, 10, 2.0));
+  auto ds = byId(makePolicy("srtf")->schedule(view.build()));
+  ASSERT_EQ(ds.count(20), 1u) << "the waiting short request runs";
+  ASSERT_EQ(ds.count(1), 1u);
+  EXPECT_EQ(ds[1].ranks.size(), 2u) << "the long one keeps what is left over, as a power of two";
+  for (int w : ds[1].ranks) EXPECT_LT(w, 4) << "it shrinks onto ranks that hold its state";
+  EXPECT_EQ(std::count(ds[1].ranks.begin(), ds[1].ranks.end(), ds[20].ranks[0]), 0);
+}
+
+TEST(Policies, WaitingRequestPrefersItsHoldersAndOthersAvoidThem) {
+  View view(8, allRanks(8));
+  RequestRecord& paused = view.add(record(1, {1.0, 0.6, 0.5, 0.5}, 10, 5.0));  // younger: placed second
+  paused.ranks = {5, 6};
+  view.add(record(2, {1.0, 0.6, 0.5, 0.5}, 10, 0.0));  // a new one
+  auto ds = byId(makePolicy("fcfs")->schedule(view.build()));
+  ASSERT_EQ(ds.size(), 2u);
+  for (int w : ds[2].ranks) EXPECT_TRUE(w != 5 && w != 6) << "rank " << w << " holds request 1's state";
+  for (int w : {5, 6}) {
+    EXPECT_EQ(std::count(ds[1].ranks.begin(), ds[1].ranks.end(), w), 1) << "request 1 resumes on its holder " << w;
+  }
+}
+
+TEST(Policies, EdfGivesTheSmallestDegreeThatMeetsTheDeadlineAndHopelessOnesLast) {
+  // 10 steps of 8 s on one rank: 80 s; on 4 ranks 20 s. Deadline in 25 s -> 4 ranks.
+  View view(8, allRanks(8), 100 * kSec);
+  RequestRecord& a = view.add(record(1, scales(8.0), 10, 90.0));
+  a.deadline_ns = 125 * kSec;
+  RequestRecord& late = view.add(record(2, scales(8.0), 10, 10.0));  // no degree can save it
+  late.deadline_ns = 101 * kSec;
+  RequestRecord& loose = view.add(record(3, scales(8.0), 10, 50.0));  // 1 rank meets it
+  loose.deadline_ns = 1000 * kSec;
+  auto edf = byId(makePolicy("edf")->schedule(view.build()));
+  ASSERT_EQ(edf.count(1), 1u);
+  EXPECT_GE(edf[1].ranks.size(), 4u);
+  // with one rank free, the feasible earliest deadline wins; the hopeless one is last
+  View one(1, {0}, 100 * kSec);
+  one.add(late);
+  one.add(loose);
+  auto ds = makePolicy("edf")->schedule(one.build());
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].request_id, 3u);
+}
+
+TEST(Policies, PriorityPreemptsAtTheStepBoundary) {
+  // One rank. The low-priority video is at its step boundary when a high-priority image waits.
+  View view(1, {0});
+  RequestRecord& video = view.add(record(1, {30.0}, 40, 0.0));
+  video.ranks = {0};
+  RequestRecord& img = view.add(record(2, {1.0}, 20, 5.0));
+  img.priority = 1;
+  auto ds = makePolicy("priority")->schedule(view.build());
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].request_id, 2u) << "the image takes the rank; the video waits, paused on its holder";
+  auto fcfs = makePolicy("fcfs")->schedule(view.build());
+  EXPECT_EQ(fcfs[0].request_id, 1u);
+}
+
+TEST(Policies, HigherClassReservesRanksItWillGrowInto) {
+  // A high-priority request runs on 2 of 4 ranks and could use 4; a low one waits: the 2 free ranks stay
+  // free for the high one's next boundary.
+  View view(4, {2, 3});
+  RequestRecord& hi = view.add(record(1, scales(4.0), 20, 0.0), true);
+  hi.priority = 1;
+  hi.ranks = {0, 1};
+  hi.layout.ulysses = 2;
+  view.add(record(2, scales(4.0), 20, 1.0));
+  EXPECT_TRUE(makePolicy("priority")->schedule(view.build()).empty());
+  // fcfs (one class) gives the waiting one a rank at once
+  EXPECT_FALSE(makePolicy("fcfs")->schedule(view.build()).empty());
+}
+
+TEST(Policies, GroupsStayInsideANodeAndLayoutsFollowTheTopology) {
+  auto cl = cost::cluster("h20x16");
+  auto cm = cost::makeAnalyticCostModel(cost::modelArch("wan2.2"), cl);
+  RequestShape shape;
+  shape.height = 720;
+  shape.width = 1280;
+  shape.num_frames = 121;
+  shape.num_steps = 40;
+  shape.guidance_scale = 4.0;
+  shape.tokens = cost::modelArch("wan2.2").tokens(720, 1280, 121);
+  for (LayoutFamily fam : {LayoutFamily::kAuto, LayoutFamily::kUsp, LayoutFamily::kSwift, LayoutFamily::kTorus}) {
+    RequestCost c = predictCosts(*cm, shape, 16, 8, fam);
+    ASSERT_TRUE(c.known);
+    EXPECT_EQ(c.layoutFor(16).degree(), 16);
+    EXPECT_LE(c.layoutFor(16).ulysses, c.max_ulysses);
+    if (fam == LayoutFamily::kUsp) EXPECT_EQ(c.layoutFor(16).placement, 1) << "Ulysses inside the node";
+    if (fam == LayoutFamily::kSwift) EXPECT_EQ(c.layoutFor(16).placement, 2) << "Ring inside the node";
+    if (fam == LayoutFamily::kTorus) EXPECT_EQ(c.layoutFor(16).mode, 1);
+    // auto is the fastest of all of them
+    RequestCost a = predictCosts(*cm, shape, 16, 8, LayoutFamily::kAuto);
+    EXPECT_LE(a.stepSeconds(16), c.stepSeconds(16) * (1 + 1e-12));
+  }
+  // A 4-rank group on a 16-rank cluster with node 0 half busy goes to node 1 whole.
+  View view(16, {0, 1, 2, 8, 9, 10, 11, 12, 13, 14, 15});
+  view.v.node_of.resize(16);
+  for (int w = 0; w < 16; ++w) view.v.node_of[w] = w / 8;
+  view.v.cost = cm.get();
+  RequestRecord r = record(1, {8.0, 4.0, 2.0, 1.9}, 10);  // 4 ranks pay, 8 do not
+  view.add(r);
+  auto ds = makePolicy("fcfs")->schedule(view.build());
+  ASSERT_EQ(ds.size(), 1u);
+  ASSERT_EQ(ds[0].ranks.size(), 4u);
+  for (int w : ds[0].ranks) EXPECT_GE(w, 8) << "one node, best fit";
+}
+
+TEST(Policies, NamesAndOptions) {
+  for (const char* n : {"fcfs", "srtf", "edf", "priority", "static:2", "edf:layout=usp", "srtf:layout=torus"}) {
+    EXPECT_EQ(makePolicy(n)->name(), n);
+  }
+  EXPECT_EQ(makePolicy("edf:layout=swift")->layouts(), LayoutFamily::kSwift);
+  for (const char* bad : {"sjf", "edf:layout=mesh", "edf:foo", "srtf:"}) {
+    try {
+      makePolicy(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidUsage);
+      EXPECT_NE(std::string(e.what()).find("edf"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ---- in the simulator ----
+
+namespace {
+
+SimRequest qwen(uint64_t id, double arrival_s, int px, int steps, double deadline_s = NAN, int priority = 0) {
+  SimRequest r;
+  r.id = id;
+  r.arrival_s = arrival_s;
+  r.shape.height = r.shape.width = px;
+  r.shape.num_frames = 1;
+  r.shape.num_steps = steps;
+  r.shape.guidance_scale = 4.0;
+  r.deadline_s = deadline_s;
+  r.priority = priority;
+  return r;
+}
+
+SimResult simulate(const std::string& policy, const std::vector<SimRequest>& reqs, const std::string& cl = "h20x8") {
+  auto cluster = cost::cluster(cl);
+  auto cm = cost::makeAnalyticCostModel(cost::modelArch("qwen-image"), cluster);
+  Simulator sim(cm, cluster, std::shared_ptr<Policy>(makePolicy(policy)));
+  return sim.run(reqs);
+}
+
+double aloneSeconds(int px, int steps, int degree) {
+  auto cluster = cost::cluster("h20x8");
+  auto cm = cost::makeAnalyticCostModel(cost::modelArch("qwen-image"), cluster);
+  RequestShape s;
+  s.height = s.width = px;
+  s.num_steps = steps;
+  s.guidance_scale = 4.0;
+  s.tokens = cm->model().tokens(px, px, 1);
+  RequestCost c = predictCosts(*cm, s, 8, 8, LayoutFamily::kAuto);
+  return c.encode_s + steps * c.stepSeconds(degree) + c.decode_s;
+}
+
+int met(const SimResult& res) {
+  int n = 0;
+  for (const auto& o : res.requests) n += o.state == RequestState::kDone && o.finish_s <= o.deadline_s;
+  return n;
+}
+
+}  // namespace
+
+TEST(PoliciesSimulated, EdfMeetsDeadlinesAStaticSplitMisses) {
+  // A 1536 px image due in 1.3x its time alone on 8 ranks, and three 512 px images with loose deadlines. A
+  // static split into pairs gives the big one 2 ranks: it misses. EDF gives it what its deadline needs.
+  const double big8 = aloneSeconds(1536, 50, 8);
+  ASSERT_LT(1.3 * big8, aloneSeconds(1536, 50, 2));
+  std::vector<SimRequest> reqs{qwen(0, 0.0, 1536, 50, 1.3 * big8)};
+  for (int i = 1; i <= 3; ++i) reqs.push_back(qwen(i, 0.001 * i, 512, 20, 100.0));
+  SimResult edf = simulate("edf", reqs);
+  SimResult st2 = simulate("static:2", reqs);
+  EXPECT_EQ(met(edf), 4);
+  EXPECT_LT(met(st2), 4);
+  EXPECT_GT(edf.requests[0].finish_s, 0);
+}
+
+TEST(PoliciesSimulated, SrtfDoesNotStarveALongRequest) {
+  // One long image, then a stream of short ones arriving 1.4x faster than the cluster serves them: without
+  // aging the long one would wait for the whole stream. With it, it ranks like a short one that arrived
+  // aging x (its remaining time - theirs) later, and finishes long before the stream does.
+  std::vector<SimRequest> reqs{qwen(0, 0.0, 1536, 50)};
+  for (int i = 1; i <= 2400; ++i) reqs.push_back(qwen(i, 0.01 + i / 1.5, 512, 20));
+  SimResult res = simulate("srtf", reqs);
+  double last_short = 0;
+  for (size_t i = 1; i < res.requests.size(); ++i) last_short = std::max(last_short, res.requests[i].finish_s);
+  ASSERT_EQ(res.requests[0].state, RequestState::kDone);
+  EXPECT_LT(res.requests[0].finish_s, 0.6 * last_short) << "aging brings the long one forward";
+}
+
+TEST(PoliciesSimulated, EveryPolicyFinishesEveryRequest) {
+  std::vector<SimRequest> reqs;
+  int sizes[] = {512, 1024, 768, 1536, 1280};
+  for (int i = 0; i < 60; ++i) {
+    double arrival = 2.0 * i;
+    reqs.push_back(qwen(i, arrival, sizes[i % 5], 20 + 5 * (i % 7), arrival + 60.0, i % 3 == 0));
+  }
+  for (const char* p : {"fcfs", "srtf", "edf", "priority", "static:1", "static:2", "static:4", "static:8"}) {
+    SimResult res = simulate(p, reqs);
+    for (const auto& o : res.requests) EXPECT_EQ(o.state, RequestState::kDone) << p << " request " << o.id;
+  }
+}

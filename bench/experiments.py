@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 from gfdit import simulate, workload
+from gfdit._C import Error as GfditError
 from gfdit._C import InvalidUsage
 from gfdit._C import runtime as rt
 from gfdit._errors import user_message
@@ -213,7 +214,7 @@ class Lab:
         t0 = time.perf_counter()
         try:
             replay = simulate.simulate_trace(reqs, model=sc.model, cluster=sc.cluster, policy=policy, **sim)
-        except InvalidUsage as e:
+        except GfditError as e:  # refused, or failed inside the runtime: recorded, the sweep goes on
             point = {"load": load, "rate_rps": load * self.capacity(sc), "error": user_message(e)}
             self.note(f"{sc.name}: {policy} failed at load {load:g}: {user_message(e)}")
         else:

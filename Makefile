@@ -13,7 +13,7 @@ MODEL_DEPS := diffusers==0.42.1 transformers==5.24.0
 TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
-.PHONY: build venv system-deps python-package cpp test test-cpp test-python bench lint format clean
+.PHONY: build venv system-deps python-package cpp test test-cpp test-python bench experiments lint format clean
 
 build: python-package cpp
 
@@ -64,6 +64,10 @@ format: venv
 
 bench: build
 	$(PY) bench/run_all.py
+
+# Scheduling experiments in simulation: bench/results/experiments.md, .json and experiments/*.png.
+experiments: build
+	$(PY) bench/experiments.py
 
 clean:
 	rm -rf build $(VENV)

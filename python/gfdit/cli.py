@@ -14,6 +14,10 @@ COMMANDS = {
         "gfdit.profile",
         "measure every stage on this machine and write a profile for the cost model",
     ),
+    "trace": (
+        "gfdit.workload",
+        "generate a synthetic request trace (image, video or mixed; Poisson or bursty arrivals; deadlines)",
+    ),
     "simulate": (
         "gfdit.simulate",
         "replay a trace on the simulated cluster (the control plane on a virtual clock)",

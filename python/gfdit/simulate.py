@@ -64,11 +64,18 @@ def simulate_trace(
     profile: str | None = None,
     max_inflight_steps: int = 2,
     record_intervals: bool = False,
+    regroup_s: float | None = None,
+    regroup_every_change: bool | None = None,
 ) -> Replay:
     """Runs the trace through the simulator: the control plane and ``policy`` on ``cluster``'s ranks, stage
     times from the cost model (analytic, or ``profile``'s measurements). The ``cpu`` cluster needs a profile
     and has as many ranks as the profile's world size. Unknown clusters or policies raise InvalidUsage
-    naming the valid ones."""
+    naming the valid ones.
+
+    ``regroup_s``: the cost of forming a group (None: the cluster's hardware value, about a microsecond for
+    gfdit's group-free collectives). ``regroup_every_change``: charge it each time a request's group changes
+    rather than on the first use of a rank set (None: the simulator's default); InvalidUsage if this build's
+    simulator has no such option."""
     from gfdit._C import cost as cost_c
     from gfdit._C import runtime as rt
 
@@ -103,9 +110,25 @@ def simulate_trace(
             "num_cores": prof.num_cores if cluster == "cpu" else -1,
             "collective_efficiency": prof.collective_efficiency,
         }
-    sim = rt.Simulator(
-        cm, cl, policy, max_inflight_steps=max_inflight_steps, record_intervals=record_intervals, **overheads
-    )
+    if regroup_s is not None:
+        if not regroup_s >= 0:
+            raise InvalidUsage(f"regroup_s must be a number >= 0, got {regroup_s}")
+        overheads["regroup_s"] = regroup_s
+    if regroup_every_change is not None:
+        overheads["regroup_every_change"] = regroup_every_change
+    try:
+        sim = rt.Simulator(
+            cm,
+            cl,
+            policy,
+            max_inflight_steps=max_inflight_steps,
+            record_intervals=record_intervals,
+            **overheads,
+        )
+    except TypeError as e:  # an option this build's simulator lacks
+        raise InvalidUsage(
+            f"the simulator does not take these options ({', '.join(overheads)}): {e}"
+        ) from None
     t0 = time.perf_counter()
     res = sim.run(sim_requests)
     wall = time.perf_counter() - t0

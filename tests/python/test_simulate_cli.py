@@ -7,6 +7,7 @@ import argparse
 import json
 import random
 
+import gfdit
 import pytest
 from gfdit import profile, simulate
 from gfdit._C import cost as cost_c
@@ -190,3 +191,22 @@ def test_plots_stay_readable_with_many_requests(tmp_path):
         where="synthetic",
     )
     simulate.write_plots(empty, str(tmp_path / "empty"))
+
+
+def test_regroup_cost_is_charged_on_new_groups(tmp_path):
+    """A group-formation cost (NCCL's ~0.78 s) slows fcfs, whose groups change, and never static:2 beyond
+    the first use of each of its four groups."""
+    from gfdit.trace import load_trace
+
+    reqs = load_trace(_trace(tmp_path / "t.jsonl", "qwen-image", n=30, gap_s=5.0, budget_s=None))
+
+    def mean(policy: str, regroup_s: float | None) -> float:
+        r = simulate.simulate_trace(
+            reqs, model="qwen-image", cluster="h20x8", policy=policy, regroup_s=regroup_s
+        )
+        return r.summary()["mean_latency_s"]
+
+    assert mean("fcfs", 0.778) > mean("fcfs", None) + 0.1
+    assert mean("static:2", 0.778) - mean("static:2", 0.0) <= 0.778 + 1e-9
+    with pytest.raises(gfdit.InvalidUsage, match="regroup_s"):
+        simulate.simulate_trace(reqs, model="qwen-image", cluster="h20x8", policy="fcfs", regroup_s=-1.0)

@@ -223,6 +223,9 @@ struct PolicyOptions {
   double min_gain = 0.1;           ///< spare ranks double a group only when its step gets this much faster
   /// srtf: a request waiting this many times its remaining time alone goes first (no starvation).
   double aging = 4.0;
+  /// edf, priority: the degree a deadline needs is the smallest whose predicted remaining time, times this,
+  /// fits before the deadline (predictions miss queueing and later preemption).
+  double deadline_margin = 1.5;
 };
 
 /// "static:D": ranks split into fixed groups of D (0..D-1, D..2D-1, ...); a request keeps the group it

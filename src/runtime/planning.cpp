@@ -9,8 +9,9 @@
 //  2. Candidates are ordered by the policy (arrival, remaining time with aging, deadline, priority class);
 //     only the first `capacity` can get a rank, so a partial sort suffices.
 //  3. Base degrees, in order: 1 each, or for edf and priority the smallest degree at which the request's
-//     predicted finish meets its deadline (a request no degree can save goes last, on one rank). A candidate
-//     left without ranks waits; a running one yields its ranks at its next step boundary (preemption).
+//     predicted remaining time, times `deadline_margin`, fits before its deadline (a request no degree can
+//     save goes last, on one rank; so does one NOTE [deadline admission] turns away). A candidate left
+//     without ranks waits; a running one yields its ranks at its next step boundary (preemption).
 //  4. Spare ranks: a group may double when the doubled group's step is at least `min_gain` faster. edf and
 //     priority hand them out in order (the earliest deadlines first); fcfs and srtf to the doubling that
 //     saves the most remaining time per added rank, so a long video that scales gets them before a short
@@ -194,6 +195,7 @@ struct Candidate {
   int current = 0;  // running: its group's size
   int base = 1;     // degree before spare ranks
   int plan = 0;
+  bool deadline_feasible = false;         // edf/priority: some degree meets its deadline (base is the smallest)
   double k0 = 0, k1 = 0, k2 = 0, k3 = 0;  // order: smaller first, then the id
 };
 
@@ -203,6 +205,7 @@ class PlanningPolicy : public Policy {
     GFDIT_CHECK(o.steps_per_decision >= 1) << "steps per decision must be >= 1";
     GFDIT_CHECK(o.min_gain >= 0 && o.min_gain < 1) << "min_gain must be in [0, 1)";
     GFDIT_CHECK(o.aging > 0) << "aging must be positive";
+    GFDIT_CHECK(o.deadline_margin >= 1) << "deadline_margin must be >= 1";
   }
 
   std::string name() const override {
@@ -238,7 +241,14 @@ class PlanningPolicy : public Policy {
       if (a.k3 != b.k3) return a.k3 < b.k3;
       return a.rec->id < b.rec->id;
     };
-    std::partial_sort(cands_.begin(), cands_.begin() + top, cands_.end(), before);
+    if (o_.order == PolicyOrder::kDeadline || o_.order == PolicyOrder::kPriority) {
+      // NOTE [deadline admission]: the first few in order, then those that fit drop the ones that do not
+      const size_t head = std::min(cands_.size(), std::max<size_t>(4 * static_cast<size_t>(capacity), 64));
+      std::partial_sort(cands_.begin(), cands_.begin() + head, cands_.end(), before);
+      if (admit(head, capacity, now_s)) std::sort(cands_.begin(), cands_.begin() + head, before);
+    } else {
+      std::partial_sort(cands_.begin(), cands_.begin() + top, cands_.end(), before);
+    }
 
     // 3 and 4, class by class (priority classes are strict; the other orders have one class)
     int left = capacity;
@@ -297,7 +307,7 @@ class PlanningPolicy : public Policy {
     int reserved = 0;
     for (size_t i = 0; i < top && num_pool - reserved > 0; ++i) {
       const Candidate& c = cands_[i];
-      if (c.plan == 0) break;  // plans are given in order: nobody after this one got ranks
+      if (c.plan == 0) continue;
       if (!c.ready) {
         if (c.plan > c.current) reserved += std::min(c.plan - c.current, num_pool - reserved);
         continue;
@@ -355,6 +365,38 @@ class PlanningPolicy : public Policy {
     return c;
   }
 
+  // NOTE [deadline admission]
+  // EDF alone collapses under overload: every request it starts late makes the next one late (the domino
+  // effect). Moore and Hodgson's rule (1968; it minimises the number of late jobs on one machine) keeps it
+  // useful: walk the requests in deadline order adding up the rank-seconds each needs at the degree that
+  // meets its deadline; when the total no longer fits in capacity x (deadline - now), the request needing
+  // the most rank-seconds so far gives way: it is counted as one that cannot make it (goes last). Priority
+  // applies the rule in its class-then-deadline order. Returns whether any request gave way.
+  bool admit(size_t head, int capacity, double now_s) {
+    heap_.clear();
+    double work = 0;
+    bool changed = false;
+    for (size_t i = 0; i < head; ++i) {
+      Candidate& c = cands_[i];
+      if (!c.deadline_feasible) continue;
+      const double w = c.base * remainingOf(*c.rec, c.base);
+      work += w;
+      heap_.emplace_back(w, i);
+      std::push_heap(heap_.begin(), heap_.end());
+      if (work > capacity * (c.k2 - now_s) * (1 + 1e-9)) {
+        std::pop_heap(heap_.begin(), heap_.end());
+        Candidate& out = cands_[heap_.back().second];
+        work -= heap_.back().first;
+        heap_.pop_back();
+        out.deadline_feasible = false;
+        out.base = 1;
+        out.k1 = 2;
+        changed = true;
+      }
+    }
+    return changed;
+  }
+
   // EDF: k1 = 0 feasible (k2 deadline), 1 no deadline (k2 arrival), 2 cannot make it (k2 deadline); base =
   // the smallest degree whose predicted finish meets the deadline.
   void deadlineKeys(const RequestRecord& r, double now_s, Candidate& c) const {
@@ -368,8 +410,9 @@ class PlanningPolicy : public Policy {
     if (!r.cost.known) return;  // nothing to predict with: plain EDF
     const int top = limit(r, world_);
     for (int d = 1; d <= top; d *= 2) {
-      if (now_s + remainingOf(r, d) <= deadline_s) {
+      if (now_s + remainingOf(r, d) * o_.deadline_margin <= deadline_s) {
         c.base = d;
+        c.deadline_feasible = true;
         return;
       }
     }
@@ -441,6 +484,7 @@ class PlanningPolicy : public Policy {
   std::vector<Candidate> cands_;
   std::vector<bool> pool_;
   std::vector<int> held_, counts_, order_;
+  std::vector<std::pair<double, size_t>> heap_;  // (rank-seconds, candidate) admitted (NOTE [deadline admission])
 };
 
 }  // namespace

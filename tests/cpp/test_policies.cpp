@@ -175,6 +175,25 @@ TEST(Policies, EdfGivesTheSmallestDegreeThatMeetsTheDeadlineAndHopelessOnesLast)
   EXPECT_EQ(ds[0].request_id, 3u);
 }
 
+TEST(Policies, EdfLetsTheRequestThatWouldMakeOthersLateGiveWay) {
+  // One rank. A needs 9 s by t=10, B 2 s by 10.5, C 2 s by 11: plain EDF runs A and both others miss. The
+  // admission rule (NOTE [deadline admission]) lets A give way: B and C make it.
+  View view(1, {0});
+  auto add = [&](uint64_t id, double work_s, double deadline_s) {
+    RequestRecord& r = view.add(record(id, {work_s / 10}, 10, 0.0));
+    r.deadline_ns = static_cast<int64_t>(deadline_s * kSec);
+  };
+  add(1, 9.0, 10.0);
+  add(2, 2.0, 10.5);
+  add(3, 2.0, 11.0);
+  PolicyOptions o;
+  o.order = PolicyOrder::kDeadline;
+  o.deadline_margin = 1.0;
+  auto ds = makePlanningPolicy(o)->schedule(view.build());
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].request_id, 2u);
+}
+
 TEST(Policies, PriorityPreemptsAtTheStepBoundary) {
   // One rank. The low-priority video is at its step boundary when a high-priority image waits.
   View view(1, {0});

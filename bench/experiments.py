@@ -745,6 +745,25 @@ def fixed_shape_trace(
     ]
 
 
+def layout_steps(sc: Scenario) -> list[dict[str, Any]]:
+    """Predicted seconds of one step per layout family, for long videos on one and two nodes."""
+    from gfdit import cost
+
+    cm = cost.cost_model(sc.model, sc.cluster)
+    families = {f: getattr(rt.LayoutFamily, f.upper()) for f in LAYOUTS}
+    rows = []
+    for frames in (121, 81):
+        for degree, nodes in ((16, 2), (8, 2), (8, 1)):
+            row: dict[str, Any] = {"frames": frames, "degree": degree, "nodes": nodes}
+            for name, fam in families.items():
+                layout, step_s = rt.best_layout(cm, 720, 1280, frames, 40, 4.0, degree, nodes, fam)
+                mode = "torus" if layout.mode == 1 else "usp"
+                inside = {0: "", 1: ", ulysses inside", 2: ", ring inside"}[layout.placement]
+                row[name] = {"step_s": step_s, "layout": f"{layout.ulysses}x{layout.ring} {mode}{inside}"}
+            rows.append(row)
+    return rows
+
+
 def layout_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     """Long Wan 2.2 videos (720p x 121 frames, 40 steps) on two nodes: the layout variants."""
     shape = (720, 1280, 121, 40)
@@ -760,7 +779,20 @@ def layout_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     sw = sweep(lab, sc, policies, loads)
     fig = plot_sweep(lab, sc, sw, policies, "layouts.png")
     missing = [v for v in variants if v not in policies]
+    steps = layout_steps(sc)
     md = [
+        "One step of a Wan 2.2 720x1280 video, as the analytic cost model predicts it for each layout family "
+        "(`gfdit._C.runtime.best_layout`; ulysses x ring, USP or Torus, which axis stays inside a node):\n\n"
+        + table(
+            ["frames", "ranks", "nodes"] + [f"{f}: s (layout)" for f in LAYOUTS] + ["usp / best"],
+            [
+                [str(r["frames"]), str(r["degree"]), str(r["nodes"])]
+                + [f"{r[f]['step_s']:.2f} ({r[f]['layout']})" for f in LAYOUTS]
+                + [f"{r['usp']['step_s'] / min(r[f]['step_s'] for f in LAYOUTS):.3f}x"]
+                for r in steps
+            ],
+        )
+        + "\n",
         f"Every request is 720x1280, 121 frames, 40 steps (alone at the best static degree "
         f"{pricer.alone_latency(sc.model, *shape):.0f} s); Poisson arrivals; capacity {capacity:.4g} requests/s "
         f"on 16 H20s in two nodes of 8.\n",
@@ -776,7 +808,7 @@ def layout_section(lab: Lab, ctx: dict[str, Any]) -> Section:
         md.append(
             f"\nNot run (not in this build yet): {', '.join(missing)}. They join this table by name once built in."
         )
-    data = {"capacity_rps": capacity, "shape": shape, **sw, "missing": missing}
+    data = {"capacity_rps": capacity, "shape": shape, "step_s": steps, **sw, "missing": missing}
     return Section("layouts", "(b) Layouts for long videos on h20x16", "\n".join(md), data, [fig])
 
 

@@ -157,8 +157,10 @@ Layout bestLayout(const cost::CostModel& cost, const RequestShape& shape, int de
       }
       break;
     }
-    case LayoutFamily::kTorus:
-      for (int u = 1; u <= degree && u <= max_ulysses; u *= 2) consider(u, degree / u, 1, 0);
+    case LayoutFamily::kTorus:  // both axes when the group has room for them (Torus with one axis is plain)
+      for (int u = 1; u <= degree && u <= max_ulysses; u *= 2) {
+        if (degree < 4 || (u > 1 && u < degree)) consider(u, degree / u, 1, 0);
+      }
       break;
   }
   if (step_s != nullptr) *step_s = best_s;

@@ -253,21 +253,16 @@ def replay_trace(
     timeout_s: float = 600.0,
     threads_per_worker: int = 1,
 ) -> Replay:
-    """Replays the trace on a real ``gfdit.Engine`` in real time.
+    """Replays the trace on a real ``gfdit.Engine`` in real time (see ``replay_on_engine``), started for
+    this replay and shut down after it.
 
     ``policy``: a built-in's name or a ``gfdit.Policy`` object. ``profile`` (a file from ``gfdit profile`` or
     a ``gfdit.cost.Profile``, measured for ``model`` at a world size >= ``world_size``): the engine's policies
     get the profiled cost model's predictions (see ``engine_cost_model``); every request of the trace must be
     a size the profile can price. Without it the dynamic policies fall back to shape-only rules (perfect
     scaling assumed).
-
-    The engine starts (workers load the model) and runs one small warm-up request before the replay clock
-    starts; then a thread submits each request at its arrival time. Latency is the request's DONE time
-    minus its QUEUED time, a deadline is met when DONE comes by the replay's start + deadline_s. Requests
-    that fail, are cancelled or are not done ``timeout_s`` after the replay's start count as not completed.
     """
     import gfdit
-    from gfdit._C import runtime as rt
 
     _check_policy(policy, world_size)
     cost_model = None
@@ -281,101 +276,118 @@ def replay_trace(
         threads_per_worker=threads_per_worker,
         cost_model=cost_model,
     ) as eng:
-        smallest = min(requests, key=lambda r: (r.height * r.width * r.num_frames, r.num_inference_steps))
-        eng.submit(_engine_request(smallest, prompt="warm-up", num_steps=1, deadline=False)).result(
-            timeout=120
-        )
+        return replay_on_engine(eng, requests, timeout_s=timeout_s)
 
-        start_ns = rt.now_ns()
-        t0 = time.perf_counter()
-        handles: list[tuple[TraceRequest, Any, BaseException | None]] = []
-        stop = threading.Event()
 
-        def submit_all() -> None:
-            for r in requests:
-                delay = (start_ns + int(r.arrival_s * 1e9) - rt.now_ns()) / 1e9
-                if delay > 0 and stop.wait(delay):
-                    return
-                try:
-                    handles.append((r, eng.submit(_engine_request(r)), None))
-                except (gfdit.Error, ValueError, RuntimeError) as e:  # refused at submit: not completed
-                    handles.append((r, None, e))
+def replay_on_engine(engine: Any, requests: Sequence[TraceRequest], *, timeout_s: float = 600.0) -> Replay:
+    """Replays the trace on a running ``gfdit.Engine`` in real time; the engine keeps running after it, so
+    one engine (one policy) can replay several traces in turn, each after the previous one has ended.
 
-        submitter = threading.Thread(target=submit_all, name="gfdit-trace-submit", daemon=True)
-        submitter.start()
-        end = time.monotonic() + timeout_s
-        submitter.join(max(0.0, end - time.monotonic()))
-        stop.set()
-        submitter.join()
+    One small warm-up request runs before the replay clock starts; then a thread submits each request at
+    its arrival time. Latency is the request's DONE time minus its QUEUED time, a deadline is met when DONE
+    comes by the replay's start + deadline_s. Requests that fail, are cancelled or are not done ``timeout_s``
+    after the replay's start count as not completed (those still running are cancelled).
+    """
+    import gfdit
+    from gfdit._C import runtime as rt
 
-        outcomes: list[Outcome] = []
-        intervals: list[Interval] = []
-        busy_ns = 0
-        submitted = {r.id for r, _, _ in handles}
-        for r, handle, error in handles:
-            state, finish = "FAILED", None
-            arrival = r.arrival_s
-            if handle is not None:
-                try:
-                    res = handle.result(timeout=max(0.0, end - time.monotonic()))
-                except gfdit.RequestFailed:
-                    state = "FAILED"
-                except CancelledError:
-                    state = "CANCELLED"
-                except TimeoutError:
-                    state = "TIMEOUT"
-                    handle.cancel()
-                else:
-                    times = {name: t_ns for name, _, t_ns in res.transitions}
-                    state = res.state
-                    arrival = (res.transitions[0][2] - start_ns) / 1e9  # QUEUED, at submit
-                    finish = (times["DONE"] - start_ns) / 1e9
-                    for s in res.timeline:
-                        busy_ns += (s.end_ns - s.start_ns) * len(s.ranks)
-                        kind = "step" if s.kind == "denoise" else s.kind
-                        for rank in s.ranks:
-                            intervals.append(
-                                Interval(
-                                    rank=rank,
-                                    request_id=r.id,
-                                    kind=kind,
-                                    start_s=(s.start_ns - start_ns) / 1e9,
-                                    end_s=(s.end_ns - start_ns) / 1e9,
-                                )
+    eng = engine
+    smallest = min(requests, key=lambda r: (r.height * r.width * r.num_frames, r.num_inference_steps))
+    eng.submit(_engine_request(smallest, prompt="warm-up", num_steps=1, deadline=False)).result(timeout=120)
+
+    start_ns = rt.now_ns()
+    t0 = time.perf_counter()
+    handles: list[tuple[TraceRequest, Any, BaseException | None]] = []
+    stop = threading.Event()
+
+    def submit_all() -> None:
+        for r in requests:
+            delay = (start_ns + int(r.arrival_s * 1e9) - rt.now_ns()) / 1e9
+            if delay > 0 and stop.wait(delay):
+                return
+            try:
+                handles.append((r, eng.submit(_engine_request(r)), None))
+            except (gfdit.Error, ValueError, RuntimeError) as e:  # refused at submit: not completed
+                handles.append((r, None, e))
+
+    submitter = threading.Thread(target=submit_all, name="gfdit-trace-submit", daemon=True)
+    submitter.start()
+    end = time.monotonic() + timeout_s
+    submitter.join(max(0.0, end - time.monotonic()))
+    stop.set()
+    submitter.join()
+
+    outcomes: list[Outcome] = []
+    intervals: list[Interval] = []
+    busy_ns = 0
+    submitted = {r.id for r, _, _ in handles}
+    for r, handle, error in handles:
+        state, finish = "FAILED", None
+        arrival = r.arrival_s
+        if handle is not None:
+            try:
+                res = handle.result(timeout=max(0.0, end - time.monotonic()))
+            except gfdit.RequestFailed:
+                state = "FAILED"
+            except CancelledError:
+                state = "CANCELLED"
+            except TimeoutError:
+                state = "TIMEOUT"
+                handle.cancel()
+            else:
+                times = {name: t_ns for name, _, t_ns in res.transitions}
+                state = res.state
+                arrival = (res.transitions[0][2] - start_ns) / 1e9  # QUEUED, at submit
+                finish = (times["DONE"] - start_ns) / 1e9
+                for s in res.timeline:
+                    busy_ns += (s.end_ns - s.start_ns) * len(s.ranks)
+                    kind = "step" if s.kind == "denoise" else s.kind
+                    for rank in s.ranks:
+                        intervals.append(
+                            Interval(
+                                rank=rank,
+                                request_id=r.id,
+                                kind=kind,
+                                start_s=(s.start_ns - start_ns) / 1e9,
+                                end_s=(s.end_ns - start_ns) / 1e9,
                             )
-            elif error is not None:
-                state = "REFUSED"
-            outcomes.append(
-                Outcome(
-                    id=r.id,
-                    arrival_s=arrival,
-                    finish_s=finish,
-                    deadline_s=r.deadline_s,
-                    state=state,
-                    priority=r.priority,
-                )
-            )
-        outcomes += [
+                        )
+        elif error is not None:
+            state = "REFUSED"
+        outcomes.append(
             Outcome(
                 id=r.id,
-                arrival_s=r.arrival_s,
-                finish_s=None,
+                arrival_s=arrival,
+                finish_s=finish,
                 deadline_s=r.deadline_s,
-                state="NOT_SUBMITTED",
+                state=state,
                 priority=r.priority,
             )
-            for r in requests
-            if r.id not in submitted
-        ]
-        wall = time.perf_counter() - t0
+        )
+    outcomes += [
+        Outcome(
+            id=r.id,
+            arrival_s=r.arrival_s,
+            finish_s=None,
+            deadline_s=r.deadline_s,
+            state="NOT_SUBMITTED",
+            priority=r.priority,
+        )
+        for r in requests
+        if r.id not in submitted
+    ]
+    wall = time.perf_counter() - t0
+    where = f"engine {eng.model_name} x{eng.world_size}"
+    if eng.cost_model is not None:
+        where += f", {eng.cost_model.describe()}"
     return Replay(
-        policy=_policy_name(policy),
+        policy=eng.policy_name,
         outcomes=outcomes,
         busy_rank_s=busy_ns / 1e9,
-        num_ranks=world_size,
+        num_ranks=eng.world_size,
         intervals=intervals,
         wall_s=wall,
-        where=f"engine {model} x{world_size}" + (f", {cost_model.describe()}" if cost_model else ""),
+        where=where,
     )
 
 

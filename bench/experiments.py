@@ -84,6 +84,7 @@ REAL_TARGET_LOAD = 0.5  # x the capacity of REAL_TARGET_WORLD ranks for the targ
 REAL_LARGE_SHARE = 0.3
 REAL_REPEATS = 3
 REAL_TARGETS = {"target_latency_ratio": 1.25, "never_worse_by": 0.05}
+REGROUP_SCENARIOS = ("image-steady", "video-bursty", "mixed-steady")  # the regrouping-cost runs
 TARGETS = {
     "throughput_at_slo_ratio": 6.0,
     "mean_latency_reduction": 0.95,
@@ -112,6 +113,9 @@ SCENARIOS = (
     Scenario("image-bursty", "image", "qwen-image", "bursty"),
     Scenario("video-steady", "video", "wan2.2", "poisson", requests=2000),
     Scenario("video-bursty", "video", "wan2.2", "bursty", requests=2000),
+    # one-frame images and videos of one model, served together (gfdit.workload's "mixed")
+    Scenario("mixed-steady", "mixed", "wan2.2", "poisson", requests=2000),
+    Scenario("mixed-bursty", "mixed", "wan2.2", "bursty", requests=2000),
 )
 
 
@@ -673,8 +677,9 @@ def regroup_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     loads = LOADS[::2] + LOADS[-1:] if lab.quick else LOADS
     every = lab.has_sim_option("regroup_every_change", True)
     rows, data = [], {}
-    fig, axes = _figure(1, len(SCENARIOS), (4.2 * len(SCENARIOS), 4.2))
-    for j, sc in enumerate(SCENARIOS):
+    scenarios = [sc for sc in SCENARIOS if sc.name in REGROUP_SCENARIOS]
+    fig, axes = _figure(1, len(scenarios), (4.2 * len(scenarios), 4.2))
+    for j, sc in enumerate(scenarios):
         ax = axes[0][j]
         data[sc.name] = {}
         for k, (label, cost) in enumerate(REGROUP_COSTS):
@@ -1208,8 +1213,9 @@ analytic cost model of an H20 cluster (`h20x8`: one node of 8; `h20x16`: two). P
 build: {built}.
 
 - **Workloads** (`gfdit.workload`, seed {SEED}): Qwen-Image images (512-1536 px, 1024 px most common, 20-50
-  steps) and Wan 2.2 videos (480p and 720p, 33-121 frames, 20-50 steps, 40 most common); the size
-  distributions are stated in `python/gfdit/workload.py`. Arrivals are Poisson (steady) or Gamma with a
+  steps) and Wan 2.2 videos (480p and 720p, 33-121 frames, 20-50 steps, 40 most common), and both served
+  together by Wan 2.2 (mixed: 30% videos, the rest one-frame images); the size distributions are stated in
+  `python/gfdit/workload.py`. Arrivals are Poisson (steady) or Gamma with a
   coefficient of variation of 2 (bursty). A trace holds about {lab.requests_per_trace(SCENARIOS[0])} requests
   (images) or {lab.requests_per_trace(SCENARIOS[2])} (videos) whatever the rate, and every rate draws the
   same sequence of sizes.

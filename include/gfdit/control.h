@@ -308,6 +308,7 @@ struct ControlConfig {
   int world_size = 1;
   int max_inflight_steps = 2;  ///< steps of one request dispatched ahead of completions (at least)
   double min_queued_s = 0.02;  ///< more steps go ahead when steps are short: at least this much work (NOTE [lookahead])
+  double long_step_s = 0.1;    ///< a step predicted this long or longer is not dispatched ahead (NOTE [lookahead])
   double task_timeout_s = 0;   ///< a task not done this long after dispatch (plus its prediction) fails: 0 off
   int max_attempts = 3;        ///< recoveries a request may go through before it fails
   bool record_stages = true;   ///< keep each request's timeline (the simulator may turn it off)
@@ -385,7 +386,7 @@ class ControlPlane {
   void reinitDone();
   void checkDeadlines(int64_t now);
   void expectNext(int worker, int64_t now);
-  int inflightLimit() const;
+  int inflightLimit(const Request& r) const;
 
   ControlConfig config_;
   Clock& clock_;

@@ -24,7 +24,8 @@
 // pure, so asking early is safe; the answer for other requests is ignored. At most max_inflight_steps
 // steps of a request are in flight, or more when steps are short: enough to hold min_queued_s of measured
 // step time (at most 8), so that a worker with tiny steps always has work queued (NOTE [quiet completions]
-// in queue.cpp) while long steps stay responsive to the policy.
+// in queue.cpp) while long steps stay responsive to the policy. A step predicted to take long_step_s or more
+// goes alone: nothing is dispatched ahead of it, so a preemption waits for one step only.
 //
 // NOTE [expected completions]
 // The control plane predicts when each task in flight ends, from the measured length of tasks of its kind
@@ -420,7 +421,7 @@ void ControlPlane::startDecision(Request& r, const Decision& d) {
 void ControlPlane::pump(Request& r) {
   RequestRecord& rec = r.rec;
   while (true) {
-    const int limit = inflightLimit();
+    const int limit = inflightLimit(r);
     while (r.todo > 0 && rec.steps_in_flight < limit) {
       dispatch(&r, TaskKind::kDenoise, r.group, r.layout, r.next_step, 1);
       --r.todo;
@@ -434,7 +435,10 @@ void ControlPlane::pump(Request& r) {
   }
 }
 
-int ControlPlane::inflightLimit() const {
+int ControlPlane::inflightLimit(const Request& r) const {
+  // A long step goes alone: the gap between two steps is tiny next to it, and a policy's next decision
+  // (a preemption) then waits for one step, not two.
+  if (r.rec.cost.known && r.rec.cost.stepSeconds(r.layout.degree()) >= config_.long_step_s) return 1;
   double step_ns = ewma_ns_[static_cast<int>(TaskKind::kDenoise) & 7];
   if (step_ns <= 0 || config_.min_queued_s <= 0) return config_.max_inflight_steps;
   int want = static_cast<int>(std::ceil(config_.min_queued_s * 1e9 / step_ns));

@@ -11,10 +11,12 @@
 //  3. Base degrees, in order: 1 each, or for edf and priority the smallest degree at which the request's
 //     predicted finish meets its deadline (a request no degree can save goes last, on one rank). A candidate
 //     left without ranks waits; a running one yields its ranks at its next step boundary (preemption).
-//  4. Spare ranks, in order: a group doubles while the doubled group's step is at least `min_gain` faster.
-//     A small image whose step is dominated by communication therefore stays on one or two ranks, and under
-//     load every request runs on one rank, where a rank-second does the most work. Priority classes are
-//     strict: steps 3 and 4 run for a whole class before the next class gets any rank.
+//  4. Spare ranks: a group may double when the doubled group's step is at least `min_gain` faster. edf and
+//     priority hand them out in order (the earliest deadlines first); fcfs and srtf to the doubling that
+//     saves the most remaining time per added rank, so a long video that scales gets them before a short
+//     image that hardly does. A small image whose step is dominated by communication stays on one or two
+//     ranks, and under load every request runs on one rank, where a rank-second does the most work.
+//     Priority classes are strict: steps 3 and 4 run for a whole class before the next class gets a rank.
 //  5. Placement, in order: a running candidate whose plan is larger than its group reserves the difference
 //     among the free ranks (lower candidates may not take them; they stay idle at most until its boundary).
 //     A waiting candidate takes the largest power of two the unreserved free ranks allow, up to its plan:
@@ -35,6 +37,7 @@ namespace runtime {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kLongStepS = 0.1;  // as ControlConfig::long_step_s
 
 int pow2AtMost(int n) {
   int p = 1;
@@ -247,11 +250,31 @@ class PlanningPolicy : public Policy {
         c.plan = pow2AtMost(std::min({c.base, left, limit(*c.rec, world)}));
         left -= c.plan;
       }
-      for (size_t i = begin; i < end && left > 0; ++i) {  // spare ranks double groups while that pays
-        Candidate& c = cands_[i];
-        while (c.plan > 0 && left >= c.plan && c.plan * 2 <= limit(*c.rec, world) && worthDoubling(*c.rec, c.plan)) {
-          left -= c.plan;
-          c.plan *= 2;
+      if (o_.order == PolicyOrder::kDeadline || o_.order == PolicyOrder::kPriority) {
+        for (size_t i = begin; i < end && left > 0; ++i) {  // spare ranks to the earliest deadlines
+          Candidate& c = cands_[i];
+          while (c.plan > 0 && left >= c.plan && canDouble(c, world)) {
+            left -= c.plan;
+            c.plan *= 2;
+          }
+        }
+      } else {
+        // spare ranks where they save the most time per rank
+        while (left > 0) {
+          Candidate* best = nullptr;
+          double best_gain = 0;
+          for (size_t i = begin; i < end; ++i) {
+            Candidate& c = cands_[i];
+            if (c.plan == 0 || left < c.plan || !canDouble(c, world)) continue;
+            const double gain = (remainingOf(*c.rec, c.plan) - remainingOf(*c.rec, c.plan * 2)) / c.plan;
+            if (gain > best_gain) {
+              best_gain = gain;
+              best = &c;
+            }
+          }
+          if (best == nullptr) break;
+          left -= best->plan;
+          best->plan *= 2;
         }
       }
       begin = end;
@@ -286,7 +309,8 @@ class PlanningPolicy : public Policy {
       for (int w : d.ranks) pool_[w] = false;
       num_pool -= degree;
       d.layout = layoutOf(*c.rec, d.ranks, view);
-      d.num_steps = o_.steps_per_decision;
+      // Long steps one at a time: the next boundary (a chance to preempt) is one step away.
+      d.num_steps = c.rec->cost.known && c.rec->cost.stepSeconds(degree) >= kLongStepS ? 1 : o_.steps_per_decision;
       out.push_back(std::move(d));
     }
     return out;
@@ -305,6 +329,9 @@ class PlanningPolicy : public Policy {
     return r.stepsLeft() * stepOf(r, degree);
   }
 
+  bool canDouble(const Candidate& c, int world) const {
+    return c.plan * 2 <= limit(*c.rec, world) && worthDoubling(*c.rec, c.plan);
+  }
   bool worthDoubling(const RequestRecord& r, int degree) const {
     const double a = stepOf(r, degree), b = stepOf(r, degree * 2);
     return std::isfinite(b) && b <= a * (1.0 - o_.min_gain);

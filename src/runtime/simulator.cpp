@@ -2,8 +2,9 @@
 //
 // NOTE [simulated execution]
 // Each worker has a FIFO queue. A task becomes visible to its members `dispatch_s` after the control plane
-// wrote it; it starts when it heads the queue of every member and all of them are idle (a collective
-// cannot start before its last member arrives), and it keeps all members until it ends. Its length is the
+// wrote it. A collective task (a step, a migration) starts when it heads the queue of every member and all
+// of them are idle (a collective cannot start before its last member arrives), and it keeps all members
+// until it ends; the other kinds (encode, free, decode) run on each member on its own, as workers do. Its length is the
 // cost model's time for the stage. When ranks share `num_cores` cores (the CPU cluster), the tasks running
 // at once share them: while the busy members fit the cores every task progresses at 1, else at
 // cores / busy members, times the collective efficiency for a task of two or more members (its collectives
@@ -60,16 +61,25 @@ class SimExecutor : public Executor {
   void addRequest(uint64_t id, const RequestShape& shape) { shapes_[id] = shape; }
 
   void dispatch(const TaskDescriptor& d, const std::vector<int>& workers, const std::string&) override {
+    const double alone = duration(d) * kNs;
+    const TaskKind kind = static_cast<TaskKind>(d.kind);
+    if (kind == TaskKind::kDenoise || kind == TaskKind::kMigrate || kind == TaskKind::kReinit) {
+      queue(d, workers, alone);  // collectives: every member at once
+    } else {
+      for (int w : workers) queue(d, {w}, alone);  // each member on its own (encode, free, decode)
+    }
+  }
+
+  void queue(const TaskDescriptor& d, const std::vector<int>& members, double alone_ns) {
     auto t = std::make_unique<SimTask>();
     t->d = d;
-    t->members = workers;
+    t->members = members;
     t->ready_ns = clock_.nowNs() + static_cast<int64_t>(opt_.dispatch_s * kNs);
-    double alone = duration(d) * kNs;
-    t->work_ns = alone * rateFor(static_cast<int>(workers.size()), static_cast<double>(workers.size()));
+    t->work_ns = alone_ns * rateFor(static_cast<int>(members.size()), static_cast<double>(members.size()));
     SimTask* p = t.get();
     tasks_.emplace(p, std::move(t));
-    for (int w : workers) queues_[w].push_back(p);
-    for (int w : workers) dirty_.push_back(w);
+    for (int w : members) queues_[w].push_back(p);
+    for (int w : members) dirty_.push_back(w);
     if (p->ready_ns > clock_.nowNs()) wakes_.push(p->ready_ns);
   }
 

@@ -925,6 +925,9 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     prof, reused, took = R.get_profile(prof_path)
     steps = R.step_table(prof)
     large, large_row = R.pick_large(prof)
+    one = R.pricer_for(prof_path, 1)  # the large request alone on one rank; then with its steps halved
+    alone1 = one.latency(R.MODEL, *large, 1)
+    ceiling = (alone1, alone1 - large[3] * large_row["step1_s"] / 2)
     pricer = R.pricer_for(prof_path, min(REAL_WORLDS))
     mixed = [("image", R.IMAGE, 1 - REAL_VIDEO_SHARE), ("video", R.VIDEO, REAL_VIDEO_SHARE)]
     target = [("image", R.IMAGE, 1 - REAL_LARGE_SHARE), ("large", large, REAL_LARGE_SHARE)]
@@ -1083,7 +1086,16 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
         ),
         "",
         f"The target trace mixes the small images with the profiled size whose step gains most from two ranks "
-        f"({'x'.join(map(str, large[:3]))}: {fmt(large_row['gain'], 'x')} by the profile), at {large[3]} steps.\n",
+        f"({'x'.join(map(str, large[:3]))}: {fmt(large_row['gain'], 'x')} by the profile), at {large[3]} steps. "
+        + (
+            "No profiled size runs a step faster on two ranks than on one, so a policy that follows the profile "
+            "keeps every request on one rank and can differ from static:1 only in order and placement. "
+            if (max((r["gain"] or 0) for r in steps) < 1)
+            else ""
+        )
+        + f"The decode runs on one rank whatever the policy: even a step twice as fast on two ranks would take "
+        f"the large request alone from {fmt_ms(ceiling[0])} ms to {fmt_ms(ceiling[1])} ms "
+        f"({fmt(ceiling[0] / ceiling[1], 'x')}), a ceiling on what spreading can win on this trace.\n",
     ]
     for key, per in cells.items():
         rows = []
@@ -1166,7 +1178,7 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     md.append(f"_{lab.real_runs} real replays, {time.perf_counter() - t0:.0f} s._")
     data = {
         "profile": {"path": rel(lab, prof_path), "reused": reused, "seconds": took, "steps": steps},
-        "large": {"shape": list(large), **large_row},
+        "large": {"shape": list(large), **large_row, "alone_s": ceiling[0], "alone_half_step_s": ceiling[1]},
         "traces": {
             t.name: {
                 "requests": [r.to_json() for r in t.requests],

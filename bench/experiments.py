@@ -975,6 +975,11 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
                 else:
                     cells[key][p] = {**R.median_summary(cell["runs"]), "runs": cell["runs"]}
             lab.real_runs += sum(len(c["runs"]) for c in per_policy.values())
+    # the profile's two-rank step against one measured at the smallest world (its collectives may wait
+    # differently when the ranks do not outnumber the cores)
+    check_shape = R.VIDEO[:3]
+    small_world = R.two_rank_step_at(min(REAL_WORLDS), check_shape)
+    in_profile = next(r for r in steps if tuple(r["shape"]) == check_shape)
     load_after = os.getloadavg()
 
     # best static vs best dynamic on mean latency, per trace and world
@@ -1135,6 +1140,12 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
             )
             + "\n"
         )
+    md.append(
+        f"The profile was measured at world {R.PROFILE_WORLD}; measured again at world {min(REAL_WORLDS)} after "
+        f"the runs, a {'x'.join(map(str, check_shape))} step takes {fmt_ms(small_world['step1_s'])} ms on one "
+        f"rank and {fmt_ms(small_world['step2_s'])} ms on two ({small_world['step2_layout']}), against "
+        f"{fmt_ms(in_profile['step1_s'])} and {fmt_ms(in_profile['step2_s'])} ms in the profile.\n"
+    )
     md.append("### Best dynamic against best static (mean latency)\n")
     md.append(
         table(
@@ -1151,11 +1162,11 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     )
     diag_rows = []
     for key, per in cells.items():
-        for p in dynamic:
+        for p in [*kinds[key], *dynamic]:
             d = per.get(p, {}).get("diagnostics")
             if not d:
                 continue
-            parts = []
+            parts, waits = [], []
             for cname, v in d.items():
                 if cname == "migrations":
                     continue
@@ -1167,12 +1178,26 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
                         else ""
                     )
                 )
-            diag_rows.append([key, p, "; ".join(parts), d["migrations"]])
+                waits.append(f"{cname} {fmt_ms(v['mean_latency_s'])} / {fmt_ms(v['mean_wait_s'])}")
+            diag_rows.append([key, p, "; ".join(parts), d["migrations"], "; ".join(waits)])
     md.append(
-        "What the dynamic policies did (the median repeat's timeline): steps on more than one rank by request "
-        "class, and steps of a larger request that ran on one rank while another rank was idle the whole step:\n"
+        "What each policy did (the median repeat's timeline), by request class: steps on more than one rank, "
+        "steps of a larger request on one rank while another rank was idle the whole step, mean latency and mean "
+        "wait from arrival to the request's first task:\n"
     )
-    md.append(table(["trace @ world", "policy", "steps", "migrations"], diag_rows) + "\n")
+    md.append(
+        table(
+            [
+                "trace @ world",
+                "policy",
+                "steps",
+                "migrations",
+                "mean latency / wait before the first task (ms)",
+            ],
+            diag_rows,
+        )
+        + "\n"
+    )
     for f in figs:
         md.append(f"![{os.path.basename(f)}]({rel(lab, f)})\n")
     md.append(f"_{lab.real_runs} real replays, {time.perf_counter() - t0:.0f} s._")
@@ -1190,6 +1215,7 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
         },
         "repeats": repeats,
         "load_average": [load_before[0], load_after[0]],
+        "two_rank_step_check": {"world": min(REAL_WORLDS), "measured": small_world, "in_profile": in_profile},
         "cells": cells,
         "compare": compare_data,
         "targets": REAL_TARGETS,

@@ -6,7 +6,8 @@ cost model: one engine per (world size, policy), all of a world size alive at on
 every policy interleave and a slow spell of the machine does not land on one policy only.
 
 Per-request timelines (``Replay.intervals``) give what each policy did: how many ranks each step ran on,
-by request class, and the steps of a large request that ran on one rank while another rank stayed idle.
+by request class, the steps of a large request that ran on one rank while another rank stayed idle, and
+each class's mean latency and wait before its first task.
 """
 
 from __future__ import annotations
@@ -112,9 +113,13 @@ def get_profile(path: str, log: Callable[[str], None] = print) -> tuple[dict[str
 def step_table(prof: dict[str, Any]) -> list[dict[str, Any]]:
     """Per profiled size: a step on one rank, the fastest two-rank layout's, and their ratio (> 1: two ranks
     are faster), with the decode and the size's tokens."""
+    return _step_rows(prof, profile_shapes())
+
+
+def _step_rows(prof: dict[str, Any], shapes: Sequence[tuple[int, int, int]]) -> list[dict[str, Any]]:
     facts = gprofile._ModelFacts(MODEL)
     rows = []
-    for h, w, f in profile_shapes():
+    for h, w, f in shapes:
         tokens = facts.tokens(h, w, f)
         steps = [e for e in prof["entries"] if e["stage"] == "step" and e["tokens"] == tokens]
         one = next((e["seconds"] for e in steps if e["degree"] == 1), None)
@@ -198,16 +203,18 @@ def make_trace(
 
 # ------------------------------------------------------------------------------------------------ runs
 def diagnose(trace: RealTrace, replay: simulate.Replay) -> dict[str, Any]:
-    """What the policy did, from the timeline: per request class, the share of steps on more than one rank
-    and the mean ranks per step; for classes that gain from two ranks, the steps that ran on one rank while
-    another rank stayed idle the whole step; migrations."""
+    """What the policy did, from the timeline: per request class, the share of steps on more than one rank,
+    the mean ranks per step, the steps that ran on one rank while another rank stayed idle the whole step,
+    the mean latency and the mean wait from arrival to the first task; migrations."""
     cls = {r.id: trace.class_of(r) for r in trace.requests}
     tasks: dict[tuple[int, str, float, float], list[int]] = {}
     for iv in replay.intervals:
         tasks.setdefault((iv.request_id, iv.kind, iv.start_s, iv.end_s), []).append(iv.rank)
     busy: dict[int, list[tuple[float, float]]] = {}
+    first: dict[int, float] = {}
     for iv in replay.intervals:
         busy.setdefault(iv.rank, []).append((iv.start_s, iv.end_s))
+        first[iv.request_id] = min(first.get(iv.request_id, iv.start_s), iv.start_s)
     out: dict[str, Any] = {}
     for name, _ in trace.classes:
         steps = [(k, ranks) for k, ranks in tasks.items() if k[1] == "step" and cls.get(k[0]) == name]
@@ -221,11 +228,15 @@ def diagnose(trace: RealTrace, replay: simulate.Replay) -> dict[str, Any]:
                 if rank not in ranks and not any(a < e and b > s for a, b in spans):
                     alone += 1  # another rank idle for this whole step
                     break
+        done = [o for o in replay.outcomes if o.completed and cls.get(o.id) == name]
+        waits = [first[o.id] - o.arrival_s for o in done if o.id in first]
         out[name] = {
             "steps": len(steps),
             "spread_share": sum(len(r) > 1 for _, r in steps) / len(steps),
             "mean_ranks": sum(len(r) for _, r in steps) / len(steps),
             "one_rank_while_another_idle": alone,
+            "mean_latency_s": statistics.mean(o.latency_s for o in done) if done else None,
+            "mean_wait_s": statistics.mean(waits) if waits else None,  # arrival to its first task
         }
     out["migrations"] = sum(1 for k in tasks if k[1] == "migrate")
     return out
@@ -311,3 +322,14 @@ def median_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         out["diagnostics"] = mid["diagnostics"]
         out["_replay"] = mid["_replay"]
     return out
+
+
+def two_rank_step_at(
+    world: int, shape: tuple[int, int, int], log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """A short profile of one size at ``world`` ranks (degrees 1 and 2 where the world allows): the step
+    times a world of this size sees, to hold the profile of PROFILE_WORLD ranks against."""
+    prof = gprofile.measure(MODEL, world, [shape], steps=PROFILE_STEPS, repeats=PROFILE_REPEATS)
+    rows = {tuple(r["shape"]): r for r in _step_rows(prof, [shape])}
+    log(f"real: {'x'.join(map(str, shape))} at world {world}: {rows[shape]}")
+    return rows[shape]

@@ -64,7 +64,9 @@ def compare(policies: list[str], world_size: int, n: int, rate: float, workdir: 
     write_trace(os.path.join(workdir, "trace.jsonl"), trace)
     out = {}
     for policy in policies:
-        real = replay_trace(trace, model="tiny-wan", world_size=world_size, policy=policy).summary()
+        real = replay_trace(  # the engine's policies plan with the same profile the simulator runs on
+            trace, model="tiny-wan", world_size=world_size, policy=policy, profile=profile_path
+        ).summary()
         sim = simulate_trace(
             trace, model="tiny-wan", cluster="cpu", policy=policy, profile=profile_path
         ).summary()

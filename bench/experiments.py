@@ -15,12 +15,19 @@ Sections, each one function that returns a ``Section`` (``SECTIONS`` lists them 
   dynamic policies (``POLICY:layout=usp|swift|torus|auto``).
 - ``priority_section``: one long video and a stream of short images with priority 1, with and without
   step-boundary preemption.
+- ``real_section``: tiny-wan on this machine's CPUs (``bench/real_runs.py``): a profile measured here, then
+  mixed image/video traces at two rates on 2 and 4 ranks and a trace of small images and larger requests on
+  2 ranks, replayed on real engines under every policy that fits (about 15 minutes; ``--skip-real`` leaves
+  it out).
+
+Sections left out of a run (``--skip-real``, ``--only``) keep what the previous report in the output
+directory says of them.
 
 Policies and simulator options are looked up by name in the runtime when the experiments run: one that this
 build lacks is skipped with a printed note (also in the report), so new policies join the tables as soon as
 they are built in.
 
-    python bench/experiments.py [--quick] [--out-dir bench/results]
+    python bench/experiments.py [--quick] [--skip-real] [--only KEY,...] [--out-dir bench/results]
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +65,25 @@ REGROUP_COSTS = (  # (name, seconds or None for the cluster's own)
     ("GF-DiT collectives (60 us)", 60e-6),
     ("gfdit (cluster default, ~1 us)", None),
 )
+TITLES = {  # of each section, by key (a section left out of a run is found by its title in the last report)
+    "main": "Images and videos on h20x8",
+    "headline": "Headline: best dynamic vs best static, against the targets",
+    "regroup": "(a) Sensitivity to the cost of forming a group",
+    "layouts": "(b) Layouts for long videos on h20x16",
+    "priority": "(c) Mixed priority: one long video and a stream of images",
+    "real": "(d) Real CPU runs: tiny-wan on this machine",
+}
+# Real CPU runs (real_section; see bench/real_runs.py): tiny-wan on this machine.
+REAL_WORLDS = (2, 4)
+REAL_MIXED_REQUESTS = 24
+REAL_MIXED_RATES = (3.0, 12.0)  # requests/s; 3/s is the fidelity benchmark's rate
+REAL_VIDEO_SHARE = 0.3
+REAL_TARGET_WORLD = 2
+REAL_TARGET_REQUESTS = 12
+REAL_TARGET_LOAD = 0.5  # x the capacity of REAL_TARGET_WORLD ranks for the target trace
+REAL_LARGE_SHARE = 0.3
+REAL_REPEATS = 3
+REAL_TARGETS = {"target_latency_ratio": 1.25, "never_worse_by": 0.05}
 REGROUP_SCENARIOS = ("image-steady", "video-bursty", "mixed-steady")  # the regrouping-cost runs
 TARGETS = {
     "throughput_at_slo_ratio": 6.0,
@@ -101,6 +128,7 @@ class Section:
     markdown: str
     data: dict[str, Any]
     figures: list[str] = dataclasses.field(default_factory=list)
+    carried: bool = False  # not run this time: the previous report's text and numbers
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -120,6 +148,7 @@ class Lab:
         self._option_ok: dict[str, bool] = {}
         self.num_runs = 0
         self.sim_wall_s = 0.0
+        self.real_runs = 0
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -546,7 +575,7 @@ def main_section(lab: Lab, ctx: dict[str, Any]) -> Section:
             + "\n"
         )
     ctx["main"] = data
-    return Section("main", "Images and videos on h20x8", "\n".join(md), data, figs)
+    return Section("main", TITLES["main"], "\n".join(md), data, figs)
 
 
 def headline_section(lab: Lab, ctx: dict[str, Any]) -> Section:
@@ -630,9 +659,7 @@ def headline_section(lab: Lab, ctx: dict[str, Any]) -> Section:
         "value is in the scenario tables below. Past capacity both sides' latencies grow with the trace's "
         "length, so reductions there compare two backlogs."
     )
-    return Section(
-        "headline", "Headline: best dynamic vs best static, against the targets", "\n".join(md), out
-    )
+    return Section("headline", TITLES["headline"], "\n".join(md), out)
 
 
 def _ge(x: float | None, target: float) -> bool:
@@ -726,7 +753,7 @@ def regroup_section(lab: Lab, ctx: dict[str, Any]) -> Section:
         ],
         rows,
     )
-    return Section("regroup", "(a) Sensitivity to the cost of forming a group", md, data, [path])
+    return Section("regroup", TITLES["regroup"], md, data, [path])
 
 
 def fixed_shape_trace(
@@ -809,7 +836,7 @@ def layout_section(lab: Lab, ctx: dict[str, Any]) -> Section:
             f"\nNot run (not in this build yet): {', '.join(missing)}. They join this table by name once built in."
         )
     data = {"capacity_rps": capacity, "shape": shape, "step_s": steps, **sw, "missing": missing}
-    return Section("layouts", "(b) Layouts for long videos on h20x16", "\n".join(md), data, [fig])
+    return Section("layouts", TITLES["layouts"], "\n".join(md), data, [fig])
 
 
 def priority_section(lab: Lab, ctx: dict[str, Any]) -> Section:
@@ -914,19 +941,346 @@ def priority_section(lab: Lab, ctx: dict[str, Any]) -> Section:
             rows,
         )
     )
-    return Section("priority", "(c) Mixed priority: one long video and a stream of images", md, data, [path])
+    return Section("priority", TITLES["priority"], md, data, [path])
+
+
+def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
+    """tiny-wan on this machine's CPUs: a profile measured here, then mixed traces and the target trace
+    replayed on real engines (the profiled cost model in the control plane) under every policy that fits
+    the world; each cell the median of REAL_REPEATS runs."""
+    import real_runs as R
+
+    t0 = time.perf_counter()
+    load_before = os.getloadavg()
+    repeats = 1 if lab.quick else REAL_REPEATS
+    prof_path = os.path.join(lab.fig_dir, "real_profile.json")
+    prof, reused, took = R.get_profile(prof_path)
+    steps = R.step_table(prof)
+    large, large_row = R.pick_large(prof)
+    one = R.pricer_for(prof_path, 1)  # the large request alone on one rank; then with its steps halved
+    alone1 = one.latency(R.MODEL, *large, 1)
+    ceiling = (alone1, alone1 - large[3] * large_row["step1_s"] / 2)
+    pricer = R.pricer_for(prof_path, min(REAL_WORLDS))
+    mixed = [("image", R.IMAGE, 1 - REAL_VIDEO_SHARE), ("video", R.VIDEO, REAL_VIDEO_SHARE)]
+    target = [("image", R.IMAGE, 1 - REAL_LARGE_SHARE), ("large", large, REAL_LARGE_SHARE)]
+
+    def cap(classes: Sequence[tuple[str, tuple[int, int, int, int], float]]) -> float:
+        return R.capacity_rps(pricer, [(shape, share) for _, shape, share in classes])
+
+    n_mixed = 12 if lab.quick else REAL_MIXED_REQUESTS
+    n_target = 6 if lab.quick else REAL_TARGET_REQUESTS
+    traces = [
+        R.make_trace(
+            f"mixed {rate:g}/s", mixed, n_mixed, rate, pricer, rate / cap(mixed), REAL_WORLDS, SEED, SLO_SCALE
+        )
+        for rate in REAL_MIXED_RATES
+    ]
+    traces.append(
+        R.make_trace(
+            "target",
+            target,
+            n_target,
+            REAL_TARGET_LOAD * cap(target),
+            pricer,
+            REAL_TARGET_LOAD,
+            (REAL_TARGET_WORLD,),
+            SEED,
+            SLO_SCALE,
+        )
+    )
+    dynamic = lab.policies(DYNAMIC)
+    cells: dict[str, dict[str, Any]] = {}  # "trace @ world N" -> policy -> median summary (or error)
+    kinds: dict[str, list[str]] = {}
+    sizes: dict[str, int] = {}
+    for world in REAL_WORLDS:
+        static = [p for p in ("static:1", "static:2", "static:4") if world % int(p.split(":")[1]) == 0]
+        policies = static + dynamic
+        res = R.run_world(traces, world, policies, prof_path, repeats)
+        for name, per_policy in res.items():
+            key = f"{name} @ world {world}"
+            sizes[key] = next(len(t.requests) for t in traces if t.name == name)
+            kinds[key] = static
+            cells[key] = {}
+            for p, cell in per_policy.items():
+                if cell.get("error") or not cell["runs"]:
+                    cells[key][p] = {"error": cell.get("error", "no run completed"), "runs": cell["runs"]}
+                else:
+                    cells[key][p] = {**R.median_summary(cell["runs"]), "runs": cell["runs"]}
+            lab.real_runs += sum(len(c["runs"]) for c in per_policy.values())
+    # the profile's two-rank step against one measured at the smallest world (its collectives may wait
+    # differently when the ranks do not outnumber the cores)
+    check_shape = R.VIDEO[:3]
+    small_world = R.two_rank_step_at(min(REAL_WORLDS), check_shape)
+    in_profile = next(r for r in steps if tuple(r["shape"]) == check_shape)
+    load_after = os.getloadavg()
+
+    # best static vs best dynamic on mean latency, per trace and world
+    cmp_rows, compare_data, figs = [], {}, []
+    for key, per in cells.items():
+        static = kinds[key]
+
+        def best(names: Sequence[str], per: dict[str, Any] = per) -> tuple[str | None, float | None]:
+            c = [(n, per[n]["mean_latency_s"]) for n in names if per.get(n, {}).get("mean_latency_s")]
+            return min(c, key=lambda x: x[1]) if c else (None, None)
+
+        s_name, s_lat = best(static)
+        d_name, d_lat = best(dynamic)
+        ratio = s_lat / d_lat if s_lat and d_lat else None
+        excess = d_lat / s_lat - 1 if s_lat and d_lat else None
+        compare_data[key] = {
+            "best_static": [s_name, s_lat],
+            "best_dynamic": [d_name, d_lat],
+            "static_over_dynamic_mean_latency": ratio,
+            "dynamic_excess": excess,
+        }
+        never = excess is not None and excess <= REAL_TARGETS["never_worse_by"]
+        s_spread = per.get(s_name, {}).get("mean_latency_spread_s") if s_name else None
+        d_spread = per.get(d_name, {}).get("mean_latency_spread_s") if d_name else None
+        overlap = bool(s_spread and d_spread and s_spread[0] <= d_spread[1] and d_spread[0] <= s_spread[1])
+        compare_data[key]["repeat_ranges_overlap"] = overlap
+        is_target = key.startswith("target")
+        cmp_rows.append(
+            [
+                key,
+                f"{s_name} {fmt_ms(s_lat)}",
+                f"{d_name} {fmt_ms(d_lat)}",
+                _met(fmt(ratio, "x"), _ge(ratio, REAL_TARGETS["target_latency_ratio"]))
+                if is_target
+                else fmt(ratio, "x"),
+                _met(fmt(excess, "pct"), never),
+                "yes" if overlap else "no",
+            ]
+        )
+        if is_target and s_name and d_name:
+            for n in (s_name, d_name):
+                replay = per[n].get("_replay")
+                if replay is not None:
+                    path = os.path.join(lab.fig_dir, f"real-target-{n.replace(':', '')}.png")
+                    os.makedirs(lab.fig_dir, exist_ok=True)
+                    simulate.plot_timeline(
+                        replay.intervals,
+                        replay.num_ranks,
+                        path,
+                        f"target trace, {n} on the real engine ({replay.where})",
+                    )
+                    figs.append(path)
+
+    md = [
+        f"gfdit's engine on this machine ({os.cpu_count()} cores, shared with other work: load average "
+        f"{load_before[0]:.1f} before the runs, {load_after[0]:.1f} after), tiny-wan (random weights), one worker "
+        f"process per rank, the control plane given the profiled cost model (`gfdit.simulate.replay_trace(..., "
+        f"profile=...)`), so the dynamic policies plan with measured stage times. Each cell is the median of "
+        f"{repeats} replays on one engine per policy (all engines of a world size alive at once, the policies "
+        f"taking turns in each repeat); the spread is the min..max of the mean latency over the repeats.\n",
+        f"**Profile** (`gfdit profile`, world {R.PROFILE_WORLD}, {R.PROFILE_STEPS} steps x {R.PROFILE_REPEATS} "
+        f"repeats per size and layout): "
+        + ("reused from an earlier run with the same options" if reused else f"measured in {took:.0f} s")
+        + f" (`{rel(lab, prof_path)}`). A step on one rank against the fastest two-rank layout:\n",
+        table(
+            [
+                "size (HxWxF)",
+                "tokens",
+                "step, 1 rank (ms)",
+                "step, 2 ranks (ms)",
+                "2-rank layout",
+                "gain",
+                "decode (ms)",
+            ],
+            [
+                [
+                    "x".join(map(str, r["shape"])),
+                    r["tokens"],
+                    fmt_ms(r["step1_s"]),
+                    fmt_ms(r["step2_s"]),
+                    r["step2_layout"] or "-",
+                    fmt(r["gain"], "x"),
+                    fmt_ms(r["decode_s"]),
+                ]
+                for r in steps
+            ],
+        ),
+        "",
+        f"**Traces** (seed {SEED}; Poisson arrivals from t = 0; deadlines {SLO_SCALE:g} x each request's alone "
+        f"latency at its best static degree on {min(REAL_WORLDS)} ranks, from the profile):\n",
+        table(
+            [
+                "trace",
+                "requests",
+                "classes (HxWxF, steps, share)",
+                "rate (req/s)",
+                "load (x capacity on 2 ranks)",
+                "worlds",
+            ],
+            [
+                [
+                    t.name,
+                    len(t.requests),
+                    "; ".join(
+                        f"{c} {s[0]}x{s[1]}x{s[2]} {s[3]} steps {share:.0%}"
+                        for c, s, share in (mixed if t.name.startswith("mixed") else target)
+                    ),
+                    fmt(t.rate_rps, "rate"),
+                    fmt(t.load),
+                    ", ".join(map(str, t.worlds)),
+                ]
+                for t in traces
+            ],
+        ),
+        "",
+        f"The target trace mixes the small images with the profiled size whose step gains most from two ranks "
+        f"({'x'.join(map(str, large[:3]))}: {fmt(large_row['gain'], 'x')} by the profile), at {large[3]} steps. "
+        + (
+            "No profiled size runs a step faster on two ranks than on one, so a policy that follows the profile "
+            "keeps every request on one rank and can differ from static:1 only in order and placement. "
+            if (max((r["gain"] or 0) for r in steps) < 1)
+            else ""
+        )
+        + f"The decode runs on one rank whatever the policy: even a step twice as fast on two ranks would take "
+        f"the large request alone from {fmt_ms(ceiling[0])} ms to {fmt_ms(ceiling[1])} ms "
+        f"({fmt(ceiling[0] / ceiling[1], 'x')}), a ceiling on what spreading can win on this trace.\n",
+    ]
+    for key, per in cells.items():
+        rows = []
+        for p, c in per.items():
+            if "error" in c:
+                rows.append([p, "error: " + str(c["error"])[:80], "", "", "", "", "", "", ""])
+                continue
+            spread = c["mean_latency_spread_s"]
+            rows.append(
+                [
+                    p,
+                    fmt(c["throughput_rps"], "rate"),
+                    fmt_ms(c["mean_latency_s"]),
+                    fmt_ms(c["p50_latency_s"]),
+                    fmt_ms(c["p99_latency_s"]),
+                    fmt(c["slo_attainment"], "pct"),
+                    fmt(c["utilization"], "pct"),
+                    f"{fmt_ms(spread[0])}..{fmt_ms(spread[1])}" if spread else "-",
+                    f"{c['completed']}/{sizes[key]}",
+                ]
+            )
+        md.append(f"### {key}\n")
+        md.append(
+            table(
+                [
+                    "policy",
+                    "throughput (req/s)",
+                    "mean latency (ms)",
+                    "p50 (ms)",
+                    "p99 (ms)",
+                    "SLO",
+                    "utilisation",
+                    "mean latency over repeats (ms)",
+                    "completed (worst repeat)",
+                ],
+                rows,
+            )
+            + "\n"
+        )
+    md.append(
+        f"The profile was measured at world {R.PROFILE_WORLD}; measured again at world {min(REAL_WORLDS)} after "
+        f"the runs, a {'x'.join(map(str, check_shape))} step takes {fmt_ms(small_world['step1_s'])} ms on one "
+        f"rank and {fmt_ms(small_world['step2_s'])} ms on two ({small_world['step2_layout']}), against "
+        f"{fmt_ms(in_profile['step1_s'])} and {fmt_ms(in_profile['step2_s'])} ms in the profile.\n"
+    )
+    md.append("### Best dynamic against best static (mean latency)\n")
+    md.append(
+        table(
+            [
+                "trace @ world",
+                "best static (ms)",
+                "best dynamic (ms)",
+                f"static / dynamic (target trace: >= {REAL_TARGETS['target_latency_ratio']:g}x)",
+                f"dynamic worse by (target <= {REAL_TARGETS['never_worse_by']:.0%})",
+                "their repeats' mean latencies overlap",
+            ],
+            cmp_rows,
+        )
+        + "\n\nOn this machine the mean latency of one policy moves by several percent between repeats and "
+        "between engine instances even where the timelines show the same placements (the spreads above); where "
+        "the two repeat ranges overlap, a difference between the best static and the best dynamic policy is "
+        "within that noise.\n"
+    )
+    diag_rows = []
+    for key, per in cells.items():
+        for p in [*kinds[key], *dynamic]:
+            d = per.get(p, {}).get("diagnostics")
+            if not d:
+                continue
+            parts, waits = [], []
+            for cname, v in d.items():
+                if cname == "migrations":
+                    continue
+                parts.append(
+                    f"{cname}: {v['spread_share']:.0%} of {v['steps']} steps on > 1 rank"
+                    + (
+                        f", {v['one_rank_while_another_idle']} on 1 rank beside an idle one"
+                        if cname != "image"
+                        else ""
+                    )
+                )
+                waits.append(f"{cname} {fmt_ms(v['mean_latency_s'])} / {fmt_ms(v['mean_wait_s'])}")
+            diag_rows.append([key, p, "; ".join(parts), d["migrations"], "; ".join(waits)])
+    md.append(
+        "What each policy did (the median repeat's timeline), by request class: steps on more than one rank, "
+        "steps of a larger request on one rank while another rank was idle the whole step, mean latency and mean "
+        "wait from arrival to the request's first task:\n"
+    )
+    md.append(
+        table(
+            [
+                "trace @ world",
+                "policy",
+                "steps",
+                "migrations",
+                "mean latency / wait before the first task (ms)",
+            ],
+            diag_rows,
+        )
+        + "\n"
+    )
+    for f in figs:
+        md.append(f"![{os.path.basename(f)}]({rel(lab, f)})\n")
+    md.append(f"_{lab.real_runs} real replays, {time.perf_counter() - t0:.0f} s._")
+    data = {
+        "profile": {"path": rel(lab, prof_path), "reused": reused, "seconds": took, "steps": steps},
+        "large": {"shape": list(large), **large_row, "alone_s": ceiling[0], "alone_half_step_s": ceiling[1]},
+        "traces": {
+            t.name: {
+                "requests": [r.to_json() for r in t.requests],
+                "rate_rps": t.rate_rps,
+                "load": t.load,
+                "worlds": list(t.worlds),
+            }
+            for t in traces
+        },
+        "repeats": repeats,
+        "load_average": [load_before[0], load_after[0]],
+        "two_rank_step_check": {"world": min(REAL_WORLDS), "measured": small_world, "in_profile": in_profile},
+        "cells": cells,
+        "compare": compare_data,
+        "targets": REAL_TARGETS,
+        "seconds": time.perf_counter() - t0,
+    }
+    return Section("real", TITLES["real"], "\n".join(md), data, figs)
+
+
+def fmt_ms(x: float | None) -> str:
+    return "-" if x is None else f"{1e3 * x:.0f}"
 
 
 # The report, in order. A section is a function (lab, ctx) -> Section; ctx carries what one section hands a
-# later one (the headline reads the main sweeps). A new section (real CPU runs, say) is one more function here.
+# later one (the headline reads the main sweeps).
 SECTIONS: list[Callable[[Lab, dict[str, Any]], Section]] = [
     main_section,
     headline_section,
     regroup_section,
     layout_section,
     priority_section,
+    real_section,
 ]
-REPORT_ORDER = ("headline", "main", "regroup", "layouts", "priority")
+SECTION_KEYS = ("main", "headline", "regroup", "layouts", "priority", "real")  # SECTIONS' keys, in order
+REPORT_ORDER = ("headline", "main", "regroup", "layouts", "priority", "real")
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -974,7 +1328,7 @@ def jsonable(x: Any) -> Any:
 
 def write_report(lab: Lab, sections: dict[str, Section], wall_s: float) -> tuple[str, str]:
     parts = [
-        "# Scheduling experiments (simulation)\n",
+        "# Scheduling experiments\n",
         "Regenerate with `make experiments` (`python bench/experiments.py`); every number below is computed "
         "by that run.\n",
         "## Method\n",
@@ -993,7 +1347,10 @@ def write_report(lab: Lab, sections: dict[str, Section], wall_s: float) -> tuple
         if key in sections:
             s = sections[key]
             parts.append(f"## {s.title}\n\n{s.markdown}\n")
-    parts.append(f"_{lab.num_runs} simulations, {wall_s:.0f} s._\n")
+    carried = [k for k in sections if sections[k].carried]
+    if carried:
+        parts.append(f"_Carried over from the previous report, not run this time: {', '.join(carried)}._\n")
+    parts.append(f"_{lab.num_runs} simulations, {lab.real_runs} real replays, {wall_s:.0f} s._\n")
     md_path = os.path.join(lab.out_dir, "experiments.md")
     json_path = os.path.join(lab.out_dir, "experiments.json")
     with open(md_path, "w", encoding="utf-8") as f:
@@ -1012,6 +1369,8 @@ def write_report(lab: Lab, sections: dict[str, Section], wall_s: float) -> tuple
         "notes": lab.notes,
         "policies_skipped": [n for n, built in lab._policy_ok.items() if not built],
         "sections": {k: s.data for k, s in sections.items()},
+        "section_titles": {k: s.title for k, s in sections.items()},
+        "carried_over": carried,
     }
     with open(json_path, "w", encoding="utf-8") as f:
         json.dump(jsonable(payload), f, indent=1)
@@ -1019,22 +1378,83 @@ def write_report(lab: Lab, sections: dict[str, Section], wall_s: float) -> tuple
     return md_path, json_path
 
 
+def previous_sections(out_dir: str) -> dict[str, Section]:
+    """The sections of the report already in ``out_dir`` (its markdown by title, its numbers by key), for
+    the sections a run leaves out."""
+    try:
+        with open(os.path.join(out_dir, "experiments.md"), encoding="utf-8") as f:
+            md = f.read()
+        with open(os.path.join(out_dir, "experiments.json"), encoding="utf-8") as f:
+            payload = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    bodies: dict[str, str] = {}
+    title, lines = None, []
+    for line in md.split("\n"):
+        if line.startswith(("## ", "_Carried over")) or re.match(r"_\d+ simulations", line):
+            if title is not None:
+                bodies[title] = "\n".join(lines).strip("\n")
+            title, lines = (line[3:].strip(), []) if line.startswith("## ") else (None, [])
+        elif title is not None:
+            lines.append(line)
+    if title is not None:
+        bodies[title] = "\n".join(lines).strip("\n")
+    titles = {**TITLES, **(payload.get("section_titles") or {})}
+    out = {}
+    for key, data in (payload.get("sections") or {}).items():
+        t = titles.get(key, "")
+        if t in bodies:
+            out[key] = Section(key, t, bodies[t], data, carried=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"), help="where the report goes")
     ap.add_argument("--quick", action="store_true", help="smaller traces and fewer loads (a smoke test)")
+    ap.add_argument(
+        "--skip-real",
+        action="store_true",
+        help="leave out the real CPU runs (they keep the previous report's)",
+    )
+    ap.add_argument(
+        "--only",
+        metavar="KEY,...",
+        help=f"run only these sections ({', '.join(SECTION_KEYS)}); the others keep the previous report's",
+    )
     args = ap.parse_args()
+    only = set(SECTION_KEYS)
+    if args.only:
+        only = {k.strip() for k in args.only.split(",") if k.strip()}
+        unknown = only - set(SECTION_KEYS)
+        if unknown:
+            ap.error(
+                f"--only: unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(SECTION_KEYS)}"
+            )
+        if "headline" in only:
+            only.add("main")  # the headline reads the main sweeps
+    if args.skip_real:
+        only.discard("real")
     os.makedirs(args.out_dir, exist_ok=True)
+    previous = previous_sections(args.out_dir)
     lab = Lab(args.out_dir, args.quick)
     t0 = time.perf_counter()
     ctx: dict[str, Any] = {}
     sections: dict[str, Section] = {}
-    for fn in SECTIONS:
-        s = fn(lab, ctx)
-        sections[s.key] = s
+    for key, fn in zip(SECTION_KEYS, SECTIONS):
+        if key in only:
+            s = fn(lab, ctx)
+            sections[s.key] = s
+        elif key in previous:
+            sections[key] = previous[key]
     md_path, json_path = write_report(lab, sections, time.perf_counter() - t0)
-    print(sections["headline"].markdown)
-    print(f"{lab.num_runs} simulations in {lab.sim_wall_s:.0f} s; total {time.perf_counter() - t0:.0f} s")
+    for key in ("headline", "real"):
+        if key in only and key in sections:
+            print(sections[key].markdown)
+    print(
+        f"{lab.num_runs} simulations in {lab.sim_wall_s:.0f} s, {lab.real_runs} real replays; "
+        f"total {time.perf_counter() - t0:.0f} s"
+    )
     print(f"wrote {md_path}, {json_path} and {lab.fig_dir}/*.png")
     return 0
 

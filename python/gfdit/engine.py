@@ -185,6 +185,7 @@ class Engine:
             raise InvalidUsage("gfdit.Engine: task_timeout_s must be a finite number >= 0 (0: no deadline)")
         self.world_size = world_size
         self.model_name = model
+        self.cost_model = cost_model
         self._closed = False
         self._loop = rt.EngineLoop(
             world_size,

@@ -60,17 +60,17 @@ def simulate_trace(
     *,
     model: str,
     cluster: str,
-    policy: str,
+    policy: str | Any,
     profile: str | None = None,
     max_inflight_steps: int = 2,
     record_intervals: bool = False,
     regroup_s: float | None = None,
     regroup_every_change: bool | None = None,
 ) -> Replay:
-    """Runs the trace through the simulator: the control plane and ``policy`` on ``cluster``'s ranks, stage
-    times from the cost model (analytic, or ``profile``'s measurements). The ``cpu`` cluster needs a profile
-    and has as many ranks as the profile's world size. Unknown clusters or policies raise InvalidUsage
-    naming the valid ones.
+    """Runs the trace through the simulator: the control plane and ``policy`` (a built-in's name or a
+    ``gfdit.Policy`` object, the same one an engine takes) on ``cluster``'s ranks, stage times from the cost
+    model (analytic, or ``profile``'s measurements). The ``cpu`` cluster needs a profile and has as many ranks
+    as the profile's world size. Unknown clusters or policies raise InvalidUsage naming the valid ones.
 
     ``regroup_s``: the cost of forming a group (None: the cluster's hardware value, about a microsecond for
     gfdit's group-free collectives). ``regroup_every_change``: charge it each time a request's group changes
@@ -151,7 +151,7 @@ def simulate_trace(
     ]
     describe = cm.describe()
     return Replay(
-        policy=policy,
+        policy=_policy_name(policy),
         outcomes=outcomes,
         busy_rank_s=float(res.busy_rank_s),
         num_ranks=int(res.num_ranks),
@@ -161,10 +161,17 @@ def simulate_trace(
     )
 
 
-def _check_policy(policy: str, num_ranks: int) -> None:
-    """Refuses an unknown policy with the valid names (from the runtime, the one place that knows them)."""
+def _check_policy(policy: str | Any, num_ranks: int) -> None:
+    """Refuses an unknown policy with the valid names (from the runtime, the one place that knows them), and
+    anything that is neither a name nor a ``gfdit.Policy``."""
     from gfdit._C import runtime as rt
 
+    if isinstance(policy, rt.Policy):
+        return
+    if not isinstance(policy, str):
+        raise InvalidUsage(
+            f"a policy is a built-in's name or a gfdit.Policy object, got {type(policy).__name__}"
+        )
     try:
         rt.make_policy(policy)  # parses the name the way the simulator and the engine do
     except InvalidUsage as e:
@@ -175,7 +182,49 @@ def _check_policy(policy: str, num_ranks: int) -> None:
         )
 
 
+def _policy_name(policy: str | Any) -> str:
+    return policy if isinstance(policy, str) else str(policy.name())
+
+
 # ------------------------------------------------------------------------------------------------ run-trace
+def engine_cost_model(model: str, world_size: int, profile: str | os.PathLike | Any) -> tuple[Any, Any]:
+    """(cost model, profile): the profiled cost model an engine of ``world_size`` ranks serving ``model``
+    hands its policies, and the profile it was built from.
+
+    ``profile``: a file written by ``gfdit profile`` or a ``gfdit.cost.Profile``. It must have been measured
+    for ``model`` at a world size of at least ``world_size`` (degrees above its world were never measured);
+    otherwise InvalidUsage says what to measure."""
+    from gfdit import cost
+
+    prof = profile if isinstance(profile, cost.Profile) else cost.load_profile(profile)
+    where = f"the profile {profile}" if not isinstance(profile, cost.Profile) else "the profile"
+    if prof.model != model:
+        raise InvalidUsage(
+            f"{where} was measured for {prof.model!r}, not {model!r}: "
+            f"run `gfdit profile --model {model} --world-size {world_size}`"
+        )
+    if int(prof.world_size) < world_size:
+        raise InvalidUsage(
+            f"{where} was measured at world size {prof.world_size}, below the replay's {world_size}: "
+            f"run `gfdit profile --model {model} --world-size {world_size}`"
+        )
+    return cost.cost_model(model, "cpu", profile=prof), prof
+
+
+def _check_priceable(requests: Sequence[TraceRequest], model: str, prof: Any) -> None:
+    """Refuses a trace with a shape the profile cannot price at any degree: its policies would schedule it
+    without predictions (the shape-only rules) and say nothing about it."""
+    from gfdit import workload
+
+    pricer = workload.Pricer("cpu", prof)
+    for r in requests:
+        if pricer.best(model, r.height, r.width, r.num_frames, r.num_inference_steps) is None:
+            raise InvalidUsage(
+                f"request {r.id} ({r.height}x{r.width}x{r.num_frames}) is outside what the profile measured: "
+                f"profile its size with `gfdit profile --shapes {r.height}x{r.width}x{r.num_frames} ...`"
+            )
+
+
 def _engine_request(
     r: TraceRequest, prompt: str | None = None, num_steps: int | None = None, deadline: bool = True
 ) -> Any:
@@ -199,119 +248,146 @@ def replay_trace(
     *,
     model: str,
     world_size: int,
-    policy: str,
+    policy: str | Any,
+    profile: str | os.PathLike | Any = None,
     timeout_s: float = 600.0,
     threads_per_worker: int = 1,
 ) -> Replay:
-    """Replays the trace on a real ``gfdit.Engine`` in real time.
+    """Replays the trace on a real ``gfdit.Engine`` in real time (see ``replay_on_engine``), started for
+    this replay and shut down after it.
 
-    The engine starts (workers load the model) and runs one small warm-up request before the replay clock
-    starts; then a thread submits each request at its arrival time. Latency is the request's DONE time
-    minus its QUEUED time, a deadline is met when DONE comes by the replay's start + deadline_s. Requests
-    that fail, are cancelled or are not done ``timeout_s`` after the replay's start count as not completed.
+    ``policy``: a built-in's name or a ``gfdit.Policy`` object. ``profile`` (a file from ``gfdit profile`` or
+    a ``gfdit.cost.Profile``, measured for ``model`` at a world size >= ``world_size``): the engine's policies
+    get the profiled cost model's predictions (see ``engine_cost_model``); every request of the trace must be
+    a size the profile can price. Without it the dynamic policies fall back to shape-only rules (perfect
+    scaling assumed).
+    """
+    import gfdit
+
+    _check_policy(policy, world_size)
+    cost_model = None
+    if profile is not None:
+        cost_model, prof = engine_cost_model(model, world_size, profile)
+        _check_priceable(requests, model, prof)
+    with gfdit.Engine(
+        model=model,
+        world_size=world_size,
+        policy=policy,
+        threads_per_worker=threads_per_worker,
+        cost_model=cost_model,
+    ) as eng:
+        return replay_on_engine(eng, requests, timeout_s=timeout_s)
+
+
+def replay_on_engine(engine: Any, requests: Sequence[TraceRequest], *, timeout_s: float = 600.0) -> Replay:
+    """Replays the trace on a running ``gfdit.Engine`` in real time; the engine keeps running after it, so
+    one engine (one policy) can replay several traces in turn, each after the previous one has ended.
+
+    One small warm-up request runs before the replay clock starts; then a thread submits each request at
+    its arrival time. Latency is the request's DONE time minus its QUEUED time, a deadline is met when DONE
+    comes by the replay's start + deadline_s. Requests that fail, are cancelled or are not done ``timeout_s``
+    after the replay's start count as not completed (those still running are cancelled).
     """
     import gfdit
     from gfdit._C import runtime as rt
 
-    _check_policy(policy, world_size)
-    with gfdit.Engine(
-        model=model, world_size=world_size, policy=policy, threads_per_worker=threads_per_worker
-    ) as eng:
-        smallest = min(requests, key=lambda r: (r.height * r.width * r.num_frames, r.num_inference_steps))
-        eng.submit(_engine_request(smallest, prompt="warm-up", num_steps=1, deadline=False)).result(
-            timeout=120
-        )
+    eng = engine
+    smallest = min(requests, key=lambda r: (r.height * r.width * r.num_frames, r.num_inference_steps))
+    eng.submit(_engine_request(smallest, prompt="warm-up", num_steps=1, deadline=False)).result(timeout=120)
 
-        start_ns = rt.now_ns()
-        t0 = time.perf_counter()
-        handles: list[tuple[TraceRequest, Any, BaseException | None]] = []
-        stop = threading.Event()
+    start_ns = rt.now_ns()
+    t0 = time.perf_counter()
+    handles: list[tuple[TraceRequest, Any, BaseException | None]] = []
+    stop = threading.Event()
 
-        def submit_all() -> None:
-            for r in requests:
-                delay = (start_ns + int(r.arrival_s * 1e9) - rt.now_ns()) / 1e9
-                if delay > 0 and stop.wait(delay):
-                    return
-                try:
-                    handles.append((r, eng.submit(_engine_request(r)), None))
-                except (gfdit.Error, ValueError, RuntimeError) as e:  # refused at submit: not completed
-                    handles.append((r, None, e))
+    def submit_all() -> None:
+        for r in requests:
+            delay = (start_ns + int(r.arrival_s * 1e9) - rt.now_ns()) / 1e9
+            if delay > 0 and stop.wait(delay):
+                return
+            try:
+                handles.append((r, eng.submit(_engine_request(r)), None))
+            except (gfdit.Error, ValueError, RuntimeError) as e:  # refused at submit: not completed
+                handles.append((r, None, e))
 
-        submitter = threading.Thread(target=submit_all, name="gfdit-trace-submit", daemon=True)
-        submitter.start()
-        end = time.monotonic() + timeout_s
-        submitter.join(max(0.0, end - time.monotonic()))
-        stop.set()
-        submitter.join()
+    submitter = threading.Thread(target=submit_all, name="gfdit-trace-submit", daemon=True)
+    submitter.start()
+    end = time.monotonic() + timeout_s
+    submitter.join(max(0.0, end - time.monotonic()))
+    stop.set()
+    submitter.join()
 
-        outcomes: list[Outcome] = []
-        intervals: list[Interval] = []
-        busy_ns = 0
-        submitted = {r.id for r, _, _ in handles}
-        for r, handle, error in handles:
-            state, finish = "FAILED", None
-            arrival = r.arrival_s
-            if handle is not None:
-                try:
-                    res = handle.result(timeout=max(0.0, end - time.monotonic()))
-                except gfdit.RequestFailed:
-                    state = "FAILED"
-                except CancelledError:
-                    state = "CANCELLED"
-                except TimeoutError:
-                    state = "TIMEOUT"
-                    handle.cancel()
-                else:
-                    times = {name: t_ns for name, _, t_ns in res.transitions}
-                    state = res.state
-                    arrival = (res.transitions[0][2] - start_ns) / 1e9  # QUEUED, at submit
-                    finish = (times["DONE"] - start_ns) / 1e9
-                    for s in res.timeline:
-                        busy_ns += (s.end_ns - s.start_ns) * len(s.ranks)
-                        kind = "step" if s.kind == "denoise" else s.kind
-                        for rank in s.ranks:
-                            intervals.append(
-                                Interval(
-                                    rank=rank,
-                                    request_id=r.id,
-                                    kind=kind,
-                                    start_s=(s.start_ns - start_ns) / 1e9,
-                                    end_s=(s.end_ns - start_ns) / 1e9,
-                                )
+    outcomes: list[Outcome] = []
+    intervals: list[Interval] = []
+    busy_ns = 0
+    submitted = {r.id for r, _, _ in handles}
+    for r, handle, error in handles:
+        state, finish = "FAILED", None
+        arrival = r.arrival_s
+        if handle is not None:
+            try:
+                res = handle.result(timeout=max(0.0, end - time.monotonic()))
+            except gfdit.RequestFailed:
+                state = "FAILED"
+            except CancelledError:
+                state = "CANCELLED"
+            except TimeoutError:
+                state = "TIMEOUT"
+                handle.cancel()
+            else:
+                times = {name: t_ns for name, _, t_ns in res.transitions}
+                state = res.state
+                arrival = (res.transitions[0][2] - start_ns) / 1e9  # QUEUED, at submit
+                finish = (times["DONE"] - start_ns) / 1e9
+                for s in res.timeline:
+                    busy_ns += (s.end_ns - s.start_ns) * len(s.ranks)
+                    kind = "step" if s.kind == "denoise" else s.kind
+                    for rank in s.ranks:
+                        intervals.append(
+                            Interval(
+                                rank=rank,
+                                request_id=r.id,
+                                kind=kind,
+                                start_s=(s.start_ns - start_ns) / 1e9,
+                                end_s=(s.end_ns - start_ns) / 1e9,
                             )
-            elif error is not None:
-                state = "REFUSED"
-            outcomes.append(
-                Outcome(
-                    id=r.id,
-                    arrival_s=arrival,
-                    finish_s=finish,
-                    deadline_s=r.deadline_s,
-                    state=state,
-                    priority=r.priority,
-                )
-            )
-        outcomes += [
+                        )
+        elif error is not None:
+            state = "REFUSED"
+        outcomes.append(
             Outcome(
                 id=r.id,
-                arrival_s=r.arrival_s,
-                finish_s=None,
+                arrival_s=arrival,
+                finish_s=finish,
                 deadline_s=r.deadline_s,
-                state="NOT_SUBMITTED",
+                state=state,
                 priority=r.priority,
             )
-            for r in requests
-            if r.id not in submitted
-        ]
-        wall = time.perf_counter() - t0
+        )
+    outcomes += [
+        Outcome(
+            id=r.id,
+            arrival_s=r.arrival_s,
+            finish_s=None,
+            deadline_s=r.deadline_s,
+            state="NOT_SUBMITTED",
+            priority=r.priority,
+        )
+        for r in requests
+        if r.id not in submitted
+    ]
+    wall = time.perf_counter() - t0
+    where = f"engine {eng.model_name} x{eng.world_size}"
+    if eng.cost_model is not None:
+        where += f", {eng.cost_model.describe()}"
     return Replay(
-        policy=policy,
+        policy=eng.policy_name,
         outcomes=outcomes,
         busy_rank_s=busy_ns / 1e9,
-        num_ranks=world_size,
+        num_ranks=eng.world_size,
         intervals=intervals,
         wall_s=wall,
-        where=f"engine {model} x{world_size}",
+        where=where,
     )
 
 
@@ -481,9 +557,6 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             "--model", required=True, help="model name of the cost model (qwen-image, wan2.2, ...)"
         )
         parser.add_argument(
-            "--profile", help="profile file from `gfdit profile`: stage times from measurements"
-        )
-        parser.add_argument(
             "--max-inflight-steps",
             type=int,
             default=2,
@@ -501,6 +574,15 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             help="seconds after the replay's start past which unfinished requests count as "
             "not completed (default 600)",
         )
+    parser.add_argument(
+        "--profile",
+        help="profile file from `gfdit profile`: stage times from measurements"
+        + (
+            ""
+            if command == "simulate"
+            else " (the same model, world size >= --world-size): the policies' predictions"
+        ),
+    )
     parser.add_argument("--json", metavar="OUT", help="also write the metrics to this JSON file")
     parser.add_argument("--plot", metavar="DIR", help="write latency_cdf.png and timeline.png into DIR")
 
@@ -527,6 +609,7 @@ def run(args: argparse.Namespace, command: str) -> int:
                 model=args.model,
                 world_size=args.world_size,
                 policy=args.policy,
+                profile=args.profile,
                 timeout_s=args.timeout,
             )
     except InvalidUsage as e:

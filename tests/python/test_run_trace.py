@@ -8,6 +8,7 @@ import os
 
 import pytest
 from gfdit import simulate
+from gfdit._C import InvalidUsage
 from gfdit._C import cost as cost_c
 from gfdit.trace import SUMMARY_KEYS, TraceRequest, load_trace, write_trace
 
@@ -114,3 +115,69 @@ def test_bad_policy_and_trace_exit_2(trace, tmp_path, capsys):
     )
     assert f"{trace}:1:" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "m.json")
+
+
+def _synthetic_profile(path, trace_path: str, *, model: str = "tiny-wan", world_size: int = WORLD) -> str:
+    """A profile of the trace's sizes in which a step on two ranks is ten times slower than on one, as a small
+    image's step is on a busy CPU: a policy that reads it keeps every request on one rank."""
+    tokens = sorted(
+        {
+            int(cost_c.model_arch("tiny-wan").tokens(r.height, r.width, r.num_frames))
+            for r in load_trace(trace_path)
+        }
+    )
+    entries = []
+    for t in tokens:
+        entries.append({"stage": "encode", "tokens": t, "seconds": 0.002})
+        entries.append({"stage": "decode", "tokens": t, "seconds": 0.003})
+        entries.append(
+            {"stage": "migrate", "tokens": t, "degree": 2, "ulysses": 2, "num_new": 1, "seconds": 0.001}
+        )
+        entries.append({"stage": "step", "tokens": t, "seconds": 0.005})
+        for u, r in ((2, 1), (1, 2)):
+            entries.append(
+                {"stage": "step", "tokens": t, "degree": 2, "ulysses": u, "ring": r, "seconds": 0.05}
+            )
+    for e in entries:
+        e["guidance"] = True
+    doc = {"format": "gfdit-profile/1", "model": model, "hardware": "cpu", "world_size": world_size}
+    path.write_text(json.dumps({**doc, "num_cores": 2, "entries": entries}))
+    return str(path)
+
+
+@pytest.mark.timeout(90)
+def test_replay_with_a_profile_gives_the_policy_predictions(trace, tmp_path):
+    reqs = load_trace(trace, model="tiny-wan")
+    prof = _synthetic_profile(tmp_path / "p.json", trace)
+    # fcfs without predictions assumes perfect scaling and spreads a lone request over both ranks; with
+    # this profile's (two ranks ten times slower) it keeps every request on one rank
+    replay = simulate.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=prof)
+    assert all(o.completed for o in replay.outcomes)
+    assert "profile of tiny-wan" in replay.where
+    steps = [iv for iv in replay.intervals if iv.kind == "step"]
+    assert steps and {iv.kind for iv in replay.intervals} >= {"encode", "step", "decode"}
+    per_task = {}
+    for iv in steps:
+        per_task.setdefault((iv.request_id, iv.start_s), set()).add(iv.rank)
+    assert all(len(ranks) == 1 for ranks in per_task.values()), per_task
+
+
+def test_replay_refuses_a_profile_of_another_model_or_a_smaller_world(trace, tmp_path, capsys):
+    reqs = load_trace(trace, model="tiny-wan")
+    other = _synthetic_profile(tmp_path / "qwen.json", trace, model="tiny-qwen-image")
+    small = _synthetic_profile(tmp_path / "w1.json", trace, world_size=1)
+    with pytest.raises(InvalidUsage, match="measured for 'tiny-qwen-image', not 'tiny-wan'"):
+        simulate.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=other)
+    with pytest.raises(InvalidUsage, match="world size 1, below the replay's 2"):
+        simulate.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=small)
+    # a request the profile cannot price (its sizes were never measured) is refused by name
+    bigger = [*reqs, TraceRequest(99, reqs[-1].arrival_s, "tiny-wan", 64, 64, 9, 3)]
+    prof = _synthetic_profile(tmp_path / "p.json", trace)
+    with pytest.raises(InvalidUsage, match="request 99 .64x64x9. is outside what the profile measured"):
+        simulate.replay_trace(bigger, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=prof)
+    argv = ["--trace", trace, "--model", "tiny-wan", "--world-size", str(WORLD), "--policy", "fcfs"]
+    assert _cli("run-trace", [*argv, "--profile", small]) == 2
+    err = capsys.readouterr().err
+    assert "world size 1" in err and "gfdit profile" in err and "Traceback" not in err
+    assert _cli("run-trace", [*argv, "--profile", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read profile" in capsys.readouterr().err

@@ -65,7 +65,8 @@ format: venv
 bench: build
 	$(PY) bench/run_all.py
 
-# Scheduling experiments in simulation: bench/results/experiments.md, .json and experiments/*.png.
+# Scheduling experiments in simulation, then real CPU runs (about 15 min; bench/experiments.py --skip-real leaves
+# them out): bench/results/experiments.md, .json and experiments/*.png.
 experiments: build
 	$(PY) bench/experiments.py
 

@@ -1016,6 +1016,10 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
 
     # best static vs best dynamic on mean latency, per trace and world
     cmp_rows, compare_data, figs = [], {}, []
+    if os.path.isdir(lab.fig_dir):  # the timelines of an earlier run's best policies
+        for name in os.listdir(lab.fig_dir):
+            if name.startswith("real-target-") and name.endswith(".png"):
+                os.remove(os.path.join(lab.fig_dir, name))
     for key, per in cells.items():
         static = kinds[key]
 
@@ -1350,7 +1354,7 @@ def write_report(lab: Lab, sections: dict[str, Section], wall_s: float) -> tuple
     carried = [k for k in sections if sections[k].carried]
     if carried:
         parts.append(f"_Carried over from the previous report, not run this time: {', '.join(carried)}._\n")
-    parts.append(f"_{lab.num_runs} simulations, {lab.real_runs} real replays, {wall_s:.0f} s._\n")
+    parts.append(f"_{lab.num_runs} simulations, {lab.real_runs} real replays in this run, {wall_s:.0f} s._\n")
     md_path = os.path.join(lab.out_dir, "experiments.md")
     json_path = os.path.join(lab.out_dir, "experiments.json")
     with open(md_path, "w", encoding="utf-8") as f:

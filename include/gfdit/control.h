@@ -181,6 +181,9 @@ struct Decision {
   std::vector<int> ranks;
   Layout layout;
   int32_t num_steps = 1;
+  /// Whether steps may be dispatched ahead of completions (NOTE [lookahead]). A policy that lends a request
+  /// ranks others may soon need turns it off, so the ranks come back after one step, not two.
+  bool dispatch_ahead = true;
 };
 
 /// What a policy sees at a scheduling point. Pointers are valid during the call only.

@@ -428,7 +428,8 @@ void register_runtime(py::module_& m) {
       .def_readwrite("request_id", &Decision::request_id)
       .def_readwrite("ranks", &Decision::ranks)
       .def_readwrite("layout", &Decision::layout)
-      .def_readwrite("num_steps", &Decision::num_steps);
+      .def_readwrite("num_steps", &Decision::num_steps)
+      .def_readwrite("dispatch_ahead", &Decision::dispatch_ahead);
 
   auto recordList = [](const std::vector<const RequestRecord*>& v) {
     py::list out;

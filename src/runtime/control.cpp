@@ -139,6 +139,7 @@ struct ControlPlane::Request {
   std::vector<int> group;  // the running decision's ranks
   Layout layout;
   int32_t todo = 0;       // steps of the decision not yet dispatched
+  bool ahead = true;      // the decision allows dispatch-ahead (Decision::dispatch_ahead)
   int32_t next_step = 0;  // the step the next denoise task starts at
   int32_t inflight = 0;   // encode/denoise/migrate/decode tasks of it not yet completed
   bool hit = false;       // one of its tasks failed in the current recovery
@@ -379,6 +380,7 @@ void ControlPlane::startDecision(Request& r, const Decision& d) {
   r.layout = d.layout;
   rec.layout = d.layout;
   r.todo = std::min(d.num_steps, rec.num_steps - rec.step);
+  r.ahead = d.dispatch_ahead;
   r.next_step = rec.step;
   if (rec.state == RequestState::kQueued) {
     transition(r, RequestState::kEncoding);
@@ -438,6 +440,7 @@ void ControlPlane::pump(Request& r) {
 int ControlPlane::inflightLimit(const Request& r) const {
   // A long step goes alone: the gap between two steps is tiny next to it, and a policy's next decision
   // (a preemption) then waits for one step, not two.
+  if (!r.ahead) return 1;
   if (r.rec.cost.known && r.rec.cost.stepSeconds(r.layout.degree()) >= config_.long_step_s) return 1;
   double step_ns = ewma_ns_[static_cast<int>(TaskKind::kDenoise) & 7];
   if (step_ns <= 0 || config_.min_queued_s <= 0) return config_.max_inflight_steps;
@@ -471,7 +474,7 @@ bool ControlPlane::lookahead(Request& r) {
   stats_.policy_ns += nowNs() - t0;
   for (const Decision& d : ds) {
     if (d.request_id != r.rec.id) continue;
-    if (d.ranks != r.group || d.layout != r.layout || d.num_steps < 1) return false;
+    if (d.ranks != r.group || d.layout != r.layout || d.num_steps < 1 || !d.dispatch_ahead) return false;
     r.todo = std::min(d.num_steps, r.rec.num_steps - r.next_step);
     if (r.rec.decision_end_ns != 0) {
       r.rec.decision_end_ns += static_cast<int64_t>(r.todo * r.rec.cost.stepSeconds(d.layout.degree()) * 1e9);

@@ -23,6 +23,9 @@
 //     A waiting candidate takes the largest power of two the unreserved free ranks allow, up to its plan:
 //     its holders first (nothing moves), then ranks on one node (best fit), avoiding ranks that hold the
 //     state of other waiting requests. The layout comes from the cost model for the node span it got.
+// A decision that runs on spare ranks (more than its base degree) with steps of 5 ms or more is one step with
+// no dispatch-ahead, so an arrival waits at most one step for those ranks (the gap between two steps, tens
+// of microseconds, is then under 1%); long steps (>= 0.1 s) are one step each too.
 // The plan is recomputed from the view each time, so the policy holds no state besides scratch buffers, and
 // the lookahead (NOTE [lookahead] in control.cpp) gets the same answer it would get at the boundary.
 #include <algorithm>
@@ -38,7 +41,8 @@ namespace runtime {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kLongStepS = 0.1;  // as ControlConfig::long_step_s
+constexpr double kLongStepS = 0.1;    // as ControlConfig::long_step_s
+constexpr double kLentStepS = 0.005;  // spare ranks lent for steps this long come back after one step
 
 int pow2AtMost(int n) {
   int p = 1;
@@ -321,8 +325,13 @@ class PlanningPolicy : public Policy {
       for (int w : d.ranks) pool_[w] = false;
       num_pool -= degree;
       d.layout = layoutOf(*c.rec, d.ranks, view);
-      // Long steps one at a time: the next boundary (a chance to preempt) is one step away.
-      d.num_steps = c.rec->cost.known && c.rec->cost.stepSeconds(degree) >= kLongStepS ? 1 : o_.steps_per_decision;
+      // Long steps, and steps on spare ranks (more than the base degree) that are long enough for the gap
+      // between steps not to matter, one at a time and none ahead: the next boundary, where an arrival can
+      // take those ranks back, is one step away.
+      const double step_s = c.rec->cost.known ? c.rec->cost.stepSeconds(degree) : 0;
+      const bool lent = degree > c.base && step_s >= kLentStepS;
+      d.dispatch_ahead = !lent;
+      d.num_steps = lent || step_s >= kLongStepS ? 1 : o_.steps_per_decision;
       out.push_back(std::move(d));
     }
     return out;

@@ -103,7 +103,16 @@ TEST(Policies, LargeRequestAloneGetsEveryRankThatPays) {
     auto ds = makePolicy(name)->schedule(view.build());
     ASSERT_EQ(ds.size(), 1u) << name;
     EXPECT_EQ(ds[0].ranks, allRanks(8)) << name;
+    // lent ranks come back at the next step: one step, nothing dispatched ahead
+    EXPECT_EQ(ds[0].num_steps, 1) << name;
+    EXPECT_FALSE(ds[0].dispatch_ahead) << name;
   }
+  View busy(1, {0});
+  busy.add(record(1, {0.02}, 40));
+  auto ds = makePolicy("fcfs")->schedule(busy.build());
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_TRUE(ds[0].dispatch_ahead) << "on its base degree a request keeps steps queued";
+  EXPECT_EQ(ds[0].num_steps, 2);
 }
 
 TEST(Policies, UnderLoadEveryRequestRunsOnOneRankAndSrtfPicksTheShortest) {

@@ -23,6 +23,7 @@ COMMANDS = {
         "replay a trace on the simulated cluster (the control plane on a virtual clock)",
     ),
     "run-trace": ("gfdit.simulate", "replay a trace on the real engine in real time"),
+    "serve": ("gfdit.server", "serve a model over HTTP (OpenAI-compatible /v1/images/generations)"),
 }
 
 

@@ -1,0 +1,421 @@
+"""``gfdit serve``: an OpenAI-compatible HTTP front end over ``gfdit.Engine`` (FastAPI + uvicorn).
+
+``create_app(engine, model=...)`` builds the ASGI app; ``gfdit serve`` starts an engine and serves it. Endpoints:
+``GET /v1/models``, ``GET /health`` (200 only while every worker is alive) and ``POST /v1/images/generations``
+(OpenAI's images API: model, prompt, n, size "WxH", response_format "b64_json" (PNG), user; plus
+negative_prompt, num_inference_steps, guidance_scale, seed, slo_ms, priority).
+
+Bad input gets a 4xx with an OpenAI-style body, ``{"error": {"message", "type", "param", "code"}}``, whose
+``param`` names the field. The event loop never blocks on the engine: a request waits for its result on a
+thread of a pool sized to the queue limit (admission keeps at most ``max_queue`` images outstanding, so a
+waiter always has a thread), and PNG encoding runs on a separate small pool.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the endpoints' annotations (Request) at run time.
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import hmac
+import io
+import json
+import math
+import re
+import secrets
+import threading
+import time
+from concurrent.futures import CancelledError, ThreadPoolExecutor
+from typing import Any
+
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_MAX_N = 10
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+_SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
+# Which request field an engine message is about (the engine names its own fields; "size" stands for both
+# height and width, "slo_ms" for the deadline).
+_PARAM_OF = (
+    ("num_inference_steps", "num_inference_steps"),
+    ("height", "size"),
+    ("width", "size"),
+    ("pixels", "size"),
+    ("tokens", "size"),
+    ("guidance_scale", "guidance_scale"),
+    ("prompt", "prompt"),
+    ("seed", "seed"),
+    ("priority", "priority"),
+    ("deadline", "slo_ms"),
+)
+
+
+class APIError(Exception):
+    """An error answered as an OpenAI-style JSON body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type
+        self.code = code
+        self.headers = headers
+
+
+def _error_body(message: str, *, param: str | None, type: str, code: str | None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def _image_request_model() -> type:
+    """The body of POST /v1/images/generations (built lazily: pydantic is a serving dependency)."""
+    from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr
+
+    class ImageGenerationRequest(BaseModel):
+        # Unknown fields are ignored, as OpenAI's own clients may send fields a server does not use.
+        model_config = ConfigDict(extra="ignore")
+
+        prompt: StrictStr
+        model: StrictStr | None = None
+        n: StrictInt = 1
+        size: StrictStr | None = None
+        response_format: StrictStr = "b64_json"
+        user: StrictStr | None = None
+        negative_prompt: StrictStr | None = None
+        num_inference_steps: StrictInt | None = None
+        guidance_scale: StrictFloat | None = None
+        seed: StrictInt | None = None
+        slo_ms: StrictFloat | None = None
+        priority: StrictInt = 0
+
+    return ImageGenerationRequest
+
+
+def _png_b64(image: Any) -> str:
+    """An image tensor [3, H, W] with values in [0, 1] as a base64 PNG."""
+    from PIL import Image
+
+    hwc = (image.clamp(0, 1) * 255).round().to(dtype=_uint8()).permute(1, 2, 0).contiguous().numpy()
+    buf = io.BytesIO()
+    Image.fromarray(hwc, mode="RGB").save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def _param_of(message: str) -> str | None:
+    for word, param in _PARAM_OF:
+        if word in message:
+            return param
+    return None
+
+
+class _Admission:
+    """Counts images accepted and not yet answered; refuses past max_queue."""
+
+    def __init__(self, max_queue: int) -> None:
+        self.max_queue = max_queue
+        self.pending = 0
+        self._lock = threading.Lock()
+
+    def acquire(self, count: int) -> bool:
+        with self._lock:
+            if self.pending + count > self.max_queue:
+                return False
+            self.pending += count
+            return True
+
+    def release(self, count: int) -> None:
+        with self._lock:
+            self.pending -= count
+
+
+def create_app(
+    engine: Any,
+    *,
+    model: str,
+    api_key: str | None = None,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    max_n: int = DEFAULT_MAX_N,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    retry_after_s: int = 1,
+) -> Any:
+    """The ASGI app serving ``engine`` under the model name ``model``.
+
+    api_key: when given, /v1/* needs ``Authorization: Bearer <api_key>`` (compared in constant time).
+    max_queue: images accepted and not yet answered, past which a request gets 429 with Retry-After.
+    max_n: the largest ``n`` of one request. max_body_bytes: larger bodies get 413.
+    """
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from pydantic import ValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    from gfdit._C import InvalidUsage
+    from gfdit.engine import Request as EngineRequest
+    from gfdit.engine import RequestFailed
+
+    if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
+        raise ValueError(f"gfdit serve: max_queue must be a positive integer, got {max_queue!r}")
+    body_model = _image_request_model()
+    key = api_key.encode() if api_key else None
+    admission = _Admission(max_queue)
+    # one waiting thread per outstanding image at most (admission bounds them), encoders apart
+    waiters = ThreadPoolExecutor(max_workers=max_queue, thread_name_prefix="gfdit-serve-wait")
+    encoders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gfdit-serve-png")
+    created = int(time.time())
+    info = engine.model_info
+    stride = int(info["vae_stride_s"]) * int(info["patch_s"])
+    defaults = info["defaults"]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any) -> Any:
+        yield
+        waiters.shutdown(wait=False, cancel_futures=True)
+        encoders.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="gfdit", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.engine = engine
+    app.state.admission = admission
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(
+            _error_body(e.message, param=e.param, type=e.type, code=e.code),
+            status_code=e.status,
+            headers=e.headers,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(
+            _error_body(str(e.detail), param=None, type=kind, code=None),
+            status_code=e.status_code,
+            headers=getattr(e, "headers", None),
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        return JSONResponse(
+            _error_body(
+                first.get("msg", "invalid request"),
+                param=".".join(loc) or None,
+                type="invalid_request_error",
+                code=None,
+            ),
+            status_code=400,
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, e: Exception) -> JSONResponse:
+        return JSONResponse(
+            _error_body(f"internal error: {type(e).__name__}", param=None, type="server_error", code=None),
+            status_code=500,
+        )
+
+    def check_key(request: Request) -> None:
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        # compare_digest on equal-length inputs would leak nothing more; on unequal ones it still takes
+        # time independent of where they differ
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
+            raise APIError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    @app.get("/health")
+    def health() -> JSONResponse:
+        alive = engine.alive_workers()
+        dead = [w for w, a in enumerate(alive) if not a]
+        if dead:
+            reason = "workers not alive: " + ", ".join(str(w) for w in dead)
+            return JSONResponse({"status": "unavailable", "reason": reason, "alive": alive}, status_code=503)
+        return JSONResponse({"status": "ok", "alive": alive})
+
+    @app.get("/v1/models")
+    def models(request: Request) -> dict:
+        check_key(request)
+        return {
+            "object": "list",
+            "data": [{"id": model, "object": "model", "created": created, "owned_by": "gfdit"}],
+        }
+
+    async def read_json(request: Request) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body_bytes:
+            raise APIError(413, f"request body of {length} bytes exceeds the limit of {max_body_bytes}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_body_bytes:
+                raise APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        return data
+
+    def parse(data: dict) -> Any:
+        try:
+            return body_model.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            param = ".".join(str(p) for p in first["loc"]) or None
+            raise APIError(400, f"{param}: {first['msg']}", param=param) from None
+
+    def to_engine_requests(b: Any) -> list[Any]:
+        if b.model is not None and b.model != model:
+            raise APIError(
+                404,
+                f"the model {b.model!r} does not exist; served: {model!r}",
+                param="model",
+                code="model_not_found",
+            )
+        if not b.prompt.strip():
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        if not 1 <= b.n <= max_n:
+            raise APIError(400, f"n {b.n} is outside [1, {max_n}]", param="n")
+        if b.response_format != "b64_json":
+            raise APIError(
+                400,
+                f"response_format {b.response_format!r} is not supported; use 'b64_json'",
+                param="response_format",
+            )
+        width, height = defaults["width"], defaults["height"]
+        if b.size is not None:
+            m = _SIZE.match(b.size)
+            if m is None:
+                raise APIError(400, f"size {b.size!r} is not of the form 'WIDTHxHEIGHT'", param="size")
+            width, height = int(m.group(1)), int(m.group(2))
+            if width % stride or height % stride:
+                raise APIError(
+                    400, f"size {b.size}: width and height must be multiples of {stride}", param="size"
+                )
+            max_pixels = engine.limits["max_pixels"]
+            if width * height > max_pixels:
+                raise APIError(400, f"size {b.size} has more than {max_pixels} pixels", param="size")
+        max_steps = engine.limits["max_steps"]
+        if b.num_inference_steps is not None and not 1 <= b.num_inference_steps <= max_steps:
+            raise APIError(
+                400,
+                f"num_inference_steps {b.num_inference_steps} is outside [1, {max_steps}]",
+                param="num_inference_steps",
+            )
+        if b.guidance_scale is not None and not (math.isfinite(b.guidance_scale) and b.guidance_scale >= 0):
+            raise APIError(400, "guidance_scale must be a finite number >= 0", param="guidance_scale")
+        if b.slo_ms is not None and not (math.isfinite(b.slo_ms) and b.slo_ms > 0):
+            raise APIError(400, "slo_ms must be a positive number", param="slo_ms")
+        if b.seed is not None and not 0 <= b.seed < 2**63:
+            raise APIError(400, "seed must be in [0, 2^63)", param="seed")
+        if not -(2**31) <= b.priority < 2**31:
+            raise APIError(400, "priority must be a 32-bit integer", param="priority")
+        seed = secrets.randbits(31) if b.seed is None else b.seed
+        return [
+            EngineRequest(
+                prompt=b.prompt,
+                negative_prompt=b.negative_prompt,
+                height=height,
+                width=width,
+                num_inference_steps=b.num_inference_steps,
+                guidance_scale=b.guidance_scale,
+                seed=(seed + i) % 2**63,
+                deadline_s=None if b.slo_ms is None else b.slo_ms / 1000.0,
+                priority=b.priority,
+            )
+            for i in range(b.n)
+        ]
+
+    @app.post("/v1/images/generations")
+    async def generate_images(request: Request) -> JSONResponse:
+        check_key(request)
+        reqs = to_engine_requests(parse(await read_json(request)))
+        if not admission.acquire(len(reqs)):
+            raise APIError(
+                429,
+                f"the queue is full ({admission.max_queue} images outstanding); retry later",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(retry_after_s)},
+            )
+        handles = []
+        loop = asyncio.get_running_loop()
+        try:
+            try:
+                for r in reqs:
+                    handles.append(engine.submit(r))  # returns at once: checks, then queues
+            except InvalidUsage as e:
+                msg = str(e).removeprefix("gfdit.Request: ")
+                param = _param_of(msg)
+                if msg.startswith("prompt and negative_prompt"):  # too long together: name the longer
+                    r0 = reqs[0]
+                    param = "prompt" if len(r0.prompt) >= len(r0.negative_prompt or "") else "negative_prompt"
+                raise APIError(400, msg, param=param) from None
+            try:
+                results = await asyncio.gather(*(loop.run_in_executor(waiters, h.result) for h in handles))
+            except RequestFailed as e:
+                raise APIError(500, str(e), type="server_error", code="generation_failed") from None
+            except CancelledError as e:
+                raise APIError(503, str(e), type="server_error", code="cancelled") from None
+            data = await asyncio.gather(
+                *(loop.run_in_executor(encoders, _png_b64, r.output) for r in results)
+            )
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        finally:
+            admission.release(len(reqs))
+        return JSONResponse({"created": int(time.time()), "data": [{"b64_json": d} for d in data]})
+
+    return app
+
+
+# ---- gfdit serve ----
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument(
+        "--model", default="tiny-qwen-image", help="tiny-wan, tiny-qwen-image, wan2.2, wan2.1, qwen-image"
+    )
+    p.add_argument("--path", default=None, help="local folder with the model's weights (real models)")
+    p.add_argument("--world-size", type=int, default=2, help="worker processes (ranks)")
+    p.add_argument("--policy", default="fcfs", help="fcfs, srtf, edf, priority, static:D")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, help="images outstanding before 429")
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    import uvicorn
+
+    from gfdit.engine import Engine
+
+    with Engine(
+        model=args.model, model_path=args.path, world_size=args.world_size, policy=args.policy
+    ) as engine:
+        app = create_app(engine, model=args.model, api_key=args.api_key, max_queue=args.max_queue)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0

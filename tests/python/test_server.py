@@ -1,0 +1,190 @@
+"""gfdit serve's HTTP API against a real tiny engine (two CPU ranks): generations, bad input, the API key,
+/health and /v1/models."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+PIL = pytest.importorskip("PIL")
+
+from fastapi.testclient import TestClient  # noqa: E402
+from gfdit.engine import Engine  # noqa: E402
+from gfdit.server import create_app  # noqa: E402
+from PIL import Image  # noqa: E402
+
+MODEL = "tiny-qwen-image"
+KEY = "s3cret-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(model=MODEL, world_size=2, policy="fcfs", timeout_s=20.0) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with TestClient(create_app(engine, model=MODEL, max_queue=8, max_n=4)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def keyed(engine):
+    with TestClient(create_app(engine, model=MODEL, api_key=KEY)) as c:
+        yield c
+
+
+def _png(b64: str) -> Image.Image:
+    img = Image.open(io.BytesIO(base64.b64decode(b64)))
+    img.load()
+    assert img.format == "PNG"
+    return img
+
+
+def _gen(client, **body):
+    return client.post("/v1/images/generations", json={"prompt": "a red fox", **body})
+
+
+def _assert_error(r, status: int, param: str | None):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    assert err["param"] == param, err
+    return err
+
+
+@pytest.mark.timeout(60)
+def test_generation_returns_png_of_the_asked_size(client):
+    r = _gen(
+        client, model=MODEL, size="64x32", n=2, num_inference_steps=2, seed=7, response_format="b64_json"
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert isinstance(body["created"], int) and len(body["data"]) == 2
+    imgs = [_png(d["b64_json"]) for d in body["data"]]
+    assert all(img.size == (64, 32) and img.mode == "RGB" for img in imgs)
+    assert imgs[0].tobytes() != imgs[1].tobytes()  # seeds 7 and 8
+    # same seed, same image; defaults (size, steps) come from the model
+    again = _gen(client, model=MODEL, size="64x32", num_inference_steps=2, seed=7)
+    assert _png(again.json()["data"][0]["b64_json"]).tobytes() == imgs[0].tobytes()
+    d = _gen(client, negative_prompt="blurry", guidance_scale=2.5, slo_ms=60000, priority=1, user="u1")
+    assert d.status_code == 200, d.text
+    info = client.app.state.engine.model_info["defaults"]
+    assert _png(d.json()["data"][0]["b64_json"]).size == (info["width"], info["height"])
+    assert client.app.state.admission.pending == 0
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"model": "dall-e-3"}, 404, "model"),
+        ({"size": "64"}, 400, "size"),
+        ({"size": "64x33"}, 400, "size"),  # not a multiple of the stride
+        ({"size": "-64x32"}, 400, "size"),
+        ({"size": "4096x4096"}, 400, "size"),  # over max_pixels
+        ({"n": 0}, 400, "n"),
+        ({"n": 5}, 400, "n"),
+        ({"n": "2"}, 400, "n"),
+        ({"n": 1.5}, 400, "n"),
+        ({"num_inference_steps": 0}, 400, "num_inference_steps"),
+        ({"num_inference_steps": 10_000}, 400, "num_inference_steps"),
+        ({"num_inference_steps": True}, 400, "num_inference_steps"),
+        ({"guidance_scale": "high"}, 400, "guidance_scale"),
+        ({"guidance_scale": -1.0}, 400, "guidance_scale"),
+        ({"seed": "x"}, 400, "seed"),
+        ({"seed": -1}, 400, "seed"),
+        ({"slo_ms": 0}, 400, "slo_ms"),
+        ({"priority": 2**40}, 400, "priority"),
+        ({"response_format": "url"}, 400, "response_format"),
+        ({"prompt": 3}, 400, "prompt"),
+        ({"prompt": "   "}, 400, "prompt"),
+        ({"prompt": "x" * 70_000}, 400, "prompt"),  # over the engine's payload limit
+        ({"negative_prompt": ["a"]}, 400, "negative_prompt"),
+    ],
+)
+def test_bad_input_gets_a_4xx_naming_the_field(client, body, status, param):
+    _assert_error(_gen(client, **body), status, param)
+    assert client.app.state.admission.pending == 0
+
+
+def test_malformed_and_missing_bodies(client):
+    url = "/v1/images/generations"
+    hdr = {"Content-Type": "application/json"}
+    _assert_error(client.post(url, content=b'{"prompt": "x",', headers=hdr), 400, None)
+    _assert_error(client.post(url, content=b"\xff\xfe", headers=hdr), 400, None)
+    _assert_error(client.post(url, content=b'["prompt"]', headers=hdr), 400, None)
+    _assert_error(client.post(url, json={}), 400, "prompt")
+    _assert_error(client.post(url, content=b"x" * ((1 << 20) + 1), headers=hdr), 413, None)
+    assert client.get("/v1/nothing").status_code == 404
+    assert "error" in client.get("/v1/nothing").json()
+    assert client.get(url).status_code == 405
+
+
+def test_full_queue_gets_429_with_retry_after(client):
+    admission = client.app.state.admission
+    assert admission.acquire(admission.max_queue - 1)  # as if other requests were outstanding
+    try:
+        r = _gen(client, n=2)
+        err = _assert_error(r, 429, None)
+        assert err["code"] == "queue_full" and int(r.headers["Retry-After"]) >= 1
+    finally:
+        admission.release(admission.max_queue - 1)
+    assert _gen(client, n=1, num_inference_steps=1).status_code == 200
+
+
+def test_concurrent_requests_all_answered(client):
+    codes: list[int] = []
+
+    def one(i: int) -> None:
+        codes.append(_gen(client, seed=i, num_inference_steps=1).status_code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(codes) == [200] * 8
+
+
+def test_api_key(keyed):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": KEY},
+        {"Authorization": "Basic x"},
+    ):
+        r = keyed.post("/v1/images/generations", json={"prompt": "a"}, headers=headers)
+        err = _assert_error(r, 401, None)
+        assert err["code"] == "invalid_api_key"
+        assert keyed.get("/v1/models", headers=headers).status_code == 401
+    ok = keyed.post("/v1/images/generations", json={"prompt": "a", "num_inference_steps": 1}, headers=AUTH)
+    assert ok.status_code == 200, ok.text
+    assert keyed.get("/v1/models", headers=AUTH).status_code == 200
+    assert keyed.get("/health").status_code == 200  # probes need no key
+
+
+def test_models_and_health(client, engine):
+    m = client.get("/v1/models").json()
+    assert m["object"] == "list" and [d["id"] for d in m["data"]] == [MODEL]
+    h = client.get("/health")
+    assert h.status_code == 200 and h.json()["status"] == "ok"
+
+
+def test_health_reports_a_dead_worker(engine):
+    class DeadWorker:
+        model_info = engine.model_info
+        limits = engine.limits
+
+        def alive_workers(self) -> list[bool]:
+            return [True, False]
+
+    with TestClient(create_app(DeadWorker(), model=MODEL)) as c:
+        r = c.get("/health")
+        assert r.status_code == 503 and "1" in r.json()["reason"]

@@ -76,7 +76,7 @@ def _error_body(message: str, *, param: str | None, type: str, code: str | None)
 
 def _image_request_model() -> type:
     """The body of POST /v1/images/generations (built lazily: pydantic is a serving dependency)."""
-    from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr
+    from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
     class ImageGenerationRequest(BaseModel):
         # Unknown fields are ignored, as OpenAI's own clients may send fields a server does not use.
@@ -84,9 +84,11 @@ def _image_request_model() -> type:
 
         prompt: StrictStr
         model: StrictStr | None = None
-        n: StrictInt = 1
+        n: StrictInt | None = None
         size: StrictStr | None = None
-        response_format: StrictStr = "b64_json"
+        response_format: StrictStr | None = None
+        output_format: StrictStr | None = None
+        stream: StrictBool | None = None
         user: StrictStr | None = None
         negative_prompt: StrictStr | None = None
         num_inference_steps: StrictInt | None = None
@@ -119,6 +121,28 @@ def _param_of(message: str) -> str | None:
         if word in message:
             return param
     return None
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its answer was ready."""
+
+
+async def _until_disconnect(request: Any, work: Any) -> Any:
+    """Awaits ``work`` unless the client disconnects first (then raises ClientDisconnected).
+
+    The body has been read, so the next ASGI message can only be ``http.disconnect``: waiting for it
+    costs nothing while the work runs, and the caller cancels the engine requests when it comes.
+    """
+    work = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(request.receive())
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done() and gone.done() and gone.result().get("type") == "http.disconnect":
+            work.cancel()
+            raise ClientDisconnected()
+        return await work
+    finally:
+        gone.cancel()
 
 
 class _Admission:
@@ -295,16 +319,23 @@ def create_app(
             )
         if not b.prompt.strip():
             raise APIError(400, "prompt must not be empty", param="prompt")
-        if not 1 <= b.n <= max_n:
-            raise APIError(400, f"n {b.n} is outside [1, {max_n}]", param="n")
-        if b.response_format != "b64_json":
+        n = 1 if b.n is None else b.n
+        if not 1 <= n <= max_n:
+            raise APIError(400, f"n {n} is outside [1, {max_n}]", param="n")
+        if b.stream:
+            raise APIError(400, "streaming is not supported", param="stream")
+        if b.output_format not in (None, "png"):
+            raise APIError(
+                400, f"output_format {b.output_format!r} is not supported; use 'png'", param="output_format"
+            )
+        if b.response_format not in (None, "b64_json"):
             raise APIError(
                 400,
                 f"response_format {b.response_format!r} is not supported; use 'b64_json'",
                 param="response_format",
             )
         width, height = defaults["width"], defaults["height"]
-        if b.size is not None:
+        if b.size not in (None, "auto"):
             m = _SIZE.match(b.size)
             if m is None:
                 raise APIError(400, f"size {b.size!r} is not of the form 'WIDTHxHEIGHT'", param="size")
@@ -344,7 +375,7 @@ def create_app(
                 deadline_s=None if b.slo_ms is None else b.slo_ms / 1000.0,
                 priority=b.priority,
             )
-            for i in range(b.n)
+            for i in range(n)
         ]
 
     @app.post("/v1/images/generations")
@@ -373,7 +404,9 @@ def create_app(
                     param = "prompt" if len(r0.prompt) >= len(r0.negative_prompt or "") else "negative_prompt"
                 raise APIError(400, msg, param=param) from None
             try:
-                results = await asyncio.gather(*(loop.run_in_executor(waiters, h.result) for h in handles))
+                results = await _until_disconnect(
+                    request, asyncio.gather(*(loop.run_in_executor(waiters, h.result) for h in handles))
+                )
             except RequestFailed as e:
                 raise APIError(500, str(e), type="server_error", code="generation_failed") from None
             except CancelledError as e:
@@ -381,9 +414,14 @@ def create_app(
             data = await asyncio.gather(
                 *(loop.run_in_executor(encoders, _png_b64, r.output) for r in results)
             )
-        except BaseException:
+        except BaseException as e:
             for h in handles:
                 h.cancel()
+            if isinstance(e, ClientDisconnected):
+                # nobody reads this answer; 499 is the usual record of a client that closed first
+                return JSONResponse(
+                    _error_body("client disconnected", param=None, type="cancelled", code=None), 499
+                )
             raise
         finally:
             admission.release(len(reqs))

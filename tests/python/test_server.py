@@ -74,7 +74,16 @@ def test_generation_returns_png_of_the_asked_size(client):
     # same seed, same image; defaults (size, steps) come from the model
     again = _gen(client, model=MODEL, size="64x32", num_inference_steps=2, seed=7)
     assert _png(again.json()["data"][0]["b64_json"]).tobytes() == imgs[0].tobytes()
-    d = _gen(client, negative_prompt="blurry", guidance_scale=2.5, slo_ms=60000, priority=1, user="u1")
+    d = _gen(
+        client,
+        size="auto",
+        n=None,
+        negative_prompt="blurry",
+        guidance_scale=2.5,
+        slo_ms=60000,
+        priority=1,
+        user="u1",
+    )
     assert d.status_code == 200, d.text
     info = client.app.state.engine.model_info["defaults"]
     assert _png(d.json()["data"][0]["b64_json"]).size == (info["width"], info["height"])
@@ -103,6 +112,8 @@ def test_generation_returns_png_of_the_asked_size(client):
         ({"slo_ms": 0}, 400, "slo_ms"),
         ({"priority": 2**40}, 400, "priority"),
         ({"response_format": "url"}, 400, "response_format"),
+        ({"output_format": "jpeg"}, 400, "output_format"),
+        ({"stream": True}, 400, "stream"),
         ({"prompt": 3}, 400, "prompt"),
         ({"prompt": "   "}, 400, "prompt"),
         ({"prompt": "x" * 70_000}, 400, "prompt"),  # over the engine's payload limit
@@ -188,3 +199,77 @@ def test_health_reports_a_dead_worker(engine):
     with TestClient(create_app(DeadWorker(), model=MODEL)) as c:
         r = c.get("/health")
         assert r.status_code == 503 and "1" in r.json()["reason"]
+
+
+@pytest.fixture(scope="module")
+def live_url(engine):
+    """The app on a real uvicorn server (loopback, a free port), run on a thread."""
+    import socket
+    import time
+
+    uvicorn = pytest.importorskip("uvicorn")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(engine, model=MODEL, api_key=KEY), log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+def test_official_openai_client(live_url):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=live_url + "/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in client.models.list()] == [MODEL]
+    out = client.images.generate(
+        model=MODEL,
+        prompt="a lighthouse at dusk",
+        n=2,
+        size="32x48",
+        response_format="b64_json",
+        user="tester",
+        extra_body={"num_inference_steps": 1, "seed": 3, "negative_prompt": "fog"},
+    )
+    assert len(out.data) == 2 and all(_png(d.b64_json).size == (32, 48) for d in out.data)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.images.generate(model=MODEL, prompt="x", size="33x48")
+    assert e.value.body["param"] == "size"
+    with pytest.raises(openai.NotFoundError):
+        client.images.generate(model="dall-e-3", prompt="x")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=live_url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_client_disconnect_cancels_its_requests(live_url, engine):
+    import json
+    import socket
+    import time
+
+    host, port = live_url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {"prompt": "slow", "n": 4, "size": "256x256", "num_inference_steps": 200}  # ~8 s on two CPU ranks
+    ).encode()
+    head = (
+        f"POST /v1/images/generations HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(head + body)
+    deadline = time.monotonic() + 10
+    while not engine.requests() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(engine.requests()) == 4
+    sock.close()
+    t0 = time.monotonic()
+    while engine.requests() and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert not engine.requests(), "the requests of a client that left are still running"
+    assert time.monotonic() - t0 < 1.5

@@ -12,7 +12,7 @@ MODEL_DEPS := diffusers==0.42.1 transformers==5.24.0
 # plots of the simulator and the experiments; the linters CI runs (pinned: formatting must not drift).
 TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3
 # gfdit serve: the HTTP front end, PNG encoding; httpx (FastAPI's TestClient) and the openai client for its tests.
-SERVE_DEPS := fastapi==0.163.2 uvicorn==0.54.0 pillow==13.0.0 httpx==0.28.1 openai==3.51.0
+SERVE_DEPS := fastapi==0.163.2 uvicorn==0.54.0 pillow==13.0.0 prometheus-client==0.26.0 httpx==0.28.1 openai==3.51.0
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
 .PHONY: build venv system-deps python-package cpp test test-cpp test-python bench experiments lint format clean

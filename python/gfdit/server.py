@@ -1,9 +1,10 @@
 """``gfdit serve``: an OpenAI-compatible HTTP front end over ``gfdit.Engine`` (FastAPI + uvicorn).
 
 ``create_app(engine, model=...)`` builds the ASGI app; ``gfdit serve`` starts an engine and serves it. Endpoints:
-``GET /v1/models``, ``GET /health`` (200 only while every worker is alive) and ``POST /v1/images/generations``
-(OpenAI's images API: model, prompt, n, size "WxH", response_format "b64_json" (PNG), user; plus
-negative_prompt, num_inference_steps, guidance_scale, seed, slo_ms, priority).
+``GET /v1/models``; ``GET /health`` (200 only while every worker is alive and the control loop wakes, 503 with
+the reason otherwise); ``GET /metrics`` (Prometheus); ``POST /v1/images/generations`` (OpenAI's images API:
+model, prompt, n, size "WxH", response_format "b64_json" (PNG), user; plus negative_prompt,
+num_inference_steps, guidance_scale, seed, slo_ms, priority). A client that disconnects cancels its requests.
 
 Bad input gets a 4xx with an OpenAI-style body, ``{"error": {"message", "type", "param", "code"}}``, whose
 ``param`` names the field. The event loop never blocks on the engine: a request waits for its result on a
@@ -145,6 +146,66 @@ async def _until_disconnect(request: Any, work: Any) -> Any:
         gone.cancel()
 
 
+class _Metrics:
+    """The server's Prometheus metrics, in a registry of its own (one per app)."""
+
+    def __init__(self, engine: Any, admission: "_Admission") -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = r = CollectorRegistry()
+        self._engine = engine
+        buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+        states = Gauge("gfdit_requests_in_engine", "engine requests by state", ["state"], registry=r)
+        for state in ("QUEUED", "RUNNING"):
+            states.labels(state).set_function(lambda s=state: self._count(s))
+        Gauge("gfdit_outstanding_images", "images accepted and not yet answered", registry=r).set_function(
+            lambda: admission.pending
+        )
+        self.requests = Counter("gfdit_http_requests", "image requests by outcome", ["outcome"], registry=r)
+        self.latency = Histogram(
+            "gfdit_request_latency_seconds",
+            "end-to-end latency of a generation, as the server saw it",
+            buckets=buckets,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "gfdit_stage_seconds",
+            "time of one stage task on its ranks (denoise: per step)",
+            ["stage"],
+            buckets=buckets,
+            registry=r,
+        )
+        self.slo = Counter(
+            "gfdit_slo_requests", "images with slo_ms by whether they met it", ["result"], registry=r
+        )
+        self.busy = Counter(
+            "gfdit_rank_busy_seconds", "seconds each rank spent running tasks", ["rank"], registry=r
+        )
+        for w in range(len(engine.alive_workers())):
+            self.busy.labels(str(w))
+        self.regroups = Gauge(
+            "gfdit_regroups", "regroupings by the control plane so far (use rate())", registry=r
+        )
+        self.regroups.set_function(lambda: engine.stats().get("regroups", 0))
+
+    def _count(self, state: str) -> int:
+        states = self._engine.requests().values()
+        if state == "QUEUED":
+            return sum(1 for s in states if s == "QUEUED")
+        return sum(1 for s in states if s != "QUEUED")
+
+    def observe(self, result: Any, slo_s: float | None) -> None:
+        for st in result.timeline:
+            if st.start_ns and st.end_ns > st.start_ns:
+                dt = (st.end_ns - st.start_ns) / 1e9
+                self.stage.labels(st.kind).observe(dt / max(1, st.num_steps))
+                for rank in st.ranks:
+                    self.busy.labels(str(rank)).inc(dt)
+        if slo_s is not None and result.transitions:
+            e2e = (result.transitions[-1][2] - result.transitions[0][2]) / 1e9
+            self.slo.labels("met" if e2e <= slo_s else "missed").inc()
+
+
 class _Admission:
     """Counts images accepted and not yet answered; refuses past max_queue."""
 
@@ -174,16 +235,18 @@ def create_app(
     max_n: int = DEFAULT_MAX_N,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     retry_after_s: int = 1,
+    loop_stall_s: float = 1.0,
 ) -> Any:
     """The ASGI app serving ``engine`` under the model name ``model``.
 
     api_key: when given, /v1/* needs ``Authorization: Bearer <api_key>`` (compared in constant time).
     max_queue: images accepted and not yet answered, past which a request gets 429 with Retry-After.
-    max_n: the largest ``n`` of one request. max_body_bytes: larger bodies get 413.
+    max_n: the largest ``n`` of one request. max_body_bytes: larger bodies get 413. loop_stall_s: /health
+    answers 503 when the control loop has not woken for this long.
     """
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
     from pydantic import ValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -213,6 +276,8 @@ def create_app(
     app = FastAPI(title="gfdit", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.engine = engine
     app.state.admission = admission
+    metrics = app.state.metrics = _Metrics(engine, admission)
+    progress = {"wakeups": -1, "since": time.monotonic()}
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
@@ -269,12 +334,31 @@ def create_app(
 
     @app.get("/health")
     def health() -> JSONResponse:
-        alive = engine.alive_workers()
+        stats = engine.stats()
+        alive = list(stats["alive"])
         dead = [w for w, a in enumerate(alive) if not a]
+        # the control loop wakes at least every ~100 ms while it runs; a count that stops means it stalled
+        now = time.monotonic()
+        if stats.get("loop_wakeups") != progress["wakeups"]:
+            progress["wakeups"], progress["since"] = stats.get("loop_wakeups"), now
+        stalled_s = now - progress["since"]
+        reasons = []
         if dead:
-            reason = "workers not alive: " + ", ".join(str(w) for w in dead)
-            return JSONResponse({"status": "unavailable", "reason": reason, "alive": alive}, status_code=503)
+            reasons.append("workers not alive: " + ", ".join(str(w) for w in dead))
+        if stalled_s > loop_stall_s:
+            reasons.append(f"the control loop made no progress for {stalled_s:.1f} s")
+        if reasons:
+            return JSONResponse(
+                {"status": "unavailable", "reason": "; ".join(reasons), "alive": alive}, status_code=503
+            )
         return JSONResponse({"status": "ok", "alive": alive})
+
+    @app.get("/metrics")
+    def prometheus_metrics(request: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        check_key(request)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     def models(request: Request) -> dict:
@@ -380,6 +464,23 @@ def create_app(
 
     @app.post("/v1/images/generations")
     async def generate_images(request: Request) -> JSONResponse:
+        t0 = time.monotonic()
+        try:
+            response = await _generate_images(request)
+        except APIError as e:
+            metrics.requests.labels(e.code or ("bad_request" if e.status < 500 else "server_error")).inc()
+            raise
+        except BaseException:
+            metrics.requests.labels("server_error").inc()
+            raise
+        if response.status_code == 200:
+            metrics.latency.observe(time.monotonic() - t0)
+            metrics.requests.labels("ok").inc()
+        else:
+            metrics.requests.labels("disconnected").inc()
+        return response
+
+    async def _generate_images(request: Request) -> JSONResponse:
         check_key(request)
         reqs = to_engine_requests(parse(await read_json(request)))
         if not admission.acquire(len(reqs)):
@@ -411,6 +512,9 @@ def create_app(
                 raise APIError(500, str(e), type="server_error", code="generation_failed") from None
             except CancelledError as e:
                 raise APIError(503, str(e), type="server_error", code="cancelled") from None
+            slo_s = reqs[0].deadline_s
+            for r in results:
+                metrics.observe(r, slo_s)
             data = await asyncio.gather(
                 *(loop.run_in_executor(encoders, _png_b64, r.output) for r in results)
             )

@@ -188,17 +188,64 @@ def test_models_and_health(client, engine):
     assert h.status_code == 200 and h.json()["status"] == "ok"
 
 
+class _FakeEngine:
+    """Stands in for an engine whose workers or control loop have a problem."""
+
+    def __init__(self, engine, alive, wakeups):
+        self.model_info, self.limits = engine.model_info, engine.limits
+        self._alive, self._wakeups = alive, wakeups
+
+    def alive_workers(self) -> list[bool]:
+        return list(self._alive)
+
+    def stats(self) -> dict:
+        return {"alive": list(self._alive), "loop_wakeups": next(self._wakeups), "regroups": 0}
+
+    def requests(self) -> dict:
+        return {}
+
+
 def test_health_reports_a_dead_worker(engine):
-    class DeadWorker:
-        model_info = engine.model_info
-        limits = engine.limits
+    import itertools
 
-        def alive_workers(self) -> list[bool]:
-            return [True, False]
-
-    with TestClient(create_app(DeadWorker(), model=MODEL)) as c:
+    with TestClient(create_app(_FakeEngine(engine, [True, False], itertools.count()), model=MODEL)) as c:
         r = c.get("/health")
-        assert r.status_code == 503 and "1" in r.json()["reason"]
+        assert r.status_code == 503 and "workers not alive: 1" in r.json()["reason"]
+
+
+def test_health_reports_a_stalled_control_loop(engine):
+    import itertools
+    import time
+
+    app = create_app(_FakeEngine(engine, [True, True], itertools.repeat(7)), model=MODEL, loop_stall_s=0.2)
+    with TestClient(app) as c:
+        assert c.get("/health").status_code == 200
+        time.sleep(0.3)
+        r = c.get("/health")
+        assert r.status_code == 503 and "control loop" in r.json()["reason"]
+
+
+def test_metrics(client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert _gen(client, num_inference_steps=2, slo_ms=60_000).status_code == 200
+    _gen(client, n=0)
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for fam in text_string_to_metric_families(r.text):
+        for smp in fam.samples:
+            samples[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    assert samples[("gfdit_http_requests_total", (("outcome", "ok"),))] >= 1
+    assert samples[("gfdit_http_requests_total", (("outcome", "bad_request"),))] >= 1
+    assert samples[("gfdit_slo_requests_total", (("result", "met"),))] >= 1
+    assert samples[("gfdit_request_latency_seconds_count", ())] >= 1
+    for stage in ("encode", "denoise", "decode"):
+        assert samples[("gfdit_stage_seconds_count", (("stage", stage),))] >= 1
+    assert all(samples[("gfdit_rank_busy_seconds_total", (("rank", str(w)),))] > 0 for w in range(2))
+    assert samples[("gfdit_outstanding_images", ())] == 0
+    assert ("gfdit_requests_in_engine", (("state", "QUEUED"),)) in samples
+    assert ("gfdit_regroups", ()) in samples
 
 
 @pytest.fixture(scope="module")

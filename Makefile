@@ -15,7 +15,7 @@ TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3
 SERVE_DEPS := fastapi==0.163.2 uvicorn==0.54.0 pillow==13.0.0 prometheus-client==0.26.0 httpx==0.28.1 openai==3.51.0
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
-.PHONY: build venv system-deps python-package cpp test test-cpp test-python bench experiments lint format clean
+.PHONY: serve build venv system-deps python-package cpp test test-cpp test-python bench experiments lint format clean
 
 build: python-package cpp
 
@@ -47,6 +47,10 @@ cpp: system-deps venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake --build $(CPP_BUILD) -j $(JOBS)
 
 test: build test-cpp test-python
+
+# an OpenAI-compatible server on a tiny model with 4 CPU ranks at http://127.0.0.1:8000 (README, "Serving over HTTP")
+serve: build
+	$(PY) -m gfdit.cli serve --model tiny-qwen-image --world-size 4 --policy fcfs --host 127.0.0.1 --port 8000
 
 test-cpp:
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ctest --test-dir $(CPP_BUILD) --output-on-failure --timeout 600

@@ -24,6 +24,7 @@ import json
 import math
 import re
 import secrets
+import sys
 import threading
 import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor
@@ -553,11 +554,20 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
 def run(args: argparse.Namespace, command: str) -> int:
     import uvicorn
 
+    from gfdit._C import Error
     from gfdit.engine import Engine
 
-    with Engine(
-        model=args.model, model_path=args.path, world_size=args.world_size, policy=args.policy
-    ) as engine:
+    if args.max_queue < 1:
+        print("gfdit serve: --max-queue must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        engine = Engine(
+            model=args.model, model_path=args.path, world_size=args.world_size, policy=args.policy
+        )
+    except (Error, RuntimeError, ValueError, OSError) as e:
+        print(f"gfdit serve: {e}", file=sys.stderr)
+        return 2
+    with engine:
         app = create_app(engine, model=args.model, api_key=args.api_key, max_queue=args.max_queue)
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

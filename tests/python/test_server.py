@@ -320,3 +320,11 @@ def test_client_disconnect_cancels_its_requests(live_url, engine):
         time.sleep(0.01)
     assert not engine.requests(), "the requests of a client that left are still running"
     assert time.monotonic() - t0 < 1.5
+
+
+def test_serve_command_refuses_bad_arguments(capsys):
+    from gfdit import cli
+
+    assert cli.main(["serve", "--policy", "nope", "--world-size", "1"]) == 2
+    assert "unknown policy 'nope'" in capsys.readouterr().err
+    assert cli.main(["serve", "--max-queue", "0"]) == 2

@@ -4,7 +4,10 @@
 ``GET /v1/models``; ``GET /health`` (200 only while every worker is alive and the control loop wakes, 503 with
 the reason otherwise); ``GET /metrics`` (Prometheus); ``POST /v1/images/generations`` (OpenAI's images API:
 model, prompt, n, size "WxH", response_format "b64_json" (PNG), user; plus negative_prompt,
-num_inference_steps, guidance_scale, seed, slo_ms, priority). A client that disconnects cancels its requests.
+num_inference_steps, guidance_scale, seed, slo_ms, priority); videos as asynchronous jobs: ``POST /v1/videos``
+returns a job, ``GET /v1/videos/{id}`` its status and progress, ``GET /v1/videos/{id}/content`` the H.264 MP4
+(PyAV), ``DELETE /v1/videos/{id}`` cancels and forgets it; finished jobs expire after a TTL. A client that
+disconnects cancels its requests.
 
 Bad input gets a 4xx with an OpenAI-style body, ``{"error": {"message", "type", "param", "code"}}``, whose
 ``param`` names the field. The event loop never blocks on the engine: a request waits for its result on a
@@ -102,9 +105,98 @@ def _image_request_model() -> type:
     return ImageGenerationRequest
 
 
+def _video_request_model() -> type:
+    """The body of POST /v1/videos: OpenAI's video fields (model, prompt, size, seconds) and gfdit's."""
+    from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr
+
+    class VideoGenerationRequest(BaseModel):
+        model_config = ConfigDict(extra="ignore")
+
+        prompt: StrictStr
+        model: StrictStr | None = None
+        size: StrictStr | None = None
+        seconds: StrictStr | StrictFloat | None = None  # OpenAI sends a string ("4")
+        num_frames: StrictInt | None = None
+        fps: StrictInt = 16
+        user: StrictStr | None = None
+        negative_prompt: StrictStr | None = None
+        num_inference_steps: StrictInt | None = None
+        guidance_scale: StrictFloat | None = None
+        seed: StrictInt | None = None
+        slo_ms: StrictFloat | None = None
+        priority: StrictInt = 0
+
+    return VideoGenerationRequest
+
+
+def _mp4(video: Any, fps: int) -> bytes:
+    """A video tensor [3, F, H, W] with values in [0, 1] as an H.264 MP4 (yuv420p)."""
+    import av
+
+    frames = (video.clamp(0, 1) * 255).round().to(dtype=_uint8()).permute(1, 2, 3, 0).contiguous().numpy()
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.height, stream.width = frames.shape[1], frames.shape[2]
+        stream.pix_fmt = "yuv420p"
+        for f in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+class VideoJob:
+    """One asynchronous video generation: its engine request, then its MP4."""
+
+    def __init__(
+        self, job_id: str, model: str, handle: Any, width: int, height: int, num_frames: int
+    ) -> None:
+        self.id = job_id
+        self.model = model
+        self.handle = handle
+        self.size = f"{width}x{height}"
+        self.num_frames = num_frames
+        self.created_at = int(time.time())
+        self.status = "queued"  # queued, in_progress, completed, failed, cancelled
+        self.completed_at: int | None = None
+        self.finished_monotonic: float | None = None
+        self.content: bytes | None = None
+        self.error: str | None = None
+
+    def to_json(self, ttl_s: float, probe: bool = True) -> dict:
+        """The OpenAI-style video object; probe asks the engine for progress (may wait: call off the loop)."""
+        progress = 100 if self.status == "completed" else 0
+        status = self.status
+        if probe and self.finished_monotonic is None and not self.handle.done():
+            st = (
+                self.handle.status()
+            )  # may wait up to a second when the request just ended: call off the loop
+            if st["state"] != "QUEUED":
+                status = "in_progress"
+                progress = min(99, int(100 * st["step"] / max(1, st["num_steps"])))
+        return {
+            "id": self.id,
+            "object": "video",
+            "model": self.model,
+            "status": status,
+            "progress": progress,
+            "created_at": self.created_at,
+            "completed_at": self.completed_at,
+            "expires_at": None if self.completed_at is None else int(self.completed_at + ttl_s),
+            "size": self.size,
+            "num_frames": self.num_frames,
+            "error": None if self.error is None else {"message": self.error},
+        }
+
+
 def _png_b64(image: Any) -> str:
-    """An image tensor [3, H, W] with values in [0, 1] as a base64 PNG."""
+    """An image tensor [3, H, W] (or [3, 1, H, W] from a video model) with values in [0, 1] as a base64 PNG."""
     from PIL import Image
+
+    if image.dim() == 4:
+        image = image[:, 0]
 
     hwc = (image.clamp(0, 1) * 255).round().to(dtype=_uint8()).permute(1, 2, 0).contiguous().numpy()
     buf = io.BytesIO()
@@ -237,13 +329,15 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     retry_after_s: int = 1,
     loop_stall_s: float = 1.0,
+    job_ttl_s: float = 3600.0,
 ) -> Any:
     """The ASGI app serving ``engine`` under the model name ``model``.
 
     api_key: when given, /v1/* needs ``Authorization: Bearer <api_key>`` (compared in constant time).
     max_queue: images accepted and not yet answered, past which a request gets 429 with Retry-After.
     max_n: the largest ``n`` of one request. max_body_bytes: larger bodies get 413. loop_stall_s: /health
-    answers 503 when the control loop has not woken for this long.
+    answers 503 when the control loop has not woken for this long. job_ttl_s: finished video jobs (and their
+    MP4) are forgotten this long after they end.
     """
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
@@ -394,7 +488,8 @@ def create_app(
             param = ".".join(str(p) for p in first["loc"]) or None
             raise APIError(400, f"{param}: {first['msg']}", param=param) from None
 
-    def to_engine_requests(b: Any) -> list[Any]:
+    def check_common(b: Any) -> tuple[int, int, int]:
+        """Checks the fields images and videos share; returns (width, height, seed)."""
         if b.model is not None and b.model != model:
             raise APIError(
                 404,
@@ -404,21 +499,6 @@ def create_app(
             )
         if not b.prompt.strip():
             raise APIError(400, "prompt must not be empty", param="prompt")
-        n = 1 if b.n is None else b.n
-        if not 1 <= n <= max_n:
-            raise APIError(400, f"n {n} is outside [1, {max_n}]", param="n")
-        if b.stream:
-            raise APIError(400, "streaming is not supported", param="stream")
-        if b.output_format not in (None, "png"):
-            raise APIError(
-                400, f"output_format {b.output_format!r} is not supported; use 'png'", param="output_format"
-            )
-        if b.response_format not in (None, "b64_json"):
-            raise APIError(
-                400,
-                f"response_format {b.response_format!r} is not supported; use 'b64_json'",
-                param="response_format",
-            )
         width, height = defaults["width"], defaults["height"]
         if b.size not in (None, "auto"):
             m = _SIZE.match(b.size)
@@ -447,21 +527,57 @@ def create_app(
             raise APIError(400, "seed must be in [0, 2^63)", param="seed")
         if not -(2**31) <= b.priority < 2**31:
             raise APIError(400, "priority must be a 32-bit integer", param="priority")
-        seed = secrets.randbits(31) if b.seed is None else b.seed
-        return [
-            EngineRequest(
-                prompt=b.prompt,
-                negative_prompt=b.negative_prompt,
-                height=height,
-                width=width,
-                num_inference_steps=b.num_inference_steps,
-                guidance_scale=b.guidance_scale,
-                seed=(seed + i) % 2**63,
-                deadline_s=None if b.slo_ms is None else b.slo_ms / 1000.0,
-                priority=b.priority,
+        return width, height, secrets.randbits(31) if b.seed is None else b.seed
+
+    def engine_request(b: Any, width: int, height: int, num_frames: int, seed: int) -> Any:
+        return EngineRequest(
+            prompt=b.prompt,
+            negative_prompt=b.negative_prompt,
+            height=height,
+            width=width,
+            num_frames=num_frames,
+            num_inference_steps=b.num_inference_steps,
+            guidance_scale=b.guidance_scale,
+            seed=seed % 2**63,
+            deadline_s=None if b.slo_ms is None else b.slo_ms / 1000.0,
+            priority=b.priority,
+        )
+
+    def submit(reqs: list[Any]) -> list[Any]:
+        """Submits to the engine (returns at once); a refusal becomes a 400 naming the field."""
+        handles = []
+        try:
+            for r in reqs:
+                handles.append(engine.submit(r))
+        except InvalidUsage as e:
+            for h in handles:
+                h.cancel()
+            msg = str(e).removeprefix("gfdit.Request: ")
+            param = _param_of(msg)
+            if msg.startswith("prompt and negative_prompt"):  # too long together: name the longer
+                r0 = reqs[0]
+                param = "prompt" if len(r0.prompt) >= len(r0.negative_prompt or "") else "negative_prompt"
+            raise APIError(400, msg, param=param) from None
+        return handles
+
+    def to_engine_requests(b: Any) -> list[Any]:
+        n = 1 if b.n is None else b.n
+        if not 1 <= n <= max_n:
+            raise APIError(400, f"n {n} is outside [1, {max_n}]", param="n")
+        if b.stream:
+            raise APIError(400, "streaming is not supported", param="stream")
+        if b.output_format not in (None, "png"):
+            raise APIError(
+                400, f"output_format {b.output_format!r} is not supported; use 'png'", param="output_format"
             )
-            for i in range(n)
-        ]
+        if b.response_format not in (None, "b64_json"):
+            raise APIError(
+                400,
+                f"response_format {b.response_format!r} is not supported; use 'b64_json'",
+                param="response_format",
+            )
+        width, height, seed = check_common(b)
+        return [engine_request(b, width, height, 1, seed + i) for i in range(n)]
 
     @app.post("/v1/images/generations")
     async def generate_images(request: Request) -> JSONResponse:
@@ -495,16 +611,7 @@ def create_app(
         handles = []
         loop = asyncio.get_running_loop()
         try:
-            try:
-                for r in reqs:
-                    handles.append(engine.submit(r))  # returns at once: checks, then queues
-            except InvalidUsage as e:
-                msg = str(e).removeprefix("gfdit.Request: ")
-                param = _param_of(msg)
-                if msg.startswith("prompt and negative_prompt"):  # too long together: name the longer
-                    r0 = reqs[0]
-                    param = "prompt" if len(r0.prompt) >= len(r0.negative_prompt or "") else "negative_prompt"
-                raise APIError(400, msg, param=param) from None
+            handles = submit(reqs)
             try:
                 results = await _until_disconnect(
                     request, asyncio.gather(*(loop.run_in_executor(waiters, h.result) for h in handles))
@@ -531,6 +638,129 @@ def create_app(
         finally:
             admission.release(len(reqs))
         return JSONResponse({"created": int(time.time()), "data": [{"b64_json": d} for d in data]})
+
+    video_model = _video_request_model()
+    jobs: dict[str, VideoJob] = {}
+    job_tasks: set[asyncio.Task] = set()
+
+    def sweep_jobs() -> None:
+        now = time.monotonic()
+        for job_id in [
+            j.id
+            for j in list(jobs.values())
+            if j.finished_monotonic and now - j.finished_monotonic > job_ttl_s
+        ]:
+            jobs.pop(job_id, None)
+
+    def job_of(video_id: str) -> VideoJob:
+        sweep_jobs()
+        job = jobs.get(video_id)
+        if job is None:
+            raise APIError(
+                404,
+                f"no video job {video_id!r} (unknown, deleted or expired)",
+                param="video_id",
+                code="not_found",
+            )
+        return job
+
+    async def finish_job(job: VideoJob, fps: int) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(waiters, job.handle.result)
+            job.status = "in_progress"
+            job.content = await loop.run_in_executor(encoders, _mp4, result.output, fps)
+            metrics.observe(result, None)
+            job.status = "completed"
+        except RequestFailed as e:
+            job.status, job.error = "failed", str(e)
+        except (CancelledError, asyncio.CancelledError) as e:
+            job.status, job.error = "cancelled", str(e) or "cancelled"
+        except Exception as e:  # an encoder error fails the job, never the server
+            job.status, job.error = "failed", f"{type(e).__name__}: {e}"
+        finally:
+            admission.release(1)
+            job.completed_at = int(time.time())
+            job.finished_monotonic = time.monotonic()
+
+    @app.post("/v1/videos")
+    async def create_video(request: Request) -> JSONResponse:
+        check_key(request)
+        if not info["is_video"]:
+            raise APIError(
+                400, f"the model {model!r} makes images; use /v1/images/generations", param="model"
+            )
+        try:
+            b = video_model.model_validate(await read_json(request))
+        except ValidationError as e:
+            first = e.errors()[0]
+            param = str(first["loc"][0]) if first["loc"] else None
+            raise APIError(400, f"{param}: {first['msg']}", param=param) from None
+        width, height, seed = check_common(b)
+        if not 1 <= b.fps <= 120:
+            raise APIError(400, "fps must be in [1, 120]", param="fps")
+        num_frames = b.num_frames
+        if num_frames is None and b.seconds is not None:
+            try:
+                seconds = float(b.seconds)
+            except ValueError:
+                raise APIError(400, f"seconds {b.seconds!r} is not a number", param="seconds") from None
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise APIError(400, "seconds must be a positive number", param="seconds")
+            t = int(info["vae_stride_t"])
+            num_frames = int(seconds * b.fps) // t * t + 1  # the VAE takes 1 + stride_t * k frames
+        if num_frames is None:
+            num_frames = defaults["num_frames"]
+        max_frames = engine.limits["max_frames"]
+        if not 1 <= num_frames <= max_frames:
+            raise APIError(400, f"num_frames {num_frames} is outside [1, {max_frames}]", param="num_frames")
+        req = engine_request(b, width, height, num_frames, seed)
+        if not admission.acquire(1):
+            raise APIError(
+                429,
+                f"the queue is full ({admission.max_queue} outstanding); retry later",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(retry_after_s)},
+            )
+        try:
+            (handle,) = submit([req])
+        except BaseException:
+            admission.release(1)
+            raise
+        sweep_jobs()
+        job = VideoJob("video_" + secrets.token_hex(12), model, handle, width, height, num_frames)
+        jobs[job.id] = job
+        task = asyncio.ensure_future(finish_job(job, b.fps))
+        job_tasks.add(task)
+        task.add_done_callback(job_tasks.discard)
+        return JSONResponse(job.to_json(job_ttl_s, probe=False))
+
+    @app.get("/v1/videos/{video_id}")
+    def get_video(video_id: str, request: Request) -> dict:  # a thread: status() may wait a moment
+        check_key(request)
+        return job_of(video_id).to_json(job_ttl_s)
+
+    @app.get("/v1/videos/{video_id}/content")
+    def get_video_content(video_id: str, request: Request) -> Response:
+        check_key(request)
+        job = job_of(video_id)
+        if job.status != "completed" or job.content is None:
+            raise APIError(
+                409,
+                f"video {video_id} is {job.status}; its content exists once completed",
+                param="video_id",
+                code="video_not_ready",
+            )
+        return Response(job.content, media_type="video/mp4")
+
+    @app.delete("/v1/videos/{video_id}")
+    def delete_video(video_id: str, request: Request) -> dict:
+        check_key(request)
+        job = job_of(video_id)
+        job.handle.cancel()  # nothing if it ended already
+        jobs.pop(video_id, None)
+        return {"id": video_id, "object": "video.deleted", "deleted": True}
 
     return app
 

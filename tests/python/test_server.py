@@ -328,3 +328,120 @@ def test_serve_command_refuses_bad_arguments(capsys):
     assert cli.main(["serve", "--policy", "nope", "--world-size", "1"]) == 2
     assert "unknown policy 'nope'" in capsys.readouterr().err
     assert cli.main(["serve", "--max-queue", "0"]) == 2
+
+
+# ---- videos (tiny-wan) ----
+
+VIDEO_MODEL = "tiny-wan"
+
+
+@pytest.fixture(scope="module")
+def video_engine():
+    with Engine(model=VIDEO_MODEL, world_size=2, policy="fcfs", timeout_s=20.0) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def vclient(video_engine):
+    with TestClient(create_app(video_engine, model=VIDEO_MODEL, job_ttl_s=2.0)) as c:
+        yield c
+
+
+def _wait_job(c, job_id: str, timeout: float = 30.0) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = c.get(f"/v1/videos/{job_id}").json()
+        assert 0 <= job["progress"] <= 100
+        if job["status"] not in ("queued", "in_progress"):
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"video job {job_id} not finished within {timeout} s")
+
+
+def test_video_job_makes_an_h264_mp4(vclient):
+    av = pytest.importorskip("av")
+    r = vclient.post(
+        "/v1/videos",
+        json={
+            "model": VIDEO_MODEL,
+            "prompt": "waves",
+            "size": "48x32",
+            "num_frames": 9,
+            "num_inference_steps": 2,
+        },
+    )
+    assert r.status_code == 200, r.text
+    job = r.json()
+    assert (
+        job["object"] == "video"
+        and job["status"] in ("queued", "in_progress")
+        and job["id"].startswith("video_")
+    )
+    done = _wait_job(vclient, job["id"])
+    assert done["status"] == "completed" and done["progress"] == 100 and done["expires_at"] is not None
+    content = vclient.get(f"/v1/videos/{job['id']}/content")
+    assert content.status_code == 200 and content.headers["content-type"] == "video/mp4"
+    with av.open(io.BytesIO(content.content)) as container:
+        stream = container.streams.video[0]
+        frames = list(container.decode(stream))
+        assert stream.codec_context.name == "h264"
+    assert len(frames) == 9 and (frames[0].width, frames[0].height) == (48, 32)
+    # seconds at fps become 1 + 4k frames
+    s = vclient.post(
+        "/v1/videos", json={"prompt": "waves", "seconds": "1", "fps": 8, "num_inference_steps": 1}
+    )
+    assert s.status_code == 200 and s.json()["num_frames"] == 9
+    assert _wait_job(vclient, s.json()["id"])["status"] == "completed"
+
+
+def test_video_job_expires_after_its_ttl(vclient):
+    import time
+
+    job = vclient.post("/v1/videos", json={"prompt": "a", "num_frames": 1, "num_inference_steps": 1}).json()
+    assert _wait_job(vclient, job["id"])["status"] == "completed"
+    time.sleep(2.2)
+    _assert_error(vclient.get(f"/v1/videos/{job['id']}"), 404, "video_id")
+
+
+def test_deleting_a_running_video_job_cancels_it(vclient, video_engine):
+    import time
+
+    body = {"prompt": "slow", "size": "256x128", "num_frames": 33, "num_inference_steps": 200}
+    job = vclient.post("/v1/videos", json=body).json()
+    _assert_error(vclient.get(f"/v1/videos/{job['id']}/content"), 409, "video_id")
+    assert vclient.delete(f"/v1/videos/{job['id']}").json()["deleted"] is True
+    t0 = time.monotonic()
+    while video_engine.requests() and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert not video_engine.requests()
+    _assert_error(vclient.get(f"/v1/videos/{job['id']}"), 404, "video_id")
+    _assert_error(vclient.delete(f"/v1/videos/{job['id']}"), 404, "video_id")
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"num_frames": 0}, "num_frames"),
+        ({"num_frames": 1000}, "num_frames"),
+        ({"num_frames": "9"}, "num_frames"),
+        ({"seconds": "soon"}, "seconds"),
+        ({"seconds": -1.0}, "seconds"),
+        ({"fps": 0}, "fps"),
+        ({"size": "50x32"}, "size"),
+        ({"num_inference_steps": 0}, "num_inference_steps"),
+    ],
+)
+def test_bad_video_input(vclient, body, param):
+    _assert_error(vclient.post("/v1/videos", json={"prompt": "p", **body}), 400, param)
+
+
+def test_video_endpoints_on_an_image_model_and_images_on_a_video_model(client, vclient):
+    _assert_error(client.post("/v1/videos", json={"prompt": "p"}), 400, "model")
+    _assert_error(client.get("/v1/videos/video_nope"), 404, "video_id")
+    r = vclient.post(
+        "/v1/images/generations", json={"prompt": "p", "size": "48x32", "num_inference_steps": 1}
+    )
+    assert r.status_code == 200, r.text
+    assert _png(r.json()["data"][0]["b64_json"]).size == (48, 32)

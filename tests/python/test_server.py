@@ -445,3 +445,66 @@ def test_video_endpoints_on_an_image_model_and_images_on_a_video_model(client, v
     )
     assert r.status_code == 200, r.text
     assert _png(r.json()["data"][0]["b64_json"]).size == (48, 32)
+
+
+# ---- resilience ----
+
+
+def test_200_concurrent_requests_none_lost(live_url, engine):
+    import asyncio
+
+    import httpx
+
+    async def main() -> list[int]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=live_url, headers=AUTH, limits=limits, timeout=120) as c:
+            rs = await asyncio.gather(
+                *(
+                    c.post(
+                        "/v1/images/generations",
+                        json={"prompt": f"p{i}", "seed": i, "num_inference_steps": 1},
+                    )
+                    for i in range(200)
+                )
+            )
+        for r in rs:
+            assert r.status_code != 200 or _png(r.json()["data"][0]["b64_json"]).size == (80, 48)
+        return [r.status_code for r in rs]
+
+    codes = asyncio.run(main())
+    assert codes == [200] * 200  # the default max_queue (256) admits them all
+    assert not engine.requests()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_under_load():
+    import os
+    import signal
+    import time
+
+    with Engine(model=MODEL, world_size=4, policy="fcfs", timeout_s=5.0, task_timeout_s=5.0) as eng:
+        with TestClient(create_app(eng, model=MODEL)) as c:
+            codes: list[int] = []
+
+            def one(i: int) -> None:
+                body = {"prompt": "p", "seed": i, "num_inference_steps": 20}
+                codes.append(c.post("/v1/images/generations", json=body).status_code)
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 10
+            while not eng.requests() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert c.get("/health").status_code == 200
+            os.kill(eng.worker_pids[3], signal.SIGKILL)
+            t0 = time.monotonic()
+            while c.get("/health").status_code == 200 and time.monotonic() - t0 < 5:
+                time.sleep(0.01)
+            assert time.monotonic() - t0 < 1.0, "/health did not notice the dead worker within a second"
+            assert "workers not alive: 3" in c.get("/health").json()["reason"]
+            for t in threads:
+                t.join(90)
+            assert sorted(codes) == [200] * 16  # served on the remaining ranks, none lost
+            after = _gen(c, num_inference_steps=2)
+            assert after.status_code == 200, after.text

@@ -779,6 +779,12 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, help="images outstanding before 429")
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds to let requests in flight finish before they are cancelled",
+    )
 
 
 def run(args: argparse.Namespace, command: str) -> int:
@@ -799,5 +805,39 @@ def run(args: argparse.Namespace, command: str) -> int:
         return 2
     with engine:
         app = create_app(engine, model=args.model, api_key=args.api_key, max_queue=args.max_queue)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info",
+            timeout_graceful_shutdown=max(0.0, args.grace_s),
+        )
+        _draining_server_class()(config).run()
     return 0
+
+
+def _draining_server_class() -> type:
+    """uvicorn's server, except that a SIGTERM or SIGINT is not raised again once serving ends.
+
+    On the signal uvicorn stops accepting and waits for requests in flight up to the grace period; then ``run``
+    returns, and the engine's shutdown cancels what is left and stops every worker (re-raising the signal, as
+    uvicorn does, would kill the process before that). Built lazily: uvicorn is a serving dependency.
+    """
+    import signal
+
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return DrainingServer

@@ -508,3 +508,74 @@ def test_a_worker_killed_under_load():
             assert sorted(codes) == [200] * 16  # served on the remaining ranks, none lost
             after = _gen(c, num_inference_steps=2)
             assert after.status_code == 200, after.text
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_drains_and_leaves_nothing(tmp_path):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gfdit.cli",
+            "serve",
+            "--model",
+            MODEL,
+            "--world-size",
+            "2",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "serve.log", "wb"),
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        codes: list[int] = []
+        body = {"prompt": "p", "size": "256x256", "num_inference_steps": 30}  # about 0.3 s
+        t = threading.Thread(
+            target=lambda: codes.append(
+                httpx.post(url + "/v1/images/generations", json=body, timeout=60).status_code
+            )
+        )
+        t.start()
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        assert codes == [200]  # the request in flight was drained, not dropped
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = (
+        time.monotonic() + 5
+    )  # helpers such as multiprocessing's resource tracker exit after the server
+    while True:
+        left = subprocess.run(["ps", "-o", "pid=,args=", "-s", str(proc.pid)], capture_output=True, text=True)
+        if not left.stdout.strip() or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not left.stdout.strip(), f"processes left in the server's session: {left.stdout}"
+    leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("gfdit")}
+    assert not leaked, leaked

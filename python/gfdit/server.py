@@ -417,8 +417,7 @@ def create_app(
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        # compare_digest on equal-length inputs would leak nothing more; on unequal ones it still takes
-        # time independent of where they differ
+        # hmac.compare_digest takes the same time wherever the two differ (only a length mismatch shows)
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
             raise APIError(
                 401,

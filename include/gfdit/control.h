@@ -195,6 +195,7 @@ struct SchedulerView {
   std::vector<const RequestRecord*> running;  ///< a decision of theirs is running
   std::vector<int> node_of;                   ///< node of each rank (topology)
   const cost::CostModel* cost = nullptr;      ///< predictions, when the control plane has a model
+  double long_step_s = 0.1;                   ///< ControlConfig::long_step_s: such steps are not dispatched ahead
 };
 
 /// Decides, at each scheduling point, which ready requests run next and where. Pure: reads the view,

@@ -371,12 +371,7 @@ void register_runtime(py::module_& m) {
       "best_layout",
       [](const cost::CostModel& cost, int h, int w, int f, int steps, double g, int degree, int num_nodes,
          LayoutFamily family) {
-        RequestShape shape;
-        shape.height = h;
-        shape.width = w;
-        shape.num_frames = f;
-        shape.num_steps = steps;
-        shape.guidance_scale = g;
+        RequestShape shape = shapeOf(h, w, f, steps, g);
         shape.tokens = cost.model().tokens(h, w, f);
         double s = 0;
         Layout l = bestLayout(cost, shape, degree, num_nodes, maxUlyssesDegree(cost.model().heads), family, &s);

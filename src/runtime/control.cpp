@@ -298,6 +298,7 @@ void ControlPlane::buildView(SchedulerView& view, const Request* la) {
   view.world_size = config_.world_size;
   view.node_of = config_.node_of;
   view.cost = cost_.get();
+  view.long_step_s = config_.long_step_s;
   for (int w = 0; w < config_.world_size; ++w) {
     bool own = la != nullptr && std::find(la->group.begin(), la->group.end(), w) != la->group.end();
     if (alive_[w] && (!rank_busy_[w] || own)) view.free_ranks.push_back(w);

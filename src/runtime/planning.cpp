@@ -41,7 +41,6 @@ namespace runtime {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kLongStepS = 0.1;    // as ControlConfig::long_step_s
 constexpr double kLentStepS = 0.005;  // spare ranks lent for steps this long come back after one step
 
 int pow2AtMost(int n) {
@@ -331,7 +330,7 @@ class PlanningPolicy : public Policy {
       const double step_s = c.rec->cost.known ? c.rec->cost.stepSeconds(degree) : 0;
       const bool lent = degree > c.base && step_s >= kLentStepS;
       d.dispatch_ahead = !lent;
-      d.num_steps = lent || step_s >= kLongStepS ? 1 : o_.steps_per_decision;
+      d.num_steps = lent || step_s >= view.long_step_s ? 1 : o_.steps_per_decision;
       out.push_back(std::move(d));
     }
     return out;

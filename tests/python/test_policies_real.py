@@ -175,13 +175,16 @@ def test_one_python_policy_object_in_the_simulator_and_the_engine(profile_path, 
 
     model = cost.cost_model(MODEL, "cpu", profile=profile_path)
     with Engine(model=MODEL, world_size=WORLD, policy=policy, timeout_s=30.0, cost_model=model) as eng:
-        handles = [eng.submit(Request(**r)) for r in REQUESTS]
+        # the video first and alone, so its first decision sees both ranks free whatever the timing later
+        first = eng.submit(Request(**REQUESTS[0]))
+        _wait_denoising(first)
+        handles = [first] + [eng.submit(Request(**r)) for r in REQUESTS[1:]]
         results = [h.result(timeout=120) for h in handles]
     assert policy.calls > sim_calls  # the same object decided in the engine too
     for r, res in zip(REQUESTS, results):
         assert res.state == "DONE"
         assert _rel(res.output, reference[r["seed"]]) <= 1e-4
-    # the engine applied what the policy decided: only degrees it chose, videos on two ranks at some step
+    # the engine applied what the policy decided: the lone video on two ranks, the images on one
     video_groups = {
         len(s.ranks) for res in (results[0], results[3]) for s in res.timeline if s.kind == "denoise"
     }

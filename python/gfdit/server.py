@@ -11,7 +11,7 @@ disconnects cancels its requests.
 
 Bad input gets a 4xx with an OpenAI-style body, ``{"error": {"message", "type", "param", "code"}}``, whose
 ``param`` names the field. The event loop never blocks on the engine: a request waits for its result on a
-thread of a pool sized to the queue limit (admission keeps at most ``max_queue`` images outstanding, so a
+thread of a pool sized to the queue limit (admission keeps at most ``max_queue`` generations outstanding, so a
 waiter always has a thread), and PNG encoding runs on a separate small pool.
 """
 
@@ -20,6 +20,7 @@ waiter always has a thread), and PNG encoding runs on a separate small pool.
 import argparse
 import asyncio
 import base64
+import collections
 import contextlib
 import hmac
 import io
@@ -36,6 +37,8 @@ from typing import Any
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_N = 10
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_MAX_VIDEO_BYTES = 1 << 30
+_RATE_WINDOW_S = 30.0  # the completion rate behind Retry-After is measured over this window
 _SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
 # Which request field an engine message is about (the engine names its own fields; "size" stands for both
 # height and width, "slo_ms" for the deadline).
@@ -254,10 +257,16 @@ class _Metrics:
         Gauge("gfdit_outstanding_images", "images accepted and not yet answered", registry=r).set_function(
             lambda: admission.pending
         )
-        self.requests = Counter("gfdit_http_requests", "image requests by outcome", ["outcome"], registry=r)
+        self.requests = Counter(
+            "gfdit_http_requests",
+            "generation requests (images: one per HTTP request; videos: one per job) by kind and outcome",
+            ["kind", "outcome"],
+            registry=r,
+        )
         self.latency = Histogram(
             "gfdit_request_latency_seconds",
-            "end-to-end latency of a generation, as the server saw it",
+            "end-to-end latency of a generation as the server saw it (videos: until the MP4 is ready)",
+            ["kind"],
             buckets=buckets,
             registry=r,
         )
@@ -269,7 +278,10 @@ class _Metrics:
             registry=r,
         )
         self.slo = Counter(
-            "gfdit_slo_requests", "images with slo_ms by whether they met it", ["result"], registry=r
+            "gfdit_slo_requests",
+            "generations with slo_ms by whether they met it",
+            ["kind", "result"],
+            registry=r,
         )
         self.busy = Counter(
             "gfdit_rank_busy_seconds", "seconds each rank spent running tasks", ["rank"], registry=r
@@ -280,6 +292,8 @@ class _Metrics:
             "gfdit_regroups", "regroupings by the control plane so far (use rate())", registry=r
         )
         self.regroups.set_function(lambda: engine.stats().get("regroups", 0))
+        self._done: collections.deque[float] = collections.deque()  # monotonic times of recent answers
+        self._done_lock = threading.Lock()
 
     def _count(self, state: str) -> int:
         states = self._engine.requests().values()
@@ -287,7 +301,25 @@ class _Metrics:
             return sum(1 for s in states if s == "QUEUED")
         return sum(1 for s in states if s != "QUEUED")
 
-    def observe(self, result: Any, slo_s: float | None) -> None:
+    def finished(self, count: int = 1) -> None:
+        """Records ``count`` generations answered now (the completion rate that Retry-After is derived from)."""
+        now = time.monotonic()
+        with self._done_lock:
+            self._done.extend([now] * count)
+            while self._done and now - self._done[0] > _RATE_WINDOW_S:
+                self._done.popleft()
+
+    def completion_rate(self) -> float:
+        """Generations answered per second over the last _RATE_WINDOW_S seconds (0 before any)."""
+        now = time.monotonic()
+        with self._done_lock:
+            while self._done and now - self._done[0] > _RATE_WINDOW_S:
+                self._done.popleft()
+            if not self._done:
+                return 0.0
+            return len(self._done) / max(now - self._done[0], 1.0)
+
+    def observe(self, result: Any, slo_s: float | None, kind: str) -> None:
         for st in result.timeline:
             if st.start_ns and st.end_ns > st.start_ns:
                 dt = (st.end_ns - st.start_ns) / 1e9
@@ -296,7 +328,7 @@ class _Metrics:
                     self.busy.labels(str(rank)).inc(dt)
         if slo_s is not None and result.transitions:
             e2e = (result.transitions[-1][2] - result.transitions[0][2]) / 1e9
-            self.slo.labels("met" if e2e <= slo_s else "missed").inc()
+            self.slo.labels(kind, "met" if e2e <= slo_s else "missed").inc()
 
 
 class _Admission:
@@ -330,14 +362,21 @@ def create_app(
     retry_after_s: int = 1,
     loop_stall_s: float = 1.0,
     job_ttl_s: float = 3600.0,
+    max_video_bytes: int = DEFAULT_MAX_VIDEO_BYTES,
 ) -> Any:
     """The ASGI app serving ``engine`` under the model name ``model``.
 
     api_key: when given, /v1/* needs ``Authorization: Bearer <api_key>`` (compared in constant time).
     max_queue: images accepted and not yet answered, past which a request gets 429 with Retry-After.
-    max_n: the largest ``n`` of one request. max_body_bytes: larger bodies get 413. loop_stall_s: /health
-    answers 503 when the control loop has not woken for this long. job_ttl_s: finished video jobs (and their
-    MP4) are forgotten this long after they end.
+    max_n: the largest ``n`` of one request. max_body_bytes: larger bodies get 413. retry_after_s: the least
+    Retry-After of a 429 (the server asks for longer when its recent completion rate says the queue needs
+    longer to make room). loop_stall_s: /health answers 503 when the control loop has not woken for this long.
+    job_ttl_s: finished video jobs (and their MP4) are forgotten this long after they end. max_video_bytes: the
+    MP4s of finished jobs kept in memory at most; past it the oldest finished jobs are forgotten early (the
+    newest is kept whatever its size).
+
+    Each image answer carries a ``Server-Timing`` header: ``engine`` (from submit to the engine's result),
+    ``encode`` (PNG) and ``total`` (the server's whole handling), in milliseconds.
     """
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
@@ -410,6 +449,22 @@ def create_app(
         return JSONResponse(
             _error_body(f"internal error: {type(e).__name__}", param=None, type="server_error", code=None),
             status_code=500,
+        )
+
+    def retry_after(count: int) -> str:
+        """Seconds until ``count`` more images likely fit: the time the recent completion rate needs to answer
+        that many, at least retry_after_s and at most a minute."""
+        rate = metrics.completion_rate()
+        wait = count / rate if rate > 0 else retry_after_s
+        return str(int(min(60, max(retry_after_s, math.ceil(wait)))))
+
+    def queue_full(count: int) -> APIError:
+        return APIError(
+            429,
+            f"the queue is full ({admission.max_queue} generations outstanding); retry later",
+            type="rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": retry_after(count)},
         )
 
     def check_key(request: Request) -> None:
@@ -578,53 +633,62 @@ def create_app(
         width, height, seed = check_common(b)
         return [engine_request(b, width, height, 1, seed + i) for i in range(n)]
 
+    def count_error(kind: str, e: BaseException) -> None:
+        if isinstance(e, APIError):
+            metrics.requests.labels(
+                kind, e.code or ("bad_request" if e.status < 500 else "server_error")
+            ).inc()
+        else:
+            metrics.requests.labels(kind, "server_error").inc()
+
     @app.post("/v1/images/generations")
     async def generate_images(request: Request) -> JSONResponse:
         t0 = time.monotonic()
         try:
-            response = await _generate_images(request)
-        except APIError as e:
-            metrics.requests.labels(e.code or ("bad_request" if e.status < 500 else "server_error")).inc()
-            raise
-        except BaseException:
-            metrics.requests.labels("server_error").inc()
+            response = await _generate_images(request, t0)
+        except BaseException as e:
+            count_error("image", e)
             raise
         if response.status_code == 200:
-            metrics.latency.observe(time.monotonic() - t0)
-            metrics.requests.labels("ok").inc()
+            metrics.latency.labels("image").observe(time.monotonic() - t0)
+            metrics.requests.labels("image", "ok").inc()
         else:
-            metrics.requests.labels("disconnected").inc()
+            metrics.requests.labels("image", "disconnected").inc()
         return response
 
-    async def _generate_images(request: Request) -> JSONResponse:
+    def wait_result(handle: Any) -> tuple[Any, float]:
+        """The handle's result and the monotonic time it arrived (on a waiter thread)."""
+        result = handle.result()
+        return result, time.monotonic()
+
+    async def _generate_images(request: Request, t0: float) -> JSONResponse:
         check_key(request)
         reqs = to_engine_requests(parse(await read_json(request)))
         if not admission.acquire(len(reqs)):
-            raise APIError(
-                429,
-                f"the queue is full ({admission.max_queue} images outstanding); retry later",
-                type="rate_limit_error",
-                code="queue_full",
-                headers={"Retry-After": str(retry_after_s)},
-            )
+            raise queue_full(len(reqs))
         handles = []
         loop = asyncio.get_running_loop()
         try:
+            t_submit = time.monotonic()
             handles = submit(reqs)
             try:
-                results = await _until_disconnect(
-                    request, asyncio.gather(*(loop.run_in_executor(waiters, h.result) for h in handles))
+                answers = await _until_disconnect(
+                    request, asyncio.gather(*(loop.run_in_executor(waiters, wait_result, h) for h in handles))
                 )
             except RequestFailed as e:
                 raise APIError(500, str(e), type="server_error", code="generation_failed") from None
             except CancelledError as e:
                 raise APIError(503, str(e), type="server_error", code="cancelled") from None
+            t_results = max(t for _, t in answers)
+            results = [r for r, _ in answers]
+            metrics.finished(len(results))
             slo_s = reqs[0].deadline_s
             for r in results:
-                metrics.observe(r, slo_s)
+                metrics.observe(r, slo_s, "image")
             data = await asyncio.gather(
                 *(loop.run_in_executor(encoders, _png_b64, r.output) for r in results)
             )
+            t_encoded = time.monotonic()
         except BaseException as e:
             for h in handles:
                 h.cancel()
@@ -636,20 +700,33 @@ def create_app(
             raise
         finally:
             admission.release(len(reqs))
-        return JSONResponse({"created": int(time.time()), "data": [{"b64_json": d} for d in data]})
+        timing = {
+            "engine": t_results - t_submit,
+            "encode": t_encoded - t_results,
+            "total": time.monotonic() - t0,
+        }
+        return JSONResponse(
+            {"created": int(time.time()), "data": [{"b64_json": d} for d in data]},
+            headers={"Server-Timing": ", ".join(f"{k};dur={v * 1000:.3f}" for k, v in timing.items())},
+        )
 
     video_model = _video_request_model()
     jobs: dict[str, VideoJob] = {}
     job_tasks: set[asyncio.Task] = set()
 
     def sweep_jobs() -> None:
+        """Forgets finished jobs past their TTL, then the oldest finished ones while their MP4s exceed
+        max_video_bytes."""
         now = time.monotonic()
-        for job_id in [
-            j.id
-            for j in list(jobs.values())
-            if j.finished_monotonic and now - j.finished_monotonic > job_ttl_s
-        ]:
-            jobs.pop(job_id, None)
+        finished = sorted(
+            (j for j in list(jobs.values()) if j.finished_monotonic is not None),
+            key=lambda j: j.finished_monotonic,
+        )
+        kept = 0
+        for i, j in enumerate(reversed(finished)):  # the newest first; the newest is kept whatever its size
+            kept += len(j.content or b"")
+            if now - j.finished_monotonic > job_ttl_s or (i > 0 and kept > max_video_bytes):
+                jobs.pop(j.id, None)
 
     def job_of(video_id: str) -> VideoJob:
         sweep_jobs()
@@ -663,27 +740,40 @@ def create_app(
             )
         return job
 
-    async def finish_job(job: VideoJob, fps: int) -> None:
+    async def finish_job(job: VideoJob, fps: int, slo_s: float | None, t0: float) -> None:
         loop = asyncio.get_running_loop()
+        outcome = "ok"
         try:
             result = await loop.run_in_executor(waiters, job.handle.result)
+            metrics.finished(1)
             job.status = "in_progress"
             job.content = await loop.run_in_executor(encoders, _mp4, result.output, fps)
-            metrics.observe(result, None)
+            metrics.observe(result, slo_s, "video")
+            metrics.latency.labels("video").observe(time.monotonic() - t0)
             job.status = "completed"
         except RequestFailed as e:
-            job.status, job.error = "failed", str(e)
+            job.status, job.error, outcome = "failed", str(e), "generation_failed"
         except (CancelledError, asyncio.CancelledError) as e:
-            job.status, job.error = "cancelled", str(e) or "cancelled"
+            job.status, job.error, outcome = "cancelled", str(e) or "cancelled", "cancelled"
         except Exception as e:  # an encoder error fails the job, never the server
-            job.status, job.error = "failed", f"{type(e).__name__}: {e}"
+            job.status, job.error, outcome = "failed", f"{type(e).__name__}: {e}", "server_error"
         finally:
             admission.release(1)
+            metrics.requests.labels("video", outcome).inc()
             job.completed_at = int(time.time())
             job.finished_monotonic = time.monotonic()
+            sweep_jobs()  # a new MP4 may push the oldest past max_video_bytes
 
     @app.post("/v1/videos")
     async def create_video(request: Request) -> JSONResponse:
+        t0 = time.monotonic()
+        try:
+            return await _create_video(request, t0)
+        except BaseException as e:
+            count_error("video", e)
+            raise
+
+    async def _create_video(request: Request, t0: float) -> JSONResponse:
         check_key(request)
         if not info["is_video"]:
             raise APIError(
@@ -715,13 +805,7 @@ def create_app(
             raise APIError(400, f"num_frames {num_frames} is outside [1, {max_frames}]", param="num_frames")
         req = engine_request(b, width, height, num_frames, seed)
         if not admission.acquire(1):
-            raise APIError(
-                429,
-                f"the queue is full ({admission.max_queue} outstanding); retry later",
-                type="rate_limit_error",
-                code="queue_full",
-                headers={"Retry-After": str(retry_after_s)},
-            )
+            raise queue_full(1)
         try:
             (handle,) = submit([req])
         except BaseException:
@@ -730,7 +814,7 @@ def create_app(
         sweep_jobs()
         job = VideoJob("video_" + secrets.token_hex(12), model, handle, width, height, num_frames)
         jobs[job.id] = job
-        task = asyncio.ensure_future(finish_job(job, b.fps))
+        task = asyncio.ensure_future(finish_job(job, b.fps, req.deadline_s, t0))
         job_tasks.add(task)
         task.add_done_callback(job_tasks.discard)
         return JSONResponse(job.to_json(job_ttl_s, probe=False))
@@ -777,7 +861,19 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, help="images outstanding before 429")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=DEFAULT_MAX_QUEUE,
+        help="generations (images and video jobs) outstanding before 429",
+    )
+    p.add_argument("--job-ttl-s", type=float, default=3600.0, help="how long a finished video job is kept")
+    p.add_argument(
+        "--max-video-mb",
+        type=float,
+        default=DEFAULT_MAX_VIDEO_BYTES / 2**20,
+        help="MP4s of finished video jobs kept in memory at most; past it the oldest jobs are forgotten",
+    )
     p.add_argument(
         "--grace-s",
         type=float,
@@ -795,6 +891,9 @@ def run(args: argparse.Namespace, command: str) -> int:
     if args.max_queue < 1:
         print("gfdit serve: --max-queue must be >= 1", file=sys.stderr)
         return 2
+    if not (args.job_ttl_s > 0 and args.max_video_mb >= 0):
+        print("gfdit serve: --job-ttl-s must be > 0 and --max-video-mb >= 0", file=sys.stderr)
+        return 2
     try:
         engine = Engine(
             model=args.model, model_path=args.path, world_size=args.world_size, policy=args.policy
@@ -803,7 +902,14 @@ def run(args: argparse.Namespace, command: str) -> int:
         print(f"gfdit serve: {e}", file=sys.stderr)
         return 2
     with engine:
-        app = create_app(engine, model=args.model, api_key=args.api_key, max_queue=args.max_queue)
+        app = create_app(
+            engine,
+            model=args.model,
+            api_key=args.api_key,
+            max_queue=args.max_queue,
+            job_ttl_s=args.job_ttl_s,
+            max_video_bytes=int(args.max_video_mb * 2**20),
+        )
         config = uvicorn.Config(
             app,
             host=args.host,

@@ -150,6 +150,29 @@ def test_full_queue_gets_429_with_retry_after(client):
     assert _gen(client, n=1, num_inference_steps=1).status_code == 200
 
 
+def test_retry_after_follows_the_completion_rate(engine):
+    """With no answers yet Retry-After is the configured least; once the server has answered 2 images in about
+    the last 30 s, 8 more need several seconds, and it says so (never more than a minute)."""
+    with TestClient(create_app(engine, model=MODEL, max_queue=1, retry_after_s=1)) as c:
+        admission = c.app.state.admission
+        assert admission.acquire(1)
+        try:
+            assert _gen(c, n=8).headers["Retry-After"] == "1"
+            c.app.state.metrics.finished(2)
+            wait = int(_gen(c, n=8).headers["Retry-After"])
+            assert 2 <= wait <= 60
+        finally:
+            admission.release(1)
+
+
+def test_server_timing_splits_the_latency(client):
+    r = _gen(client, num_inference_steps=1)
+    assert r.status_code == 200
+    parts = dict(p.strip().split(";dur=") for p in r.headers["Server-Timing"].split(","))
+    engine_ms, encode_ms, total_ms = (float(parts[k]) for k in ("engine", "encode", "total"))
+    assert 0 < engine_ms <= total_ms and 0 <= encode_ms <= total_ms
+
+
 def test_concurrent_requests_all_answered(client):
     codes: list[int] = []
 
@@ -236,10 +259,10 @@ def test_metrics(client):
     for fam in text_string_to_metric_families(r.text):
         for smp in fam.samples:
             samples[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
-    assert samples[("gfdit_http_requests_total", (("outcome", "ok"),))] >= 1
-    assert samples[("gfdit_http_requests_total", (("outcome", "bad_request"),))] >= 1
-    assert samples[("gfdit_slo_requests_total", (("result", "met"),))] >= 1
-    assert samples[("gfdit_request_latency_seconds_count", ())] >= 1
+    assert samples[("gfdit_http_requests_total", (("kind", "image"), ("outcome", "ok")))] >= 1
+    assert samples[("gfdit_http_requests_total", (("kind", "image"), ("outcome", "bad_request")))] >= 1
+    assert samples[("gfdit_slo_requests_total", (("kind", "image"), ("result", "met")))] >= 1
+    assert samples[("gfdit_request_latency_seconds_count", (("kind", "image"),))] >= 1
     for stage in ("encode", "denoise", "decode"):
         assert samples[("gfdit_stage_seconds_count", (("stage", stage),))] >= 1
     assert all(samples[("gfdit_rank_busy_seconds_total", (("rank", str(w)),))] > 0 for w in range(2))
@@ -403,6 +426,24 @@ def test_video_job_expires_after_its_ttl(vclient):
     assert _wait_job(vclient, job["id"])["status"] == "completed"
     time.sleep(2.2)
     _assert_error(vclient.get(f"/v1/videos/{job['id']}"), 404, "video_id")
+
+
+def test_finished_video_jobs_past_the_memory_cap_are_forgotten_oldest_first(video_engine):
+    """max_video_bytes of 1 keeps only the newest finished job (its MP4 alone is over the cap, but the newest
+    is always kept); video jobs count in the metrics by kind."""
+    with TestClient(create_app(video_engine, model=VIDEO_MODEL, max_video_bytes=1)) as c:
+        body = {"prompt": "a", "size": "48x32", "num_frames": 5, "num_inference_steps": 1, "slo_ms": 60_000.0}
+        first = c.post("/v1/videos", json=body).json()
+        assert _wait_job(c, first["id"])["status"] == "completed"
+        assert c.get(f"/v1/videos/{first['id']}/content").status_code == 200
+        second = c.post("/v1/videos", json=body).json()
+        assert _wait_job(c, second["id"])["status"] == "completed"
+        _assert_error(c.get(f"/v1/videos/{first['id']}"), 404, "video_id")
+        assert c.get(f"/v1/videos/{second['id']}/content").status_code == 200
+        metrics = c.get("/metrics").text
+        assert 'gfdit_http_requests_total{kind="video",outcome="ok"} 2.0' in metrics
+        assert 'gfdit_slo_requests_total{kind="video",result="met"} 2.0' in metrics
+        assert 'gfdit_request_latency_seconds_count{kind="video"} 2.0' in metrics
 
 
 def test_deleting_a_running_video_job_cancels_it(vclient, video_engine):

@@ -858,6 +858,11 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--path", default=None, help="local folder with the model's weights (real models)")
     p.add_argument("--world-size", type=int, default=2, help="worker processes (ranks)")
     p.add_argument("--policy", default="fcfs", help="fcfs, srtf, edf, priority, static:D")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="a profile of this model on this machine (gfdit profile): the policies' cost model",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
@@ -895,8 +900,17 @@ def run(args: argparse.Namespace, command: str) -> int:
         print("gfdit serve: --job-ttl-s must be > 0 and --max-video-mb >= 0", file=sys.stderr)
         return 2
     try:
+        cost_model = None
+        if args.profile is not None:
+            from gfdit.cost import cost_model as make_cost_model
+
+            cost_model = make_cost_model(args.model, profile=args.profile)
         engine = Engine(
-            model=args.model, model_path=args.path, world_size=args.world_size, policy=args.policy
+            model=args.model,
+            model_path=args.path,
+            world_size=args.world_size,
+            policy=args.policy,
+            cost_model=cost_model,
         )
     except (Error, RuntimeError, ValueError, OSError) as e:
         print(f"gfdit serve: {e}", file=sys.stderr)

@@ -348,6 +348,7 @@ def create_app(
     from gfdit._C import InvalidUsage
     from gfdit.engine import Request as EngineRequest
     from gfdit.engine import RequestFailed
+    from gfdit.live import add_live_routes
 
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"gfdit serve: max_queue must be a positive integer, got {max_queue!r}")
@@ -462,6 +463,8 @@ def create_app(
             "data": [{"id": model, "object": "model", "created": created, "owned_by": "gfdit"}],
         }
 
+    live = add_live_routes(app, engine, model=model, check_key=check_key)  # GET / and /v1/timeline
+
     async def read_json(request: Request) -> Any:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > max_body_bytes:
@@ -557,6 +560,7 @@ def create_app(
                 r0 = reqs[0]
                 param = "prompt" if len(r0.prompt) >= len(r0.negative_prompt or "") else "negative_prompt"
             raise APIError(400, msg, param=param) from None
+        live.track(handles)
         return handles
 
     def to_engine_requests(b: Any) -> list[Any]:
@@ -622,6 +626,7 @@ def create_app(
             slo_s = reqs[0].deadline_s
             for r in results:
                 metrics.observe(r, slo_s)
+                live.record(r)
             data = await asyncio.gather(
                 *(loop.run_in_executor(encoders, _png_b64, r.output) for r in results)
             )
@@ -667,6 +672,7 @@ def create_app(
         loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(waiters, job.handle.result)
+            live.record(result)
             job.status = "in_progress"
             job.content = await loop.run_in_executor(encoders, _mp4, result.output, fps)
             metrics.observe(result, None)

@@ -19,12 +19,18 @@ CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
 build: python-package cpp
 
-# Debian's GoogleTest and Google Benchmark, when we may install them and they are missing.
+# Debian's GoogleTest and Google Benchmark, and Chromium (the live page's tests and screenshot), when we may install
+# them and they are missing.
 system-deps:
 	@if [ ! -f /usr/include/gtest/gtest.h ] || [ ! -f /usr/include/benchmark/benchmark.h ]; then \
 	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev libbenchmark-dev; \
 	  else echo "warning: libgtest-dev/libbenchmark-dev missing and not root: C++ tests are skipped"; fi; \
+	fi
+	@if ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "warning: chromium missing and not root: the live page's browser tests are skipped"; fi; \
 	fi
 
 # torch first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build.

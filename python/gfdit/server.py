@@ -7,7 +7,7 @@ model, prompt, n, size "WxH", response_format "b64_json" (PNG), user; plus negat
 num_inference_steps, guidance_scale, seed, slo_ms, priority); videos as asynchronous jobs: ``POST /v1/videos``
 returns a job, ``GET /v1/videos/{id}`` its status and progress, ``GET /v1/videos/{id}/content`` the H.264 MP4
 (PyAV), ``DELETE /v1/videos/{id}`` cancels and forgets it; finished jobs expire after a TTL. A client that
-disconnects cancels its requests.
+disconnects cancels its requests. ``GET /`` is the live page and ``GET /v1/timeline`` its data (gfdit.live).
 
 Bad input gets a 4xx with an OpenAI-style body, ``{"error": {"message", "type", "param", "code"}}``, whose
 ``param`` names the field. The event loop never blocks on the engine: a request waits for its result on a
@@ -224,6 +224,22 @@ class ClientDisconnected(Exception):
     """The client went away before its answer was ready."""
 
 
+class EngineCancelled(Exception):
+    """The engine cancelled a request (shutdown, or a cancel from elsewhere) while a client waited for it.
+
+    Raised in place of concurrent.futures.CancelledError, which asyncio would turn into a cancellation of the
+    waiting task itself: the client would get no answer at all."""
+
+
+def _result_of(handle: Any) -> tuple[Any, float]:
+    """The handle's result and the monotonic time it arrived (runs on a waiter thread)."""
+    try:
+        result = handle.result()
+    except CancelledError as e:
+        raise EngineCancelled(str(e) or "cancelled") from None
+    return result, time.monotonic()
+
+
 async def _until_disconnect(request: Any, work: Any) -> Any:
     """Awaits ``work`` unless the client disconnects first (then raises ClientDisconnected).
 
@@ -387,6 +403,7 @@ def create_app(
     from gfdit._C import InvalidUsage
     from gfdit.engine import Request as EngineRequest
     from gfdit.engine import RequestFailed
+    from gfdit.live import add_live_routes
 
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"gfdit serve: max_queue must be a positive integer, got {max_queue!r}")
@@ -517,6 +534,8 @@ def create_app(
             "data": [{"id": model, "object": "model", "created": created, "owned_by": "gfdit"}],
         }
 
+    live = add_live_routes(app, engine, model=model, check_key=check_key)  # GET / and /v1/timeline
+
     async def read_json(request: Request) -> Any:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > max_body_bytes:
@@ -612,6 +631,7 @@ def create_app(
                 r0 = reqs[0]
                 param = "prompt" if len(r0.prompt) >= len(r0.negative_prompt or "") else "negative_prompt"
             raise APIError(400, msg, param=param) from None
+        live.track(handles)
         return handles
 
     def to_engine_requests(b: Any) -> list[Any]:
@@ -656,11 +676,6 @@ def create_app(
             metrics.requests.labels("image", "disconnected").inc()
         return response
 
-    def wait_result(handle: Any) -> tuple[Any, float]:
-        """The handle's result and the monotonic time it arrived (on a waiter thread)."""
-        result = handle.result()
-        return result, time.monotonic()
-
     async def _generate_images(request: Request, t0: float) -> JSONResponse:
         check_key(request)
         reqs = to_engine_requests(parse(await read_json(request)))
@@ -673,11 +688,11 @@ def create_app(
             handles = submit(reqs)
             try:
                 answers = await _until_disconnect(
-                    request, asyncio.gather(*(loop.run_in_executor(waiters, wait_result, h) for h in handles))
+                    request, asyncio.gather(*(loop.run_in_executor(waiters, _result_of, h) for h in handles))
                 )
             except RequestFailed as e:
                 raise APIError(500, str(e), type="server_error", code="generation_failed") from None
-            except CancelledError as e:
+            except EngineCancelled as e:
                 raise APIError(503, str(e), type="server_error", code="cancelled") from None
             t_results = max(t for _, t in answers)
             results = [r for r, _ in answers]
@@ -685,6 +700,7 @@ def create_app(
             slo_s = reqs[0].deadline_s
             for r in results:
                 metrics.observe(r, slo_s, "image")
+                live.record(r)
             data = await asyncio.gather(
                 *(loop.run_in_executor(encoders, _png_b64, r.output) for r in results)
             )
@@ -744,8 +760,9 @@ def create_app(
         loop = asyncio.get_running_loop()
         outcome = "ok"
         try:
-            result = await loop.run_in_executor(waiters, job.handle.result)
+            result, _ = await loop.run_in_executor(waiters, _result_of, job.handle)
             metrics.finished(1)
+            live.record(result)
             job.status = "in_progress"
             job.content = await loop.run_in_executor(encoders, _mp4, result.output, fps)
             metrics.observe(result, slo_s, "video")
@@ -753,7 +770,7 @@ def create_app(
             job.status = "completed"
         except RequestFailed as e:
             job.status, job.error, outcome = "failed", str(e), "generation_failed"
-        except (CancelledError, asyncio.CancelledError) as e:
+        except (EngineCancelled, asyncio.CancelledError) as e:
             job.status, job.error, outcome = "cancelled", str(e) or "cancelled", "cancelled"
         except Exception as e:  # an encoder error fails the job, never the server
             job.status, job.error, outcome = "failed", f"{type(e).__name__}: {e}", "server_error"

@@ -173,6 +173,26 @@ def test_server_timing_splits_the_latency(client):
     assert 0 < engine_ms <= total_ms and 0 <= encode_ms <= total_ms
 
 
+def test_a_request_the_engine_cancels_gets_503(client, monkeypatch):
+    """A cancel from the engine's side (not the client's) answers 503 "cancelled", not a dropped connection."""
+    import time
+
+    engine = client.app.state.engine
+    handles = []
+    submit = engine.submit
+    monkeypatch.setattr(engine, "submit", lambda r: handles.append(submit(r)) or handles[-1])
+    answer = {}
+    t = threading.Thread(target=lambda: answer.setdefault("r", _gen(client, num_inference_steps=40)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not handles and time.monotonic() < deadline:
+        time.sleep(0.005)
+    handles[0].cancel()
+    t.join(60)
+    err = _assert_error(answer["r"], 503, None)
+    assert err["code"] == "cancelled"
+
+
 def test_concurrent_requests_all_answered(client):
     codes: list[int] = []
 

@@ -1,0 +1,376 @@
+"""The live page of ``gfdit serve``: what ran on which rank in the last minutes, and a prompt box.
+
+``ActivityRecorder`` keeps the stages of requests that finished in the last ``window_s`` seconds as spans
+(one per stage; consecutive denoise steps on the same ranks with the same layout become one span) and knows
+the requests still running. ``add_live_routes`` adds ``GET /`` (the page: plain HTML and JavaScript from
+``live.html``, nothing to build, nothing fetched from elsewhere) and ``GET /v1/timeline`` (its JSON) to an
+app.
+
+Times: the runtime stamps stages with CLOCK_MONOTONIC nanoseconds (``gfdit._C.runtime.now_ns``, the clock of
+Python's ``time.monotonic`` on Linux, shared by every process of a machine). The JSON gives them as seconds
+relative to ``now_s``, the server's monotonic time when it answered, so a page needs no clock of its own.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the endpoints' annotations (Request) at run time.
+
+import collections
+import dataclasses
+import importlib.resources
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gfdit._C import runtime as rt
+
+DEFAULT_WINDOW_S = 300.0
+DEFAULT_MAX_SPANS = 20_000
+DEFAULT_SAMPLE_S = 0.2
+# Consecutive denoise stages of a request on the same ranks and layout become one span when the second
+# starts within this long of the first's end (dispatch gaps on a busy CPU reach tens of ms); a longer gap
+# may hold another request's work on those ranks, so it stays visible.
+MERGE_GAP_NS = 100_000_000
+_RUNNING_STATES = ("ENCODING", "DENOISING", "DECODING")
+
+
+@dataclasses.dataclass
+class Span:
+    """One stage (or a run of denoise steps) of a finished request: what, where, in which layout, when."""
+
+    request_id: int
+    kind: str  # encode, denoise, decode, migrate
+    ranks: list[int]
+    ulysses: int
+    ring: int
+    mode: str  # usp or torus
+    step_begin: int
+    num_steps: int
+    start_ns: int
+    end_ns: int
+    regroup: bool  # a denoise span on other ranks than the request's previous denoise span
+
+
+@dataclasses.dataclass
+class _Finished:
+    request_id: int
+    end_ns: int
+    latency_s: float
+    num_steps: int
+    max_degree: int
+    num_regroups: int
+
+
+def layout_label(ulysses: int, ring: int, mode: str = "usp") -> str:
+    """A short name of a layout: "U2", "R2", "U2R2" (one rank: "U1"); torus layouts end in "t"."""
+    label = "".join(f"{c}{n}" for c, n in (("U", ulysses), ("R", ring)) if n > 1) or "U1"
+    return label + ("t" if mode == "torus" else "")
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of a sorted, non-empty list."""
+    idx = max(0, min(len(sorted_values) - 1, math.ceil(q / 100.0 * len(sorted_values)) - 1))
+    return sorted_values[idx]
+
+
+@dataclasses.dataclass
+class _Running:
+    state: str
+    ranks: tuple[int, ...]
+    step: int
+    num_steps: int
+    since_ns: int  # first seen on these ranks
+    earlier: list[tuple[tuple[int, ...], int, int]]  # (ranks, first seen, last seen) of its earlier groups
+
+
+_MAX_EARLIER = 64
+
+
+class ActivityRecorder:
+    """Spans of the requests that finished in the last ``window_s`` seconds, and the requests running now.
+
+    ``record(result)`` takes a finished ``gfdit.Result``; ``track(handles)`` the handles ``Engine.submit``
+    returned: while any of them runs, a thread asks the engine every ``sample_s`` seconds where they are
+    (``RequestHandle.status``, one look-up each), so the page sees when a request took its ranks whether
+    or not anyone was watching. ``snapshot(engine)`` is what ``GET /v1/timeline`` answers. Memory is
+    bounded: spans older than the window are dropped, and past ``max_spans`` spans (or finished requests)
+    the oldest go first. Thread-safe. ``clock`` returns monotonic nanoseconds (a test may pass its own).
+    """
+
+    def __init__(
+        self,
+        window_s: float = DEFAULT_WINDOW_S,
+        *,
+        max_spans: int = DEFAULT_MAX_SPANS,
+        sample_s: float = DEFAULT_SAMPLE_S,
+        clock: Callable[[], int] = rt.now_ns,
+    ) -> None:
+        if not (window_s > 0 and math.isfinite(window_s)):
+            raise ValueError(f"window_s must be a positive number, got {window_s!r}")
+        if max_spans < 1:
+            raise ValueError(f"max_spans must be >= 1, got {max_spans!r}")
+        self.window_s = float(window_s)
+        self.max_spans = max_spans
+        self.sample_s = sample_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._spans: collections.deque[Span] = collections.deque()  # in the order requests finished
+        self._finished: collections.deque[_Finished] = collections.deque()
+        self._handles: dict[int, Any] = {}  # request id -> handle, submitted and not yet finished
+        self._running: dict[int, _Running] = {}  # what the sampler saw last, for tracked requests that run
+        self._sampler: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ---- input ----
+
+    def track(self, handles: Iterable[Any]) -> None:
+        """Remembers submitted requests so that the page shows them while they run."""
+        with self._lock:
+            for h in handles:
+                self._handles[h.request_id] = h
+            self._forget_done()
+            if self._handles and self._sampler is None and not self._stop.is_set():
+                self._sampler = threading.Thread(target=self._sample, name="gfdit-live", daemon=True)
+                self._sampler.start()
+
+    def close(self) -> None:
+        """Stops the sampler thread (it also ends by itself whenever no tracked request is left)."""
+        self._stop.set()
+        sampler = self._sampler
+        if sampler is not None:
+            sampler.join(5.0)
+
+    def record(self, result: Any) -> None:
+        """Adds the stages of a finished request (a ``gfdit.Result``)."""
+        spans: list[Span] = []
+        prev_denoise: Span | None = None
+        num_regroups = 0
+        for st in result.timeline:
+            if st.start_ns <= 0 or st.end_ns < st.start_ns:
+                continue  # dispatched, never ran (the request was cancelled or its worker died)
+            last = spans[-1] if spans else None
+            if (
+                st.kind == "denoise"
+                and last is not None
+                and last.kind == "denoise"
+                and last.ranks == list(st.ranks)
+                and (last.ulysses, last.ring, last.mode) == (st.ulysses, st.ring, st.mode)
+                and last.step_begin + last.num_steps == st.step_begin
+                and st.start_ns - last.end_ns <= MERGE_GAP_NS
+            ):
+                last.num_steps += st.num_steps
+                last.end_ns = max(last.end_ns, st.end_ns)
+                continue
+            regroup = (
+                st.kind == "denoise"
+                and prev_denoise is not None
+                and sorted(prev_denoise.ranks) != sorted(st.ranks)
+            )
+            num_regroups += regroup
+            span = Span(
+                request_id=int(result.request_id),
+                kind=st.kind,
+                ranks=list(st.ranks),
+                ulysses=st.ulysses,
+                ring=st.ring,
+                mode=st.mode,
+                step_begin=st.step_begin,
+                num_steps=st.num_steps,
+                start_ns=st.start_ns,
+                end_ns=st.end_ns,
+                regroup=regroup,
+            )
+            spans.append(span)
+            if st.kind == "denoise":
+                prev_denoise = span
+        times = [t for _, _, t in result.transitions]
+        end_ns = max([s.end_ns for s in spans] + times[-1:] or [self._clock()])
+        finished = _Finished(
+            request_id=int(result.request_id),
+            end_ns=end_ns,
+            latency_s=(times[-1] - times[0]) / 1e9 if len(times) >= 2 else 0.0,
+            num_steps=sum(s.num_steps for s in spans if s.kind == "denoise"),
+            max_degree=max((len(s.ranks) for s in spans if s.kind == "denoise"), default=0),
+            num_regroups=num_regroups,
+        )
+        with self._lock:
+            self._spans.extend(spans)
+            self._finished.append(finished)
+            self._handles.pop(finished.request_id, None)
+            self._running.pop(finished.request_id, None)
+            self._prune(self._clock())
+
+    # ---- output ----
+
+    def snapshot(self, engine: Any) -> dict:
+        """The JSON of GET /v1/timeline (see ``add_live_routes``)."""
+        states = engine.requests()  # id -> state, every request submitted and not finished
+        now = self._clock()
+        with self._lock:
+            self._prune(now)
+            spans = [self._span_json(s, now) for s in self._spans]
+            finished = list(self._finished)
+            live_json = [
+                {
+                    "request_id": rid,
+                    "state": r.state.lower(),
+                    "ranks": list(r.ranks),
+                    "step": r.step,
+                    "num_steps": r.num_steps,
+                    "since_s": (r.since_ns - now) / 1e9,
+                    "earlier": [
+                        {"ranks": list(ranks), "start_s": (t0 - now) / 1e9, "end_s": (t1 - now) / 1e9}
+                        for ranks, t0, t1 in r.earlier
+                    ],
+                }
+                for rid, r in sorted(self._running.items())
+                if rid in states and rid in self._handles and not self._handles[rid].done()
+            ]
+        latencies = sorted(f.latency_s for f in finished)
+        latency = {"count": len(latencies), "mean_s": None, "p50_s": None, "p95_s": None}
+        if latencies:
+            latency.update(
+                mean_s=sum(latencies) / len(latencies),
+                p50_s=_percentile(latencies, 50),
+                p95_s=_percentile(latencies, 95),
+            )
+        return {
+            "now_s": now / 1e9,
+            "wall_time": time.time(),
+            "window_s": self.window_s,
+            "world_size": engine.world_size,
+            "alive": engine.alive_workers(),
+            "queued": sum(1 for s in states.values() if s == "QUEUED"),
+            "running": sum(1 for s in states.values() if s != "QUEUED"),
+            "latency": latency,
+            "spans": spans,
+            "live": live_json,
+            "requests": [
+                {
+                    "request_id": f.request_id,
+                    "end_s": (f.end_ns - now) / 1e9,
+                    "latency_s": f.latency_s,
+                    "num_steps": f.num_steps,
+                    "max_degree": f.max_degree,
+                    "regroups": f.num_regroups,
+                }
+                for f in finished
+            ],
+        }
+
+    # ---- internals ----
+
+    @staticmethod
+    def _span_json(s: Span, now: int) -> dict:
+        return {
+            "request_id": s.request_id,
+            "kind": s.kind,
+            "ranks": s.ranks,
+            "ulysses": s.ulysses,
+            "ring": s.ring,
+            "mode": s.mode,
+            "layout": layout_label(s.ulysses, s.ring, s.mode),
+            "step_begin": s.step_begin,
+            "num_steps": s.num_steps,
+            "start_s": (s.start_ns - now) / 1e9,
+            "end_s": (s.end_ns - now) / 1e9,
+            "regroup": s.regroup,
+        }
+
+    def _prune(self, now: int) -> None:
+        """Drops what ended before the window, then the oldest spans past max_spans (lock held)."""
+        horizon = now - int(self.window_s * 1e9)
+        if any(s.end_ns < horizon for s in self._spans):
+            self._spans = collections.deque(s for s in self._spans if s.end_ns >= horizon)
+        while len(self._spans) > self.max_spans:
+            self._spans.popleft()
+        while self._finished and (self._finished[0].end_ns < horizon or len(self._finished) > self.max_spans):
+            self._finished.popleft()
+
+    def _forget_done(self) -> None:
+        """Forgets handles that ended without a recorded result: failed or cancelled (lock held)."""
+        for rid in [rid for rid, h in self._handles.items() if h.done()]:
+            del self._handles[rid]
+            self._running.pop(rid, None)
+
+    def _sample(self) -> None:
+        """The sampler thread: notes where each tracked request runs; ends when none is left."""
+        while not self._stop.is_set():
+            with self._lock:
+                self._forget_done()
+                handles = list(self._handles.values())
+                if not handles:
+                    self._sampler = None
+                    return
+            seen = [(h.request_id, h.status()) for h in handles if not h.done()]
+            now = self._clock()
+            with self._lock:
+                for rid, st in seen:
+                    if rid not in self._handles or st["state"] not in _RUNNING_STATES or not st["ranks"]:
+                        self._running.pop(rid, None)
+                        continue
+                    ranks = tuple(st["ranks"])
+                    prev = self._running.get(rid)
+                    if prev is None:
+                        self._running[rid] = _Running(
+                            st["state"], ranks, st["step"], st["num_steps"], now, []
+                        )
+                        continue
+                    if prev.ranks != ranks:  # regrouped: the earlier group ends now
+                        prev.earlier = (prev.earlier + [(prev.ranks, prev.since_ns, now)])[-_MAX_EARLIER:]
+                        prev.ranks, prev.since_ns = ranks, now
+                    prev.state, prev.step = st["state"], st["step"]
+            self._stop.wait(self.sample_s)
+        with self._lock:
+            self._sampler = None
+
+
+def page_html() -> str:
+    """The live page: one HTML file with its CSS and JavaScript inline."""
+    return importlib.resources.files("gfdit").joinpath("live.html").read_text(encoding="utf-8")
+
+
+def add_live_routes(
+    app: Any,
+    engine: Any,
+    *,
+    model: str,
+    check_key: Callable[[Any], None],
+    window_s: float = DEFAULT_WINDOW_S,
+    max_spans: int = DEFAULT_MAX_SPANS,
+) -> ActivityRecorder:
+    """Adds ``GET /`` (the live page) and ``GET /v1/timeline`` to ``app``; returns the recorder to feed.
+
+    The page needs no key (it holds no data); ``/v1/timeline`` goes through ``check_key`` like all of /v1.
+    Its JSON: ``now_s`` (the server's monotonic seconds; every other time is relative to it, so negative),
+    ``wall_time``, ``window_s``, ``model``, ``is_video``, ``defaults``, ``policy``, ``world_size``, ``alive``
+    (per rank), ``queued`` and ``running`` (engine requests), ``latency`` (count, mean_s, p50_s, p95_s of the
+    requests that finished in the window, submit to done), ``spans`` (request_id, kind, ranks, ulysses, ring,
+    mode, layout, step_begin, num_steps, start_s, end_s, regroup), ``live`` (requests running now: request_id,
+    state, ranks, step, num_steps, since_s: when first seen on these ranks, earlier: the rank sets it held
+    before, each with start_s and end_s, as sampled) and ``requests`` (one line per finished request:
+    request_id, end_s, latency_s, num_steps, max_degree, regroups).
+    """
+    from fastapi import Request
+    from fastapi.responses import HTMLResponse
+
+    recorder = ActivityRecorder(window_s, max_spans=max_spans)
+    html = page_html()
+    info = engine.model_info
+    about = {
+        "model": model,
+        "is_video": bool(info["is_video"]),
+        "defaults": dict(info["defaults"]),
+        "policy": getattr(engine, "policy_name", None),
+    }
+
+    @app.get("/", response_class=HTMLResponse)
+    def live_page() -> HTMLResponse:
+        return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
+
+    @app.get("/v1/timeline")
+    def timeline(request: Request) -> dict:
+        check_key(request)
+        return {**about, **recorder.snapshot(engine)}
+
+    return recorder

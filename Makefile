@@ -11,8 +11,8 @@ TORCH_VERSION := 2.13.0
 MODEL_DEPS := diffusers==0.42.1 transformers==5.24.0
 # plots of the simulator and the experiments; the linters CI runs (pinned: formatting must not drift).
 TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3
-# gfdit serve: the HTTP front end, PNG and H.264 MP4 encoding, metrics; httpx (FastAPI's TestClient) and the openai client for its tests.
-SERVE_DEPS := fastapi==0.163.2 uvicorn==0.54.0 pillow==13.0.0 prometheus-client==0.26.0 av==18.1.0 httpx==0.28.1 openai==3.51.0
+# gfdit serve: the HTTP front end, PNG and H.264 MP4 encoding, metrics; httpx (FastAPI's TestClient and gfdit bench's client), tqdm (gfdit bench's progress bar) and the openai client for its tests.
+SERVE_DEPS := fastapi==0.163.2 uvicorn==0.54.0 pillow==13.0.0 prometheus-client==0.26.0 av==18.1.0 httpx==0.28.1 tqdm==4.70.1 openai==3.51.0
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
 .PHONY: serve build venv system-deps python-package cpp test test-cpp test-python bench experiments lint format clean

@@ -9,6 +9,7 @@
   6. C++ scheduling round with 1,000 waiting requests (Google Benchmark): results/control.json
   7. bench_simulator.py (simulator speed on a 10,000-request Qwen-Image trace): results/simulator.json
   8. bench_fidelity.py (simulator vs real engine, same trace and policies): results/fidelity.json
+  9. bench_serve.py (gfdit serve under gfdit bench: HTTP overhead over Engine.submit, overload): results/serve.json
 
 and ends with a summary of every target. Defaults take about 15 minutes on 2 cores; --quick is a smoke
 test. Exit status 0 when every benchmark ran (missed targets are reported, not an error) unless --strict.
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--skip",
         default="",
-        help="comma separated: cpp,groups,collectives,attention,runtime,control,simulator,fidelity",
+        help="comma separated: cpp,groups,collectives,attention,runtime,control,simulator,fidelity,serve",
     )
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--collectives-args", default="", help="extra arguments for bench_collectives.py")
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         ("runtime", "bench_runtime.py", "runtime.json", 900, []),
         ("simulator", "bench_simulator.py", "simulator.json", 600, []),
         ("fidelity", "bench_fidelity.py", "fidelity.json", 1200, []),
+        ("serve", "bench_serve.py", "serve.json", 600, []),
     ):
         if key in skip:
             continue

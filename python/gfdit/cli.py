@@ -24,6 +24,10 @@ COMMANDS = {
     ),
     "run-trace": ("gfdit.simulate", "replay a trace on the real engine in real time"),
     "serve": ("gfdit.server", "serve a model over HTTP (OpenAI-compatible /v1/images/generations)"),
+    "bench": (
+        "gfdit.loadgen",
+        "load a running server: replay a trace or Poisson arrivals (or a closed loop); latency, SLO, errors",
+    ),
 }
 
 

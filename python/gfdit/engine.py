@@ -15,6 +15,7 @@ import math
 import multiprocessing as mp
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from typing import Any
 
@@ -99,6 +100,8 @@ class RequestHandle:
         self.num_steps = num_steps
         self._event = threading.Event()
         self._result: Result | None = None
+        self._callbacks: list[Callable[[RequestHandle], None]] = []
+        self._callbacks_lock = threading.Lock()
 
     def result(self, timeout: float | None = None) -> Result:
         """The output and its timeline. Raises RequestFailed, CancelledError, or TimeoutError."""
@@ -140,9 +143,27 @@ class RequestHandle:
         if not self.done():
             self._engine._loop.cancel(self.request_id)
 
+    def add_done_callback(self, fn: Callable[[RequestHandle], None]) -> None:
+        """Calls ``fn(handle)`` once the request has ended (DONE, FAILED or CANCELLED), or at once if it has.
+
+        fn runs on the engine's result thread: it must be quick and must not wait for the engine (an asyncio
+        program hands the handle to its loop with ``loop.call_soon_threadsafe``). What fn raises is dropped."""
+        with self._callbacks_lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
     def _finish(self, result: Result) -> None:
         self._result = result
-        self._event.set()
+        with self._callbacks_lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:  # a caller's bug must not stop the results of every other request
+                pass
 
 
 class Engine:

@@ -72,6 +72,7 @@ class RequestRecord:
     status: int | None  # HTTP status of the last answer; None: no answer
     kind: str  # "ok" or the error kind
     slo_s: float | None = None  # the latency budget (deadline - arrival) sent as slo_ms; None: no deadline
+    engine_s: float | None = None  # images: the server's own "engine" time (Server-Timing), submit to result
 
     @property
     def ok(self) -> bool:
@@ -97,6 +98,21 @@ class RequestRecord:
         d["latency_s"] = self.latency_s
         d["met_slo"] = self.met_slo
         return d
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """A Server-Timing header's durations in seconds by name ("engine;dur=91.5, total;dur=93" -> ...)."""
+    out = {}
+    for part in header.split(","):
+        name, _, params = part.strip().partition(";")
+        for p in params.split(";"):
+            key, _, value = p.strip().partition("=")
+            if key == "dur" and name:
+                try:
+                    out[name] = float(value) / 1000.0
+                except ValueError:
+                    pass
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ statistics
@@ -424,6 +440,7 @@ class _Runner:
             else:
                 rec.done_s = self.clock()
                 rec.kind = OK
+                rec.engine_s = server_timing(r.headers.get("server-timing", "")).get("engine")
         except httpx.TimeoutException:
             rec.kind = TIMEOUT
         except httpx.RequestError:  # refused, reset, closed early

@@ -10,9 +10,10 @@ returns a job, ``GET /v1/videos/{id}`` its status and progress, ``GET /v1/videos
 disconnects cancels its requests. ``GET /`` is the live page and ``GET /v1/timeline`` its data (gfdit.live).
 
 Bad input gets a 4xx with an OpenAI-style body, ``{"error": {"message", "type", "param", "code"}}``, whose
-``param`` names the field. The event loop never blocks on the engine: a request waits for its result on a
-thread of a pool sized to the queue limit (admission keeps at most ``max_queue`` generations outstanding, so a
-waiter always has a thread), and PNG encoding runs on a separate small pool.
+``param`` names the field. The event loop never blocks on the engine: each engine request settles an asyncio
+future through ``RequestHandle.add_done_callback`` (no thread waits for results), admission keeps at most
+``max_queue`` generations outstanding, and outputs are encoded on the loop when small (under a millisecond)
+or on a small pool of threads when not.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations (Request) at run time.
@@ -38,6 +39,7 @@ DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_N = 10
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_VIDEO_BYTES = 1 << 30
+_INLINE_ENCODE_VALUES = 3 * 128 * 128  # outputs up to this many values are encoded on the loop (< 1 ms)
 _RATE_WINDOW_S = 30.0  # the completion rate behind Retry-After is measured over this window
 _SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
 # Which request field an engine message is about (the engine names its own fields; "size" stands for both
@@ -136,7 +138,7 @@ def _mp4(video: Any, fps: int) -> bytes:
     """A video tensor [3, F, H, W] with values in [0, 1] as an H.264 MP4 (yuv420p)."""
     import av
 
-    frames = (video.clamp(0, 1) * 255).round().to(dtype=_uint8()).permute(1, 2, 3, 0).contiguous().numpy()
+    frames = _to_uint8(video).transpose(1, 2, 3, 0).copy()  # [F, H, W, 3]
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=fps)
@@ -165,6 +167,7 @@ class VideoJob:
         self.status = "queued"  # queued, in_progress, completed, failed, cancelled
         self.completed_at: int | None = None
         self.finished_monotonic: float | None = None
+        self.ended = asyncio.Event()  # set when the job has ended (long polls wait on it)
         self.content: bytes | None = None
         self.error: str | None = None
 
@@ -200,17 +203,21 @@ def _png_b64(image: Any) -> str:
 
     if image.dim() == 4:
         image = image[:, 0]
-
-    hwc = (image.clamp(0, 1) * 255).round().to(dtype=_uint8()).permute(1, 2, 0).contiguous().numpy()
+    hwc = _to_uint8(image).transpose(1, 2, 0).copy()
     buf = io.BytesIO()
     Image.fromarray(hwc, mode="RGB").save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _uint8() -> Any:
-    import torch
+def _to_uint8(t: Any) -> Any:
+    """A float tensor with values in [0, 1] as a uint8 numpy array of the same shape (round half to even).
 
-    return torch.uint8
+    NumPy, not torch: a torch operation here would wake torch's OpenMP pool in the server's process, whose
+    threads then spin for a while after every image and take CPU from the workers on a small machine."""
+    import numpy as np
+
+    a = np.clip(np.nan_to_num(t.detach().cpu().numpy(), nan=0.0), 0.0, 1.0) * 255.0
+    return np.rint(a).astype(np.uint8)
 
 
 def _param_of(message: str) -> str | None:
@@ -231,13 +238,41 @@ class EngineCancelled(Exception):
     waiting task itself: the client would get no answer at all."""
 
 
-def _result_of(handle: Any) -> tuple[Any, float]:
-    """The handle's result and the monotonic time it arrived (runs on a waiter thread)."""
+def _settle(fut: asyncio.Future, handle: Any, arrived: float) -> None:
+    """Gives ``fut`` the ended handle's (result, arrival time), or its error (on the event loop)."""
+    if fut.done():  # the waiting request was cancelled
+        return
     try:
-        result = handle.result()
+        fut.set_result((handle.result(timeout=0), arrived))
     except CancelledError as e:
-        raise EngineCancelled(str(e) or "cancelled") from None
-    return result, time.monotonic()
+        fut.set_exception(EngineCancelled(str(e) or "cancelled"))
+    except Exception as e:
+        fut.set_exception(e)
+
+
+def _result_of(handle: Any) -> asyncio.Future:
+    """A future of the handle's (result, monotonic time it arrived), settled on the running loop.
+
+    The engine's result thread hands the handle over with call_soon_threadsafe: no thread waits for it, and
+    the answer costs one wake-up of the loop after the engine's result."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def done(h: Any) -> None:
+        arrived = time.monotonic()
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_settle, fut, h, arrived)
+
+    handle.add_done_callback(done)
+    return fut
+
+
+async def _encode(pool: ThreadPoolExecutor, fn: Any, *args: Any) -> Any:
+    """fn(*args) on the event loop when the output is small (a thread hop would cost more than the work),
+    else on ``pool`` so the loop keeps answering."""
+    if args[0].numel() <= _INLINE_ENCODE_VALUES:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
 async def _until_disconnect(request: Any, work: Any) -> Any:
@@ -410,9 +445,7 @@ def create_app(
     body_model = _image_request_model()
     key = api_key.encode() if api_key else None
     admission = _Admission(max_queue)
-    # one waiting thread per outstanding image at most (admission bounds them), encoders apart
-    waiters = ThreadPoolExecutor(max_workers=max_queue, thread_name_prefix="gfdit-serve-wait")
-    encoders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gfdit-serve-png")
+    encoders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gfdit-serve-encode")
     created = int(time.time())
     info = engine.model_info
     stride = int(info["vae_stride_s"]) * int(info["patch_s"])
@@ -420,8 +453,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> Any:
+        import torch
+
+        _png_b64(torch.zeros(3, 8, 8))  # imports and first-use costs now, not in the first answer
         yield
-        waiters.shutdown(wait=False, cancel_futures=True)
         encoders.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="gfdit", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
@@ -682,14 +717,11 @@ def create_app(
         if not admission.acquire(len(reqs)):
             raise queue_full(len(reqs))
         handles = []
-        loop = asyncio.get_running_loop()
         try:
             t_submit = time.monotonic()
             handles = submit(reqs)
             try:
-                answers = await _until_disconnect(
-                    request, asyncio.gather(*(loop.run_in_executor(waiters, _result_of, h) for h in handles))
-                )
+                answers = await _until_disconnect(request, asyncio.gather(*(_result_of(h) for h in handles)))
             except RequestFailed as e:
                 raise APIError(500, str(e), type="server_error", code="generation_failed") from None
             except EngineCancelled as e:
@@ -701,9 +733,7 @@ def create_app(
             for r in results:
                 metrics.observe(r, slo_s, "image")
                 live.record(r)
-            data = await asyncio.gather(
-                *(loop.run_in_executor(encoders, _png_b64, r.output) for r in results)
-            )
+            data = await asyncio.gather(*(_encode(encoders, _png_b64, r.output) for r in results))
             t_encoded = time.monotonic()
         except BaseException as e:
             for h in handles:
@@ -760,7 +790,7 @@ def create_app(
         loop = asyncio.get_running_loop()
         outcome = "ok"
         try:
-            result, _ = await loop.run_in_executor(waiters, _result_of, job.handle)
+            result, _ = await _result_of(job.handle)
             metrics.finished(1)
             live.record(result)
             job.status = "in_progress"
@@ -779,6 +809,7 @@ def create_app(
             metrics.requests.labels("video", outcome).inc()
             job.completed_at = int(time.time())
             job.finished_monotonic = time.monotonic()
+            job.ended.set()
             sweep_jobs()  # a new MP4 may push the oldest past max_video_bytes
 
     @app.post("/v1/videos")
@@ -837,9 +868,23 @@ def create_app(
         return JSONResponse(job.to_json(job_ttl_s, probe=False))
 
     @app.get("/v1/videos/{video_id}")
-    def get_video(video_id: str, request: Request) -> dict:  # a thread: status() may wait a moment
+    async def get_video(video_id: str, request: Request) -> dict:
+        """The job; with ``?wait_s=S`` (up to 30) the answer waits until the job ends or S seconds pass."""
+        from starlette.concurrency import run_in_threadpool
+
         check_key(request)
-        return job_of(video_id).to_json(job_ttl_s)
+        job = job_of(video_id)
+        raw = request.query_params.get("wait_s", "0")
+        try:
+            wait_s = float(raw)
+        except ValueError:
+            wait_s = math.nan
+        if not 0 <= wait_s <= 30:
+            raise APIError(400, f"wait_s {raw!r} is not a number of seconds in [0, 30]", param="wait_s")
+        if wait_s > 0 and job.finished_monotonic is None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(job.ended.wait(), wait_s)
+        return await run_in_threadpool(job.to_json, job_ttl_s)  # status() may wait a moment
 
     @app.get("/v1/videos/{video_id}/content")
     def get_video_content(video_id: str, request: Request) -> Response:
@@ -863,6 +908,38 @@ def create_app(
         return {"id": video_id, "object": "video.deleted", "deleted": True}
 
     return app
+
+
+@contextlib.contextmanager
+def serving(app: Any, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0) -> Any:
+    """Serves ``app`` with uvicorn on a thread of this process (port 0: a free one); yields its URL.
+
+    For embedding a server beside an engine, tests and benchmarks. The socket is made as TCP explicitly:
+    asyncio turns Nagle's algorithm off only on sockets whose protocol is IPPROTO_TCP, and without that a
+    reply's body waits for the client's delayed ACK of its headers (40 ms on Linux) on a kept-alive
+    connection.
+    """
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gfdit-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        if not server.started:
+            raise RuntimeError(f"gfdit.server.serving: the server did not start within {start_timeout_s} s")
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
 
 
 # ---- gfdit serve ----

@@ -66,6 +66,12 @@ def test_mixed_requests_fcfs_and_cancel_and_failure(faults):
         image = eng.submit(Request(prompt="a lighthouse", num_frames=1, seed=2))
         bad = eng.submit(Request(prompt="gfdit-fault:raise in the worker", seed=3))
         cancelled = eng.submit(Request(prompt="to be cancelled", seed=4, num_inference_steps=20))
+        # done callbacks: once per handle whatever the ending, after the result is there; one that raises
+        # does not stop the others
+        called: list[tuple[int, bool]] = []
+        for h in (video, image, bad, cancelled):
+            h.add_done_callback(lambda _: 1 / 0)
+            h.add_done_callback(lambda h: called.append((h.request_id, h.done())))
         cancelled.cancel()
         v = video.result(timeout=120)
         i = image.result(timeout=120)
@@ -76,6 +82,13 @@ def test_mixed_requests_fcfs_and_cancel_and_failure(faults):
             bad.result(timeout=60)
         with pytest.raises(CancelledError):
             cancelled.result(timeout=60)
+        deadline = time.monotonic() + 10
+        while len(called) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ids = [h.request_id for h in (video, image, bad, cancelled)]
+        assert sorted(called) == sorted((i, True) for i in ids)
+        video.add_done_callback(lambda h: called.append((h.request_id, False)))  # ended: called at once
+        assert called[-1] == (video.request_id, False)
         kinds = [s.kind for s in v.timeline]
         assert kinds[0] == "encode" and kinds[-1] == "decode" and kinds.count("denoise") == 4
         states = [t[0] for t in v.transitions]

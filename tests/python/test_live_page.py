@@ -22,7 +22,7 @@ pytest.importorskip("PIL")
 from fastapi.testclient import TestClient  # noqa: E402
 from gfdit.engine import Engine, Result, Stage  # noqa: E402
 from gfdit.live import MERGE_GAP_NS, ActivityRecorder, layout_label  # noqa: E402
-from gfdit.server import create_app  # noqa: E402
+from gfdit.server import create_app, serving  # noqa: E402
 
 MODEL = "tiny-qwen-image"
 KEY = "live-key"
@@ -289,28 +289,10 @@ def test_page_and_timeline_with_an_api_key(engine):
 # ---- the page in headless Chromium ----
 
 
-@contextlib.contextmanager
 def _serving(app):
     """``app`` on a real uvicorn server (loopback, a free port), run on a thread; yields its URL."""
-    import socket
-
-    uvicorn = pytest.importorskip("uvicorn")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    pytest.importorskip("uvicorn")
+    return serving(app)
 
 
 @pytest.fixture(scope="module")

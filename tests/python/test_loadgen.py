@@ -3,12 +3,9 @@ loop, trace replay, errors by kind, the API key, videos; and its statistics agai
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import socket
-import threading
-import time
 
 import pytest
 
@@ -20,7 +17,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from gfdit import cli, loadgen  # noqa: E402
 from gfdit.engine import Engine  # noqa: E402
 from gfdit.loadgen import BenchError, RequestRecord, run_bench, summarize_records  # noqa: E402
-from gfdit.server import create_app  # noqa: E402
+from gfdit.server import create_app, serving  # noqa: E402
 from gfdit.trace import TraceRequest, write_trace  # noqa: E402
 
 MODEL = "tiny-qwen-image"
@@ -28,25 +25,7 @@ VIDEO_MODEL = "tiny-wan"
 KEY = "bench-key"
 
 
-@contextlib.contextmanager
-def _serve(app):
-    """``app`` on a real uvicorn server (loopback, a free port) on a thread; yields its URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+_serve = serving  # ``app`` on a real uvicorn server (loopback, a free port) on a thread; yields its URL
 
 
 @pytest.fixture(scope="module")

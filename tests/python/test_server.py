@@ -15,7 +15,7 @@ PIL = pytest.importorskip("PIL")
 
 from fastapi.testclient import TestClient  # noqa: E402
 from gfdit.engine import Engine  # noqa: E402
-from gfdit.server import create_app  # noqa: E402
+from gfdit.server import create_app, serving  # noqa: E402
 from PIL import Image  # noqa: E402
 
 MODEL = "tiny-qwen-image"
@@ -294,25 +294,9 @@ def test_metrics(client):
 @pytest.fixture(scope="module")
 def live_url(engine):
     """The app on a real uvicorn server (loopback, a free port), run on a thread."""
-    import socket
-    import time
-
-    uvicorn = pytest.importorskip("uvicorn")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(engine, model=MODEL, api_key=KEY), log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    pytest.importorskip("uvicorn")
+    with serving(create_app(engine, model=MODEL, api_key=KEY)) as url:
+        yield url
 
 
 def test_official_openai_client(live_url):
@@ -437,6 +421,20 @@ def test_video_job_makes_an_h264_mp4(vclient):
     )
     assert s.status_code == 200 and s.json()["num_frames"] == 9
     assert _wait_job(vclient, s.json()["id"])["status"] == "completed"
+
+
+def test_video_long_poll_answers_when_the_job_ends(vclient):
+    import time
+
+    job = vclient.post("/v1/videos", json={"prompt": "a", "num_frames": 5, "num_inference_steps": 2}).json()
+    t0 = time.monotonic()
+    done = vclient.get(f"/v1/videos/{job['id']}", params={"wait_s": 30}).json()
+    assert done["status"] == "completed" and time.monotonic() - t0 < 30
+    t0 = time.monotonic()
+    assert vclient.get(f"/v1/videos/{job['id']}", params={"wait_s": 30}).json()["status"] == "completed"
+    assert time.monotonic() - t0 < 5  # an ended job answers at once
+    for bad in ("-1", "31", "soon", "nan"):
+        _assert_error(vclient.get(f"/v1/videos/{job['id']}", params={"wait_s": bad}), 400, "wait_s")
 
 
 def test_video_job_expires_after_its_ttl(vclient):

@@ -54,9 +54,15 @@ cpp: system-deps venv
 
 test: build test-cpp test-python
 
-# an OpenAI-compatible server on a tiny model with 4 CPU ranks at http://127.0.0.1:8000 (README, "Serving over HTTP")
-serve: build
-	$(PY) -m gfdit.cli serve --model tiny-qwen-image --world-size 4 --policy fcfs --host 127.0.0.1 --port 8000
+# an OpenAI-compatible server on a tiny model with 4 CPU ranks at http://127.0.0.1:8000 (README, "Serving over HTTP").
+# Its policy reads a profile of this machine, measured once (about 20 s) and kept in build/.
+SERVE_PROFILE := build/profile-tiny-qwen-image-4.json
+$(SERVE_PROFILE): | build
+	$(PY) -m gfdit.cli profile --model tiny-qwen-image --world-size 4 --shapes 48x80x1,128x128x1,256x256x1 --out $@
+
+serve: build $(SERVE_PROFILE)
+	$(PY) -m gfdit.cli serve --model tiny-qwen-image --world-size 4 --policy fcfs --profile $(SERVE_PROFILE) \
+	  --host 127.0.0.1 --port 8000
 
 test-cpp:
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ctest --test-dir $(CPP_BUILD) --output-on-failure --timeout 600

@@ -8,7 +8,12 @@ Targets (tiny-qwen-image, 4 CPU ranks, the server in the engine's process as `gf
 2. At 300 requests/s of Poisson arrivals (``gfdit bench --rate 300``, the server at ``--max-queue 16``) the
    client sends at least 200 requests/s, every request is answered (200 or 429) and none gets a 5xx.
 
-    python bench/bench_serve.py [--quick] [--json PATH]
+Then the embedded default as users run it: ``gfdit serve`` (its own process) with ``static:1`` and with
+``fcfs``, both given a profile of this machine measured in this run by ``gfdit profile`` (the cost model
+the policies read), and ``fcfs`` with the analytic CPU cost model instead; ``gfdit bench`` replays the same
+Poisson image workload (seeded) against each at two rates.
+
+    python bench/bench_serve.py [--quick] [--skip-policies] [--json PATH]
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +63,111 @@ def bench_cli(url: str, args: list[str]) -> dict:
             return json.load(f)
 
 
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_process(world_size: int, policy: str, cost_args: list[str]) -> tuple[subprocess.Popen, str]:
+    """``gfdit serve`` as users start it, in its own process; waits for /health."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "gfdit.cli", "serve", "--model", MODEL, "--world-size", str(world_size)]
+    cmd += ["--policy", policy, "--port", str(port), *cost_args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"gfdit serve --policy {policy} did not become healthy")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def policy_runs(world_size: int, quick: bool) -> list[dict]:
+    """static:1 and fcfs on ``gfdit serve`` under the same seeded Poisson image workload (see the docstring)."""
+    rates, duration = ([1.5], 10.0) if quick else ([1.5, 3.0], 30.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        profile = os.path.join(tmp, "profile.json")
+        shapes = "48x80x1,128x128x1,256x256x1"  # the default and the workload's range of sizes
+        cmd = [
+            sys.executable,
+            "-m",
+            "gfdit.cli",
+            "profile",
+            "--model",
+            MODEL,
+            "--world-size",
+            str(world_size),
+        ]
+        subprocess.run([*cmd, "--shapes", shapes, "--out", profile], check=True, stdout=subprocess.DEVNULL)
+        configs = [
+            ("static:1", "profile", ["--profile", profile]),
+            ("fcfs", "profile", ["--profile", profile]),
+            ("fcfs", "analytic cpu", ["--cluster", "cpu"]),
+        ]
+        runs = []
+        for rate in rates:
+            for policy, cost, cost_args in configs:
+                proc, url = serve_process(world_size, policy, cost_args)
+                try:
+                    bench = ["--rate", str(rate), "--duration", str(duration), "--workload", "image"]
+                    report = bench_cli(url, [*bench, "--seed", "3", "--slo-ms", "3000"])
+                finally:
+                    stop(proc)
+                report.pop("records")
+                runs.append({"policy": policy, "cost_model": cost, "rate": rate, **report})
+    C.print_table(
+        f"gfdit serve ({MODEL}, {world_size} ranks), gfdit bench Poisson image workload, {duration:g} s, "
+        "deadline 3 s",
+        [
+            "rate /s",
+            "policy",
+            "cost model",
+            "ok",
+            "errors",
+            "thr /s",
+            "mean s",
+            "p50 s",
+            "p95 s",
+            "p99 s",
+            "SLO",
+        ],
+        [
+            [
+                f"{r['rate']:g}",
+                r["policy"],
+                r["cost_model"],
+                r["num_ok"],
+                r["num_sent"] - r["num_ok"],
+                f"{r['throughput_rps']:.3f}",
+                f"{r['mean_latency_s']:.3f}",
+                f"{r['p50_latency_s']:.3f}",
+                f"{r['p95_latency_s']:.3f}",
+                f"{r['p99_latency_s']:.3f}",
+                f"{100 * r['slo_attainment']:.1f}%",
+            ]
+            for r in runs
+        ],
+    )
+    return runs
+
+
 def direct_latencies(engine: Engine, n: int, steps: int, seed0: int) -> list[float]:
     out = []
     for i in range(n):
@@ -72,6 +184,7 @@ def main() -> int:
     ap.add_argument("--json", default="bench/results/serve.json")
     ap.add_argument("--world-size", type=int, default=4)
     ap.add_argument("--steps", type=int, default=4, help="steps of the overhead requests")
+    ap.add_argument("--skip-policies", action="store_true", help="leave out static:1 vs fcfs on gfdit serve")
     args = ap.parse_args()
     env = C.environment()
     C.header("gfdit serve under gfdit bench", env)
@@ -161,6 +274,7 @@ def main() -> int:
             f"5xx {overload['num_5xx']}, statuses {statuses}",
         ),
     ]
+    policies = [] if args.skip_policies else policy_runs(args.world_size, args.quick)
     print(C.target_summary(targets), flush=True)
     overload.pop("records")
     C.write_json(
@@ -176,6 +290,7 @@ def main() -> int:
                 "outside_engine_s": outside,
             },
             "overload": overload,
+            "policies": policies,
             "targets": [t.as_dict() for t in targets],
         },
     )

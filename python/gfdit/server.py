@@ -957,6 +957,12 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
         default=None,
         help="a profile of this model on this machine (gfdit profile): the policies' cost model",
     )
+    p.add_argument(
+        "--cluster",
+        default="cpu",
+        help="without --profile, the policies' cost model is the analytic one of this cluster (cpu, h20x8, "
+        "h200x8, ...; 'none': none, and the policies cannot tell whether more ranks help)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
@@ -994,11 +1000,13 @@ def run(args: argparse.Namespace, command: str) -> int:
         print("gfdit serve: --job-ttl-s must be > 0 and --max-video-mb >= 0", file=sys.stderr)
         return 2
     try:
+        from gfdit.cost import cost_model as make_cost_model
+
         cost_model = None
         if args.profile is not None:
-            from gfdit.cost import cost_model as make_cost_model
-
             cost_model = make_cost_model(args.model, profile=args.profile)
+        elif args.cluster != "none":
+            cost_model = make_cost_model(args.model, args.cluster)
         engine = Engine(
             model=args.model,
             model_path=args.path,

@@ -18,12 +18,37 @@ _MODELS: dict = {}
 
 
 def model(name: str):
-    """The tiny staged model ``name``, built once per process (seed 0)."""
+    """The tiny staged model ``name``, built once per process (seed 0). "tiny-wan@unipc": tiny-wan with
+    Wan's UniPC scheduler (likewise "@dpm" for DPM-Solver++, and for tiny-qwen-image)."""
     import gfdit.models as gm
 
     if name not in _MODELS:
-        _MODELS[name] = gm.load(name)
+        base, _, sampler = name.partition("@")
+        if sampler:
+            from gfdit.models import qwen_pipeline, wan_pipeline
+
+            mod = wan_pipeline if base == "tiny-wan" else qwen_pipeline
+            _MODELS[name] = mod.build_tiny(scheduler_config=SCHEDULERS[sampler])
+        else:
+            _MODELS[name] = gm.load(name)
     return _MODELS[name]
+
+
+def _schedulers() -> dict:
+    from gfdit.models.wan_pipeline import WAN21_SCHEDULER
+
+    dpm = {
+        "_class_name": "DPMSolverMultistepScheduler",
+        "algorithm_type": "dpmsolver++",
+        "prediction_type": "flow_prediction",
+        "use_flow_sigmas": True,
+        "flow_shift": 3.0,
+        "solver_order": 2,
+    }
+    return {"unipc": WAN21_SCHEDULER, "dpm": dpm}
+
+
+SCHEDULERS = _schedulers()
 
 
 def start(m, prompt: str, seed: int, steps: int | None = None):

@@ -4,8 +4,9 @@ AutoencoderKLQwenImage.
 Follows diffusers' QwenImagePipeline: the prompt goes through the chat template, the encoder's last hidden
 states drop the template's prefix tokens; true CFG runs the conditional and negative passes one after the
 other (their text lengths differ, so they do not batch without a mask) and rescales the combined
-prediction to the conditional one's norm per token; the schedule is flow-matching Euler with sigmas
-``linspace(1, 1/N, N)`` shifted by ``mu`` from the image's token count. The state's latent is float32 and
+prediction to the conditional one's norm per token; the schedule is the folder's scheduler (flow-matching
+Euler as Qwen-Image ships it; UniPC with flow sigmas works too, gfdit.models.samplers) set with sigmas
+``linspace(1, 1/N, N)`` and the dynamic shift ``mu`` from the image's token count. The state's latent is float32 and
 packed [1, H/16 * W/16, 4C] (2x2 patches), as the transformer takes it; its grid is the VAE latent
 (1, H/8, W/8). With guidance on and no negative prompt, " " is the negative prompt (as the Qwen-Image
 model card's example does), so true CFG is on by default.
@@ -13,7 +14,6 @@ model card's example does), so true CFG is on by default.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -29,8 +29,6 @@ from gfdit.models.staged import (
     StageDefaults,
     StagedModel,
     check_folder,
-    euler_step,
-    flow_match_schedule,
     load_diffusers_model,
     read_json,
     write_gfdit_config,
@@ -110,7 +108,9 @@ class QwenImageStagedModel(StagedModel):
         prompt_template_drop: int = PROMPT_TEMPLATE_DROP,
     ) -> None:
         from gfdit.models.core import parallelize
+        from gfdit.models.samplers import sampler_from_config
 
+        self.sampler = sampler_from_config(scheduler_config)  # refuses unsupported schedulers first
         if getattr(transformer.config, "guidance_embeds", False):
             raise InvalidUsage("gfdit.models: guidance-distilled Qwen-Image transformers are not supported")
         self.name = name
@@ -244,7 +244,7 @@ class QwenImageStagedModel(StagedModel):
             cfg.get("base_shift", 0.5),
             cfg.get("max_shift", 1.15),
         )
-        return flow_match_schedule(cfg, n, sigmas=np.linspace(1.0, 1 / n, n), mu=mu)
+        return self.sampler.schedule(n, sigmas=np.linspace(1.0, 1 / n, n), mu=mu)
 
     # -- denoise -----------------------------------------------------------------------------------------
     def denoise_step(
@@ -285,8 +285,7 @@ class QwenImageStagedModel(StagedModel):
                 v_neg = velocity(state.negative_prompt_embeds)  # type: ignore[arg-type]
                 comb = v_neg + state.guidance_scale * (v - v_neg)
                 v = comb * (torch.norm(v, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
-        new = euler_step(latent, state.sigmas[step_idx], state.sigmas[step_idx + 1], v)
-        return dataclasses.replace(state, latent=new, step_idx=step_idx + 1)
+        return self.sampler.step(state, v)
 
     # -- decode ------------------------------------------------------------------------------------------
     def vae_latent(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
@@ -304,10 +303,10 @@ class QwenImageStagedModel(StagedModel):
     # -- saving ------------------------------------------------------------------------------------------
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Writes a diffusers QwenImagePipeline folder (plus gfdit.json: defaults, template drop)."""
-        from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+        from diffusers import QwenImagePipeline
 
         pipe = QwenImagePipeline(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
+            scheduler=self.sampler.scheduler_class.from_config(self.scheduler_config),
             vae=self.vae,
             text_encoder=self.text_encoder,
             tokenizer=self.tokenizer,
@@ -317,8 +316,9 @@ class QwenImageStagedModel(StagedModel):
         write_gfdit_config(path, self.name, self.defaults, prompt_template_drop=self.prompt_template_drop)
 
 
-def build_tiny(seed: int = 0) -> QwenImageStagedModel:
-    """tiny-qwen-image: gfdit.models.tiny's transformer, a byte tokenizer, a tiny Qwen2.5-VL and VAE."""
+def build_tiny(seed: int = 0, scheduler_config: dict | None = None) -> QwenImageStagedModel:
+    """tiny-qwen-image: gfdit.models.tiny's transformer, a byte tokenizer, a tiny Qwen2.5-VL and VAE;
+    Qwen-Image's own scheduler unless another scheduler config is given."""
     from diffusers import AutoencoderKLQwenImage
 
     from gfdit.models import text, tiny
@@ -334,7 +334,7 @@ def build_tiny(seed: int = 0) -> QwenImageStagedModel:
         text_encoder=encoder,
         vae=vae,
         transformer=transformer,
-        scheduler_config=QWEN_IMAGE_SCHEDULER,
+        scheduler_config=QWEN_IMAGE_SCHEDULER if scheduler_config is None else scheduler_config,
         defaults=TINY_DEFAULTS,
         prompt_template_drop=drop,
     )
@@ -347,12 +347,15 @@ def load_folder(
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
+    from gfdit.models.samplers import sampler_from_config
+
     path = check_folder(name, path, ("tokenizer", "text_encoder", "vae", "transformer"))
     gcfg_file = os.path.join(path, GFDIT_CONFIG)
     gcfg = read_json(gcfg_file) if os.path.isfile(gcfg_file) else {}
     defaults = StageDefaults(**gcfg["defaults"]) if "defaults" in gcfg else QWEN_IMAGE_DEFAULTS
     sched_file = os.path.join(path, "scheduler", "scheduler_config.json")
     sched = read_json(sched_file) if os.path.isfile(sched_file) else QWEN_IMAGE_SCHEDULER
+    sampler_from_config(sched)  # an unsupported scheduler is refused before any weights load
     try:
         tokenizer = AutoTokenizer.from_pretrained(os.path.join(path, "tokenizer"), local_files_only=True)
         encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(

@@ -18,13 +18,19 @@ NOTE [portable denoise state]
 A ``DenoiseState`` is everything step k needs and nothing that depends on which process ran the earlier
 steps: the latent (float32, in the transformer's layout), the text conditioning (positive and, with
 guidance, negative embeddings), the whole sigma / timestep schedule (computed once from
-num_inference_steps, and the latent size where the schedule shifts with it), the index of the next step,
-the guidance scale and the VAE-latent grid. Flow-matching Euler is a pure function of (latent, sigma_k,
-sigma_{k+1}, velocity), so no scheduler object carries state from step to step. After ``denoise_step``
-every member of the group holds the bit-identical state: the parallel transformer returns the same
-gathered output on every member and the guidance and Euler update are the same local arithmetic on it.
-Hence shrinking a group moves nothing, and growing one is ``migrate(state, group, src)``: two broadcasts
-(a fixed-size int64 header that says the shapes, then one byte payload) from one holder to the group.
+num_inference_steps, and the latent size where the schedule shifts with it, as Qwen-Image's dynamic shift
+does), the index of the next step, the guidance scale, the VAE-latent grid, and the sampler's history. The
+sampler is the folder's scheduler (gfdit.models.samplers): flow-matching Euler is a pure function of
+(latent, sigma_k, sigma_{k+1}, velocity) and keeps no history; the multistep solvers (UniPC, as Wan ships
+it, and DPM-Solver++) keep their earlier model outputs (float32, shaped like the latent, stacked oldest
+first, with their timesteps), the count of lower-order warm-up steps, and for UniPC the sample its
+corrector starts from and the order of its last predictor. These are plain tensors and ints in the state,
+so no scheduler object carries anything from step to step: each step loads them into a fresh scheduler
+object, runs diffusers' own step and reads them back. After ``denoise_step`` every member of the group
+holds the bit-identical state: the parallel transformer returns the same gathered output on every member
+and the guidance and the sampler's update are the same local arithmetic on it. Hence shrinking a group
+moves nothing, and growing one is ``migrate(state, group, src)``: a fixed-size int64 header that says the
+shapes (history included; absent history costs nothing), then the tensors, from one holder to the group.
 """
 
 from __future__ import annotations
@@ -68,8 +74,13 @@ class DenoiseState:
     """One request between two denoising steps; see NOTE [portable denoise state].
 
     latent: float32, the transformer's layout (Wan [1, C, F, H, W]; Qwen-Image packed [1, H/2 * W/2, 4C]).
-    sigmas: float32 [N + 1], sigmas[N] = 0; timesteps: float32 [N], the scheduler's t (sigma * 1000).
+    sigmas: float32 [N + 1], sigmas[N] = 0; timesteps: [N], the scheduler's t in its dtype (float32 for
+    flow-matching Euler, int64 for the multistep solvers).
     step_idx: the next step to run (N when denoising is done). grid: the VAE latent (frames, height, width).
+    The sampler's history (None / 0 for Euler and before the first step): history, float32 [n, *latent],
+    the multistep solver's earlier model outputs, oldest first; history_timesteps [n], their timesteps;
+    last_sample, UniPC's corrector input; lower_order_nums and this_order, the solver's warm-up count and
+    UniPC's last predictor order.
     """
 
     latent: torch.Tensor
@@ -80,6 +91,11 @@ class DenoiseState:
     step_idx: int
     guidance_scale: float
     grid: tuple[int, int, int]
+    history: torch.Tensor | None = None
+    history_timesteps: torch.Tensor | None = None
+    last_sample: torch.Tensor | None = None
+    lower_order_nums: int = 0
+    this_order: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -318,13 +334,24 @@ class StagedModel(abc.ABC):
 # ----------------------------------------------------------------------------------- packing and migration
 # NOTE [state header]
 # int64[HEADER_LEN]: MAGIC, VERSION, status (0 ok; 1 the source had no state), step_idx, guidance_scale
-# (float64 bits), grid f, h, w, then per tensor of STATE_TENSORS: dtype code (-1: None), ndim, 6 dims.
-# The payload is the tensors' bytes, contiguous, in STATE_TENSORS order.
-STATE_TENSORS = ("latent", "prompt_embeds", "negative_prompt_embeds", "sigmas", "timesteps")
-HEADER_LEN = 64
-MAGIC = 0x6766646974  # "gfdit"
-VERSION = 1
+# (float64 bits), grid f, h, w, lower_order_nums, this_order, zeros up to _TENSORS_AT, then per tensor of
+# STATE_TENSORS: dtype code (-1: None), ndim, 6 dims. The payload is the tensors' bytes, contiguous, in
+# STATE_TENSORS order; a None tensor (no negative prompt, no sampler history) has no bytes.
+STATE_TENSORS = (
+    "latent",
+    "prompt_embeds",
+    "negative_prompt_embeds",
+    "sigmas",
+    "timesteps",
+    "history",
+    "history_timesteps",
+    "last_sample",
+)
 _MAX_DIMS = 6
+_TENSORS_AT = 16
+HEADER_LEN = _TENSORS_AT + len(STATE_TENSORS) * (2 + _MAX_DIMS)
+MAGIC = 0x6766646974  # "gfdit"
+VERSION = 2
 _CODES = {
     torch.float32: 0,
     torch.float16: 1,
@@ -355,6 +382,8 @@ def pack_state(state: DenoiseState, with_payload: bool = True) -> tuple[torch.Te
         raise InvalidUsage(f"gfdit.models: pack_state needs a DenoiseState, got {type(state).__name__}")
     header = torch.zeros(HEADER_LEN, dtype=torch.int64)
     head = [MAGIC, VERSION, 0, state.step_idx, _f64_bits(state.guidance_scale), *state.grid]
+    head += [int(state.lower_order_nums), int(state.this_order)]
+    head += [0] * (_TENSORS_AT - len(head))
     parts = []
     for name in STATE_TENSORS:
         t = getattr(state, name)
@@ -380,12 +409,24 @@ def _layout(header: torch.Tensor) -> list[tuple[torch.dtype, tuple[int, ...]] | 
     if h[0] != MAGIC or h[1] != VERSION:
         raise InvalidUsage("gfdit.models: not a gfdit state header (magic or version mismatch)")
     out = []
-    pos = 8
+    pos = _TENSORS_AT
     for _ in STATE_TENSORS:
         code, ndim = h[pos], h[pos + 1]
         out.append(None if code < 0 else (_DTYPES[code], tuple(h[pos + 2 : pos + 2 + ndim])))
         pos += 2 + _MAX_DIMS
     return out
+
+
+def _scalars(header: torch.Tensor) -> dict[str, Any]:
+    """The DenoiseState fields of a header that are not tensors."""
+    h = header.tolist()
+    return {
+        "step_idx": int(h[3]),
+        "guidance_scale": _bits_f64(h[4]),
+        "grid": (int(h[5]), int(h[6]), int(h[7])),
+        "lower_order_nums": int(h[8]),
+        "this_order": int(h[9]),
+    }
 
 
 def payload_bytes(header: torch.Tensor) -> int:
@@ -400,7 +441,6 @@ def payload_bytes(header: torch.Tensor) -> int:
 
 def unpack_state(header: torch.Tensor, payload: torch.Tensor) -> DenoiseState:
     """The state that ``pack_state`` packed (tensors are copies, on the CPU)."""
-    h = header.tolist()
     layout = _layout(header)
     if payload.numel() != payload_bytes(header):
         raise InvalidUsage(
@@ -417,9 +457,7 @@ def unpack_state(header: torch.Tensor, payload: torch.Tensor) -> DenoiseState:
         n = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
         tensors[name] = payload[offset : offset + n].clone().view(dtype).reshape(shape)
         offset += n
-    return DenoiseState(
-        step_idx=int(h[3]), guidance_scale=_bits_f64(h[4]), grid=(int(h[5]), int(h[6]), int(h[7])), **tensors
-    )  # type: ignore[arg-type]
+    return DenoiseState(**_scalars(header), **tensors)  # type: ignore[arg-type]
 
 
 def state_digest(state: DenoiseState) -> str:
@@ -443,8 +481,8 @@ def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> D
     """Gives every member of ``group`` the state that global rank ``src`` holds; returns it on every member.
 
     Every member calls it; only ``src`` needs a state (the others pass None or anything). A gfdit broadcast
-    of the fixed-size header (shapes, dtypes, step, guidance, grid; NOTE [state header]), then one broadcast
-    per state tensor straight into freshly allocated tensors: no packing copy on the source and no unpacking
+    of the fixed-size header (shapes, dtypes, step, guidance, grid, the sampler's counters; NOTE [state
+    header]), then one broadcast per state tensor (the sampler's history included) straight into freshly allocated tensors: no packing copy on the source and no unpacking
     copy on the receivers, and the staged broadcast pipelines the source's and the receivers' copies. Call
     it on [holder, *new members]: members that already hold the state need not take part. On ``src`` the
     given state is returned as is; elsewhere fresh CPU tensors. If ``src`` has no state, every member raises
@@ -481,10 +519,7 @@ def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> D
         tensors[name] = t
     if me == src:
         return state  # type: ignore[return-value]
-    h = header.tolist()
-    return DenoiseState(
-        step_idx=int(h[3]), guidance_scale=_bits_f64(h[4]), grid=(int(h[5]), int(h[6]), int(h[7])), **tensors
-    )  # type: ignore[arg-type]
+    return DenoiseState(**_scalars(header), **tensors)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -5,17 +5,17 @@ embeddings past each prompt's length are zeroed; guidance runs the conditional a
 one after the other (``noise_uncond + g (noise_cond - noise_uncond)``); the latent is float32
 [1, C, (F-1)/4 + 1, H/8, W/8]; decode un-normalises with the VAE's latents_mean/std.
 
-Scheduler: flow-matching Euler (FlowMatchEulerDiscreteScheduler) with the folder's shift (``flow_shift`` of a
-UniPC config). Wan folders ship UniPCMultistepScheduler, a multistep solver whose state (earlier model
-outputs) would have to travel with the request; Euler keeps the state portable (NOTE [portable denoise
-state]) at the cost of not matching diffusers' default sampler bit for bit. Wan 2.2 A14B's two experts
+Scheduler: the folder's own (gfdit.models.samplers): Wan folders ship UniPCMultistepScheduler with flow
+prediction (WAN21_SCHEDULER), a multistep solver whose history (earlier model outputs, the corrector's
+sample) travels in the state with the latent (NOTE [portable denoise state]), so the output equals
+WanPipeline's for the same folder whatever groups ran the steps; FlowMatchEulerDiscreteScheduler and
+DPMSolverMultistepScheduler work too, and any other scheduler is refused. Wan 2.2 A14B's two experts
 (``transformer`` above, ``transformer_2`` below ``boundary_ratio * 1000``) are supported, with one guidance
 scale for both; Wan 2.2 TI2V's ``expand_timesteps`` passes one timestep per token.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -31,8 +31,6 @@ from gfdit.models.staged import (
     StageDefaults,
     StagedModel,
     check_folder,
-    euler_step,
-    flow_match_schedule,
     load_diffusers_model,
     read_json,
     write_gfdit_config,
@@ -50,6 +48,34 @@ TINY_DEFAULTS = StageDefaults(
     height=32, width=48, num_frames=9, num_inference_steps=4, guidance_scale=4.0, max_sequence_length=16
 )
 TINY_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0}
+# The scheduler_config.json of Wan-AI/Wan2.1-T2V-1.3B-Diffusers (the 14B 720p folders: flow_shift 5.0).
+WAN21_SCHEDULER = {
+    "_class_name": "UniPCMultistepScheduler",
+    "beta_end": 0.02,
+    "beta_schedule": "linear",
+    "beta_start": 0.0001,
+    "disable_corrector": [],
+    "dynamic_thresholding_ratio": 0.995,
+    "final_sigmas_type": "zero",
+    "flow_shift": 3.0,
+    "lower_order_final": True,
+    "num_train_timesteps": 1000,
+    "predict_x0": True,
+    "prediction_type": "flow_prediction",
+    "rescale_betas_zero_snr": False,
+    "sample_max_value": 1.0,
+    "solver_order": 2,
+    "solver_p": None,
+    "solver_type": "bh2",
+    "steps_offset": 0,
+    "thresholding": False,
+    "timestep_spacing": "linspace",
+    "trained_betas": None,
+    "use_beta_sigmas": False,
+    "use_exponential_sigmas": False,
+    "use_flow_sigmas": True,
+    "use_karras_sigmas": False,
+}
 TINY_VAE = {
     "base_dim": 8,
     "z_dim": 4,
@@ -87,7 +113,9 @@ class WanStagedModel(StagedModel):
         expand_timesteps: bool = False,
     ) -> None:
         from gfdit.models.core import parallelize
+        from gfdit.models.samplers import sampler_from_config
 
+        self.sampler = sampler_from_config(scheduler_config)  # refuses unsupported schedulers first
         self.name = name
         self.tokenizer = tokenizer
         self.text_encoder = text_encoder.eval()
@@ -170,7 +198,7 @@ class WanStagedModel(StagedModel):
     def schedule(
         self, num_inference_steps: int, grid: tuple[int, int, int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return flow_match_schedule(self.scheduler_config, num_inference_steps)
+        return self.sampler.schedule(num_inference_steps)
 
     # -- denoise -----------------------------------------------------------------------------------------
     def _expert(self, t: float) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -197,7 +225,8 @@ class WanStagedModel(StagedModel):
         if self.expand_timesteps:
             _, _, f, h, w = latent.shape
             pt, ph, pw = self.patch_size
-            timestep = t.expand(1, (f // pt) * (h // ph) * (w // pw)).to(dev)
+            # WanPipeline: a float32 mask of ones times t, one timestep per token
+            timestep = t.float().expand(1, (f // pt) * (h // ph) * (w // pw)).to(dev)
         else:
             timestep = t.expand(1).to(dev)
 
@@ -218,8 +247,7 @@ class WanStagedModel(StagedModel):
             if state.do_cfg:
                 v_uncond = velocity(state.negative_prompt_embeds)  # type: ignore[arg-type]
                 v = v_uncond + state.guidance_scale * (v - v_uncond)
-        new = euler_step(latent, state.sigmas[step_idx], state.sigmas[step_idx + 1], v)
-        return dataclasses.replace(state, latent=new, step_idx=step_idx + 1)
+        return self.sampler.step(state, v)
 
     # -- decode ------------------------------------------------------------------------------------------
     def vae_latent(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
@@ -234,13 +262,13 @@ class WanStagedModel(StagedModel):
     # -- saving ------------------------------------------------------------------------------------------
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Writes a diffusers WanPipeline folder (plus gfdit.json with this model's defaults)."""
-        from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+        from diffusers import WanPipeline
 
         pipe = WanPipeline(
             tokenizer=self.tokenizer,
             text_encoder=self.text_encoder,
             vae=self.vae,
-            scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
+            scheduler=self.sampler.scheduler_class.from_config(self.scheduler_config),
             transformer=self.transformer,
             transformer_2=self.transformer_2,
             boundary_ratio=self.boundary_ratio,
@@ -250,8 +278,9 @@ class WanStagedModel(StagedModel):
         write_gfdit_config(path, self.name, self.defaults)
 
 
-def build_tiny(seed: int = 0) -> WanStagedModel:
-    """tiny-wan: the tiny Wan transformer of gfdit.models.tiny, a byte tokenizer, a tiny UMT5 and VAE."""
+def build_tiny(seed: int = 0, scheduler_config: dict | None = None) -> WanStagedModel:
+    """tiny-wan: the tiny Wan transformer of gfdit.models.tiny, a byte tokenizer, a tiny UMT5 and VAE;
+    flow-matching Euler unless another scheduler config is given."""
     from diffusers import AutoencoderKLWan
 
     from gfdit.models import text, tiny
@@ -265,23 +294,15 @@ def build_tiny(seed: int = 0) -> WanStagedModel:
         text_encoder=encoder,
         vae=vae,
         transformer=transformer,
-        scheduler_config=TINY_SCHEDULER,
+        scheduler_config=TINY_SCHEDULER if scheduler_config is None else scheduler_config,
         defaults=TINY_DEFAULTS,
     )
 
 
 def _scheduler_config(path: str) -> dict:
-    """The folder's flow-match Euler config; a UniPC (or other) config contributes its flow shift."""
+    """The folder's scheduler config as it is (WAN21_SCHEDULER, what Wan folders ship, if it has none)."""
     file = os.path.join(path, "scheduler", "scheduler_config.json")
-    cfg = read_json(file) if os.path.isfile(file) else {}
-    if cfg.get("_class_name") == "FlowMatchEulerDiscreteScheduler":
-        return cfg
-    shift = cfg.get("flow_shift") or cfg.get("shift") or 3.0
-    return {
-        "_class_name": "FlowMatchEulerDiscreteScheduler",
-        "num_train_timesteps": int(cfg.get("num_train_timesteps", 1000)),
-        "shift": float(shift),
-    }
+    return read_json(file) if os.path.isfile(file) else dict(WAN21_SCHEDULER)
 
 
 def load_folder(
@@ -291,7 +312,11 @@ def load_folder(
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
     from transformers import AutoTokenizer, UMT5EncoderModel
 
+    from gfdit.models.samplers import sampler_from_config
+
     path = check_folder(name, path, ("tokenizer", "text_encoder", "vae", "transformer"))
+    scheduler_config = _scheduler_config(path)
+    sampler_from_config(scheduler_config)  # an unsupported scheduler is refused before any weights load
     index = read_json(os.path.join(path, "model_index.json"))
     gcfg_file = os.path.join(path, GFDIT_CONFIG)
     gcfg = read_json(gcfg_file) if os.path.isfile(gcfg_file) else {}
@@ -322,7 +347,7 @@ def load_folder(
         vae=vae.to(device),
         transformer=transformer.to(device),
         transformer_2=None if transformer_2 is None else transformer_2.to(device),
-        scheduler_config=_scheduler_config(path),
+        scheduler_config=scheduler_config,
         defaults=defaults,
         boundary_ratio=index.get("boundary_ratio"),
         expand_timesteps=bool(index.get("expand_timesteps", False)),

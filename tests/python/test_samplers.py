@@ -1,0 +1,261 @@
+"""gfdit.models.samplers: the folder's scheduler, stepped from a portable DenoiseState.
+
+Sampler level: for Wan's UniPC (flow prediction, shift 3 and 5), a third-order UniPC with disabled
+correctors, UniPC with Qwen-Image's dynamic shift, DPM-Solver++ (flow and epsilon, orders 2 and 3) and
+flow-matching Euler, stepping a state that goes through pack_state / unpack_state before every step equals
+stepping the diffusers scheduler itself, bit for bit, and leaves its input state untouched.
+Pipeline level: a tiny Wan folder saved with UniPC (as Wan ships), DPM-Solver++ or Euler, and a tiny
+Qwen-Image folder with its own Euler or UniPC, loaded with gfdit.models.load: ``generate`` equals
+diffusers' WanPipeline / QwenImagePipeline on the same components within 1e-3 on [0, 1] pixels.
+World of 2: a UniPC trajectory on [0], [0, 1], [1], [0] (the history migrates both ways) equals the one
+rank run. A folder whose scheduler is not supported is refused with an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import mp_harness
+import pytest
+import staged_harness as sh
+
+pytest.importorskip("diffusers")
+
+import torch  # noqa: E402
+
+PROMPT = "a small red fox jumps over a lazy dog"
+NEGATIVE = "blurry, static"
+PIXEL_TOL = 1e-3
+
+# Wan 2.2 TI2V / Wan 2.1 14B 720p: the same UniPC with flow_shift 5.
+UNIPC_SHIFT5 = {**sh.SCHEDULERS["unipc"], "flow_shift": 5.0}
+UNIPC_ORDER3 = {
+    **sh.SCHEDULERS["unipc"],
+    "solver_order": 3,
+    "disable_corrector": [0, 2],
+}
+UNIPC_DYNAMIC = {
+    "_class_name": "UniPCMultistepScheduler",
+    "prediction_type": "flow_prediction",
+    "use_flow_sigmas": True,
+    "use_dynamic_shifting": True,
+    "time_shift_type": "exponential",
+}
+DPM_EPS3 = {"_class_name": "DPMSolverMultistepScheduler", "solver_order": 3, "algorithm_type": "dpmsolver++"}
+EULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0}
+
+# (id, config, steps, set_timesteps kwargs, latent shape)
+SAMPLER_CASES = [
+    ("unipc-wan", sh.SCHEDULERS["unipc"], 7, {}, (1, 4, 3, 4, 6)),
+    ("unipc-shift5", UNIPC_SHIFT5, 5, {}, (1, 4, 3, 4, 6)),
+    ("unipc-order3", UNIPC_ORDER3, 8, {}, (1, 4, 3, 4, 6)),
+    ("unipc-dynamic", UNIPC_DYNAMIC, 6, {"sigmas": True, "mu": 0.7}, (1, 24, 16)),
+    ("dpm-flow", sh.SCHEDULERS["dpm"], 7, {}, (1, 4, 3, 4, 6)),
+    ("dpm-eps3", DPM_EPS3, 9, {}, (1, 24, 16)),
+    ("euler", EULER, 5, {}, (1, 4, 3, 4, 6)),
+]
+
+
+def _reference_scheduler(config: dict, steps: int, kwargs: dict):
+    import diffusers
+
+    sched = getattr(diffusers, config["_class_name"]).from_config(config)
+    if kwargs.get("sigmas"):
+        import numpy as np
+
+        sched.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=kwargs.get("mu"))
+    else:
+        sched.set_timesteps(steps)
+    sched.set_begin_index(0)
+    return sched
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", SAMPLER_CASES, ids=[c[0] for c in SAMPLER_CASES])
+def test_portable_state_steps_like_diffusers(case):
+    import gfdit.models as gm
+    import numpy as np
+    from gfdit.models.samplers import sampler_from_config
+
+    _, config, steps, kwargs, shape = case
+    ref = _reference_scheduler(config, steps, kwargs)
+    sampler = sampler_from_config(config)
+    sigmas = np.linspace(1.0, 1 / steps, steps) if kwargs.get("sigmas") else None
+    got_sigmas, got_timesteps = sampler.schedule(steps, sigmas=sigmas, mu=kwargs.get("mu"))
+    assert torch.equal(got_sigmas, ref.sigmas) and torch.equal(got_timesteps, ref.timesteps)
+
+    g = torch.Generator().manual_seed(5)
+    x_ref = torch.randn(shape, generator=g)
+    state = gm.DenoiseState(
+        latent=x_ref.clone(),
+        prompt_embeds=torch.randn(1, 3, 8, generator=g),
+        negative_prompt_embeds=None,
+        sigmas=got_sigmas,
+        timesteps=got_timesteps,
+        step_idx=0,
+        guidance_scale=1.0,
+        grid=(1, 1, 1),
+    )
+    for k, t in enumerate(ref.timesteps):
+        # a "model" whose output depends on its input, as a denoiser's does
+        out = 0.3 * x_ref.flip(-1) + torch.randn(shape, generator=g)
+        x_ref = ref.step(out.clone(), t, x_ref, return_dict=False)[0]
+        state = gm.unpack_state(*gm.pack_state(state))  # the state as a migration delivers it
+        prev, before = state, gm.state_digest(state)
+        state = sampler.step(state, out.clone())
+        assert gm.state_digest(prev) == before, f"step {k} modified its input state"
+        assert gm.state_digest(gm.unpack_state(*gm.pack_state(state))) == gm.state_digest(state)
+        assert state.step_idx == k + 1
+        assert torch.equal(state.latent, x_ref.float()), f"step {k}: {(state.latent - x_ref).abs().max()}"
+        if config is not EULER and k + 1 < steps:
+            assert state.history is not None and state.history.shape[1:] == shape
+    assert state.done
+    if config is EULER:
+        assert state.history is None and state.last_sample is None
+
+
+# ------------------------------------------------------------------------ folders and pipelines
+def _wan_folder(tmp_path, config: dict) -> str:
+    from gfdit.models import wan_pipeline
+
+    wan_pipeline.build_tiny(scheduler_config=config).save_pretrained(tmp_path)
+    with open(os.path.join(tmp_path, "scheduler", "scheduler_config.json"), encoding="utf-8") as f:
+        assert json.load(f)["_class_name"] == config["_class_name"]
+    return str(tmp_path)
+
+
+def _folder_scheduler(path: str):
+    import diffusers
+
+    with open(os.path.join(path, "scheduler", "scheduler_config.json"), encoding="utf-8") as f:
+        name = json.load(f)["_class_name"]
+    return getattr(diffusers, name).from_pretrained(path, subfolder="scheduler", local_files_only=True)
+
+
+WAN_FOLDERS = [("unipc", sh.SCHEDULERS["unipc"]), ("dpm", sh.SCHEDULERS["dpm"]), ("euler", EULER)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("config", [c for _, c in WAN_FOLDERS], ids=[n for n, _ in WAN_FOLDERS])
+def test_wan_generate_equals_wan_pipeline(tmp_path, config):
+    import gfdit.models as gm
+    from diffusers import WanPipeline
+
+    path = _wan_folder(tmp_path, config)
+    m = gm.load("wan2.1", path=path)
+    assert m.sampler.name == config["_class_name"]
+    # The pipeline from the folder's components (WanPipeline.from_pretrained needs accelerate for Wan's
+    # float32-pinned modules; these are the modules gfdit loaded from the same folder) and its scheduler.
+    pipe = WanPipeline(
+        tokenizer=m.tokenizer,
+        text_encoder=m.text_encoder,
+        vae=m.vae,
+        transformer=m.transformer,
+        scheduler=_folder_scheduler(path),
+    )
+    pipe.set_progress_bar_config(disable=True)
+    size = {"height": 32, "width": 48, "num_frames": 9}
+    opts = {"num_inference_steps": 6, "guidance_scale": 4.0, **size}
+    want = pipe(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        generator=torch.Generator().manual_seed(3),
+        output_type="pt",
+        max_sequence_length=m.defaults.max_sequence_length,  # gfdit.json's; a real folder's is 512 too
+        **opts,
+    ).frames[0]
+    got = m.generate(PROMPT, seed=3, negative_prompt=NEGATIVE, **opts)
+    err = (got.permute(1, 0, 2, 3) - want.float()).abs().max().item()
+    print(f"wan {config['_class_name']}: max |pixel difference| {err:.3g}")
+    assert err <= PIXEL_TOL
+
+
+QWEN_FOLDERS = [("euler", None), ("unipc", UNIPC_DYNAMIC)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("config", [c for _, c in QWEN_FOLDERS], ids=[n for n, _ in QWEN_FOLDERS])
+def test_qwen_image_generate_equals_qwen_image_pipeline(tmp_path, config):
+    import gfdit.models as gm
+    from diffusers import QwenImagePipeline
+    from gfdit.models import qwen_pipeline
+
+    if config is not None:
+        config = {**qwen_pipeline.QWEN_IMAGE_SCHEDULER, **config}
+    qwen_pipeline.build_tiny(scheduler_config=config).save_pretrained(tmp_path)
+    m = gm.load("qwen-image", path=tmp_path)
+    pipe = QwenImagePipeline(
+        scheduler=_folder_scheduler(str(tmp_path)),
+        vae=m.vae,
+        text_encoder=m.text_encoder,
+        tokenizer=m.tokenizer,
+        transformer=m.transformer,
+    )
+    pipe.prompt_template_encode_start_idx = m.prompt_template_drop  # the byte tokenizer's template prefix
+    pipe.set_progress_bar_config(disable=True)
+    opts = {"num_inference_steps": 5, "height": 48, "width": 80}
+    want = pipe(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        true_cfg_scale=4.0,
+        generator=torch.Generator().manual_seed(4),
+        output_type="pt",
+        max_sequence_length=m.defaults.max_sequence_length,
+        **opts,
+    ).images[0]
+    got = m.generate(PROMPT, seed=4, negative_prompt=NEGATIVE, guidance_scale=4.0, **opts)
+    err = (got - want.float()).abs().max().item()
+    print(f"qwen-image {m.sampler.name}: max |pixel difference| {err:.3g}")
+    assert err <= PIXEL_TOL
+
+
+@pytest.mark.timeout(60)
+def test_unsupported_schedulers_refused(tmp_path):
+    import gfdit
+    import gfdit.models as gm
+    from gfdit.models.samplers import sampler_from_config
+
+    path = _wan_folder(tmp_path, EULER)
+    with open(os.path.join(path, "scheduler", "scheduler_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"_class_name": "DDIMScheduler", "num_train_timesteps": 1000}, f)
+    with pytest.raises(gfdit.InvalidUsage, match="DDIMScheduler.*not supported.*UniPCMultistepScheduler"):
+        gm.load("wan2.1", path=path)
+    with pytest.raises(gfdit.InvalidUsage, match="'sde-dpmsolver\\+\\+' draws noise"):
+        sampler_from_config({**sh.SCHEDULERS["dpm"], "algorithm_type": "sde-dpmsolver++"})
+    with pytest.raises(gfdit.InvalidUsage, match="stochastic_sampling"):
+        sampler_from_config({**EULER, "stochastic_sampling": True})
+    # Qwen-Image sets custom sigmas, which DPM-Solver++ cannot take (QwenImagePipeline refuses it too).
+    from gfdit.models import qwen_pipeline
+
+    m = qwen_pipeline.build_tiny(scheduler_config=sh.SCHEDULERS["dpm"])
+    with pytest.raises(gfdit.InvalidUsage, match="DPMSolverMultistepScheduler cannot make this schedule"):
+        m.generate(PROMPT)
+
+
+# ------------------------------------------------------------------------ world of 2
+@pytest.fixture(scope="module")
+def world(world_pool):
+    mp_harness.skip_if_too_big(2)
+    return world_pool.get(2, timeout=60.0, gloo=False)
+
+
+# Four steps: rank 0, both (Ulysses 2; rank 1 receives the history), rank 1, rank 0 (receives it back).
+PLAN = [([0], None), ([0, 1], {"ulysses": 2, "ring": 1}), ([1], None), ([0], None)]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", ["tiny-wan@unipc", "tiny-wan@dpm", "tiny-qwen-image@unipc"])
+def test_multistep_trajectory_with_migrations_matches_one_rank(world, name):
+    reports = world.run(sh.case_trajectory, name, PROMPT, 13, PLAN, timeout=150)
+    errors = [r["error"] for r in reports if r["error"]]
+    assert not errors, "\n".join(errors)
+    for k, (ranks, _) in enumerate(PLAN):
+        assert len({reports[r]["digests"].get(k) for r in ranks}) == 1, f"step {k}: members differ"
+    assert sum(r["migrations"] for r in reports) >= 4  # two migrations, each on both ranks
+    ref = sh.reference(name, PROMPT, 13)
+    final = reports[0]
+    rel = ((final["latent"] - ref["latent"]).abs().max() / ref["latent"].abs().max()).item()
+    pix = (final["output"] - ref["output"]).abs().max().item()
+    print(f"{name}: latent rel {rel:.3g}, pixels {pix:.3g}")
+    assert rel <= 1e-4 and pix <= PIXEL_TOL

@@ -84,54 +84,39 @@ def _error_body(message: str, *, param: str | None, type: str, code: str | None)
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def _image_request_model() -> type:
-    """The body of POST /v1/images/generations (built lazily: pydantic is a serving dependency)."""
+def _request_models() -> tuple[type, type]:
+    """The bodies of POST /v1/images/generations and POST /v1/videos (built lazily: pydantic is a serving
+    dependency). Unknown fields are ignored, as OpenAI's own clients may send fields a server does not use."""
     from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
-    class ImageGenerationRequest(BaseModel):
-        # Unknown fields are ignored, as OpenAI's own clients may send fields a server does not use.
+    class GenerationRequest(BaseModel):
+        """The fields images and videos share: OpenAI's and gfdit's (steps, guidance, seed, scheduling)."""
+
         model_config = ConfigDict(extra="ignore")
 
         prompt: StrictStr
         model: StrictStr | None = None
-        n: StrictInt | None = None
         size: StrictStr | None = None
+        user: StrictStr | None = None
+        negative_prompt: StrictStr | None = None
+        num_inference_steps: StrictInt | None = None
+        guidance_scale: StrictFloat | None = None
+        seed: StrictInt | None = None
+        slo_ms: StrictFloat | None = None
+        priority: StrictInt = 0
+
+    class ImageGenerationRequest(GenerationRequest):
+        n: StrictInt | None = None
         response_format: StrictStr | None = None
         output_format: StrictStr | None = None
         stream: StrictBool | None = None
-        user: StrictStr | None = None
-        negative_prompt: StrictStr | None = None
-        num_inference_steps: StrictInt | None = None
-        guidance_scale: StrictFloat | None = None
-        seed: StrictInt | None = None
-        slo_ms: StrictFloat | None = None
-        priority: StrictInt = 0
 
-    return ImageGenerationRequest
-
-
-def _video_request_model() -> type:
-    """The body of POST /v1/videos: OpenAI's video fields (model, prompt, size, seconds) and gfdit's."""
-    from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr
-
-    class VideoGenerationRequest(BaseModel):
-        model_config = ConfigDict(extra="ignore")
-
-        prompt: StrictStr
-        model: StrictStr | None = None
-        size: StrictStr | None = None
+    class VideoGenerationRequest(GenerationRequest):
         seconds: StrictStr | StrictFloat | None = None  # OpenAI sends a string ("4")
         num_frames: StrictInt | None = None
         fps: StrictInt = 16
-        user: StrictStr | None = None
-        negative_prompt: StrictStr | None = None
-        num_inference_steps: StrictInt | None = None
-        guidance_scale: StrictFloat | None = None
-        seed: StrictInt | None = None
-        slo_ms: StrictFloat | None = None
-        priority: StrictInt = 0
 
-    return VideoGenerationRequest
+    return ImageGenerationRequest, VideoGenerationRequest
 
 
 def _mp4(video: Any, fps: int) -> bytes:
@@ -442,7 +427,7 @@ def create_app(
 
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"gfdit serve: max_queue must be a positive integer, got {max_queue!r}")
-    body_model = _image_request_model()
+    image_model, video_model = _request_models()
     key = api_key.encode() if api_key else None
     admission = _Admission(max_queue)
     encoders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gfdit-serve-encode")
@@ -588,7 +573,7 @@ def create_app(
             raise APIError(400, "the request body must be a JSON object")
         return data
 
-    def parse(data: dict) -> Any:
+    def parse(body_model: type, data: dict) -> Any:
         try:
             return body_model.model_validate(data)
         except ValidationError as e:
@@ -713,7 +698,7 @@ def create_app(
 
     async def _generate_images(request: Request, t0: float) -> JSONResponse:
         check_key(request)
-        reqs = to_engine_requests(parse(await read_json(request)))
+        reqs = to_engine_requests(parse(image_model, await read_json(request)))
         if not admission.acquire(len(reqs)):
             raise queue_full(len(reqs))
         handles = []
@@ -756,7 +741,6 @@ def create_app(
             headers={"Server-Timing": ", ".join(f"{k};dur={v * 1000:.3f}" for k, v in timing.items())},
         )
 
-    video_model = _video_request_model()
     jobs: dict[str, VideoJob] = {}
     job_tasks: set[asyncio.Task] = set()
 
@@ -827,12 +811,7 @@ def create_app(
             raise APIError(
                 400, f"the model {model!r} makes images; use /v1/images/generations", param="model"
             )
-        try:
-            b = video_model.model_validate(await read_json(request))
-        except ValidationError as e:
-            first = e.errors()[0]
-            param = str(first["loc"][0]) if first["loc"] else None
-            raise APIError(400, f"{param}: {first['msg']}", param=param) from None
+        b = parse(video_model, await read_json(request))
         width, height, seed = check_common(b)
         if not 1 <= b.fps <= 120:
             raise APIError(400, "fps must be in [1, 120]", param="fps")

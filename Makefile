@@ -9,6 +9,9 @@ CPP_BUILD := build/cpp
 TORCH_VERSION := 2.13.0
 # diffusers builds Wan and Qwen-Image transformers from configs (random weights, no download).
 MODEL_DEPS := diffusers==0.42.1 transformers==5.24.0
+# Third-party parallel DiT code that the torch.distributed backend's tests run unchanged (yunchang's USP attention;
+# its flash-attn extra is not needed on CPU).
+BACKEND_TEST_DEPS := yunchang==0.6.4
 # plots of the simulator and the experiments; the linters CI runs (pinned: formatting must not drift).
 TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3
 # gfdit serve: the HTTP front end, PNG and H.264 MP4 encoding, metrics; httpx (FastAPI's TestClient and gfdit bench's client), tqdm (gfdit bench's progress bar) and the openai client for its tests.
@@ -39,7 +42,7 @@ $(VENV)/.stamp-deps: Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.20" numpy pytest
-	$(PIP) install -q torch==$(TORCH_VERSION) $(MODEL_DEPS) $(TOOL_DEPS) $(SERVE_DEPS)
+	$(PIP) install -q torch==$(TORCH_VERSION) $(MODEL_DEPS) $(TOOL_DEPS) $(SERVE_DEPS) $(BACKEND_TEST_DEPS)
 	touch $@
 
 venv: $(VENV)/.stamp-deps

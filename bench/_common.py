@@ -313,15 +313,19 @@ def _rank_main(
         )
         import gfdit
 
-        gfdit.init(
-            rank,
-            world_size,
-            store,
-            timeout=float(options.get("gfdit_timeout_s", 60.0)),
-            heap_bytes=options.get("heap_bytes"),
-        )
+        # default_backend "gfdit": the default process group is gfdit's torch.distributed backend (which makes
+        # its own world) instead of gloo beside gfdit.init.
+        backend = options.get("default_backend", "gloo")
+        if backend != "gfdit":
+            gfdit.init(
+                rank,
+                world_size,
+                store,
+                timeout=float(options.get("gfdit_timeout_s", 60.0)),
+                heap_bytes=options.get("heap_bytes"),
+            )
         dist.init_process_group(
-            "gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world_size, timeout=timeout
+            backend, store=dist.PrefixStore(backend, store), rank=rank, world_size=world_size, timeout=timeout
         )
         ctx = RankContext(rank, world_size, store, options)
         try:

@@ -10,6 +10,8 @@
   7. bench_simulator.py (simulator speed on a 10,000-request Qwen-Image trace): results/simulator.json
   8. bench_fidelity.py (simulator vs real engine, same trace and policies): results/fidelity.json
   9. bench_serve.py (gfdit serve under gfdit bench: HTTP overhead over Engine.submit, overload): results/serve.json
+ 10. bench_torch_backend.py (torch.distributed on the "gfdit" backend vs gloo: new_group, diffusers context
+     parallelism): results/torch_backend.json
 
 and ends with a summary of every target. Defaults take about 15 minutes on 2 cores; --quick is a smoke
 test. Exit status 0 when every benchmark ran (missed targets are reported, not an error) unless --strict.
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--skip",
         default="",
-        help="comma separated: cpp,groups,collectives,attention,runtime,control,simulator,fidelity,serve",
+        help="comma separated: cpp,groups,collectives,attention,runtime,control,simulator,fidelity,serve,torch_backend",
     )
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--collectives-args", default="", help="extra arguments for bench_collectives.py")
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         ("simulator", "bench_simulator.py", "simulator.json", 600, []),
         ("fidelity", "bench_fidelity.py", "fidelity.json", 1200, []),
         ("serve", "bench_serve.py", "serve.json", 600, []),
+        ("torch_backend", "bench_torch_backend.py", "torch_backend.json", 900, []),
     ):
         if key in skip:
             continue

@@ -14,16 +14,20 @@ class Group {
  public:
   Group() = default;
 
-  /// Validates `ranks` (non-empty, unique, each in [0, world_size)) and that self_rank is a member.
-  /// Order is kept: position in `ranks` is the member's index in the group. Throws Error(kInvalidUsage).
+  /// Validates `ranks` (non-empty, unique, each in [0, world_size)). Order is kept: position in `ranks` is
+  /// the member's index in the group. self_rank need not be a member, so that every rank may describe
+  /// every group as with torch.distributed.new_group; collectives refuse a non-member's descriptor.
+  /// Throws Error(kInvalidUsage).
   static Group create(const int* ranks, int num_ranks, int world_size, int self_rank);
   /// All ranks 0..world_size-1 in order.
   static Group whole(int world_size, int self_rank);
 
   /// Number of members.
   int size() const { return num_ranks_; }
-  /// Index of the calling rank in the group.
+  /// Index of the calling rank in the group, or -1 when it is not a member.
   int selfIdx() const { return self_idx_; }
+  /// Whether the calling rank is a member.
+  bool isMember() const { return self_idx_ >= 0; }
   /// Global rank of member idx.
   int rankAt(int idx) const { return ranks_[idx]; }
   /// Index of global rank r in the group, or -1.

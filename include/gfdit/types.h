@@ -10,7 +10,15 @@ namespace gfdit {
 constexpr int kMaxRanks = 64;
 
 /// Element types the collectives understand.
-enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kInt32 = 3, kInt64 = 4, kUInt8 = 5 };
+enum class DType : int32_t {
+  kFloat32 = 0,
+  kFloat16 = 1,
+  kBFloat16 = 2,
+  kInt32 = 3,
+  kInt64 = 4,
+  kUInt8 = 5,
+  kFloat64 = 6
+};
 
 /// Reduction applied by reduceScatter and allReduce.
 enum class ReduceOp : int32_t { kSum = 0, kMax = 1, kMin = 2, kProd = 3 };

@@ -35,9 +35,12 @@ from gfdit.comm import (
     wait_signal,
 )
 from gfdit.engine import Decision, Engine, Layout, Policy, Request, RequestFailed, Result  # noqa: E402
+from gfdit.process_group import register as _register_torch_backend  # noqa: E402
 from gfdit.topology import Topology  # noqa: E402
 
 __version__ = "0.1.0"
+
+_register_torch_backend()  # dist.init_process_group("gfdit"): see gfdit.process_group
 
 
 def build_info() -> dict:

@@ -24,6 +24,7 @@ _DTYPES = {
     torch.int32: _C.DType.int32,
     torch.int64: _C.DType.int64,
     torch.uint8: _C.DType.uint8,
+    torch.float64: _C.DType.float64,
 }
 
 _OPS = {"sum": _C.ReduceOp.sum, "max": _C.ReduceOp.max, "min": _C.ReduceOp.min, "prod": _C.ReduceOp.prod}
@@ -61,7 +62,7 @@ def _check(t: Any, name: str) -> torch.Tensor:
         raise InvalidUsage(f"gfdit: {name} is on {t.device}; the CPU shared-memory backend needs CPU tensors")
     if t.dtype not in _DTYPES:
         raise InvalidUsage(
-            f"gfdit: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16, int32, int64, uint8"
+            f"gfdit: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16, int32, int64, uint8, float64"
         )
     if not t.is_contiguous():
         raise InvalidUsage(f"gfdit: {name} is not contiguous; call .contiguous() first")
@@ -83,7 +84,10 @@ def _contig(t: torch.Tensor) -> View:
 
 
 class Group:
-    """An ordered list of member ranks. Forming one is local: no communication, no allocation."""
+    """An ordered list of member ranks. Forming one is local: no communication, no allocation.
+
+    Every rank may form every group, as with ``torch.distributed.new_group``; on a rank that is not a member
+    the handle describes the group (``ranks``, ``size()``) and its collectives raise ``InvalidUsage``."""
 
     __slots__ = ("_world", "_g")
 
@@ -101,8 +105,13 @@ class Group:
         return self._g.size()
 
     def rank(self) -> int:
-        """Index of the calling rank in the group."""
+        """Index of the calling rank in the group, or -1 when it is not a member (as torch's get_rank)."""
         return self._g.rank()
+
+    @property
+    def is_member(self) -> bool:
+        """Whether the calling rank is a member."""
+        return self._g.is_member
 
     def __len__(self) -> int:
         return self._g.size()
@@ -184,7 +193,8 @@ class World:
     # ---- groups ----
 
     def new_group(self, ranks: Sequence[int]) -> Group:
-        """A group of the given global ranks, in the given order (not sorted, unlike torch)."""
+        """A group of the given global ranks, in the given order (not sorted, unlike torch). Every rank may
+        form every group; a non-member's handle refuses collectives."""
         return Group(self, self._w.new_group(ranks))
 
     def _group(self, group: Group | None) -> Group:

@@ -153,6 +153,7 @@ void accApply(void* acc, const void* src, size_t count, DType dtype, ReduceOp op
     case DType::kInt32: return applyTyped(static_cast<int32_t*>(acc), static_cast<const int32_t*>(src), count, op);
     case DType::kInt64: return applyTyped(static_cast<int64_t*>(acc), static_cast<const int64_t*>(src), count, op);
     case DType::kUInt8: return applyTyped(static_cast<uint8_t*>(acc), static_cast<const uint8_t*>(src), count, op);
+    case DType::kFloat64: return applyTyped(static_cast<double*>(acc), static_cast<const double*>(src), count, op);
   }
   GFDIT_THROW(kInvalidUsage) << "unsupported dtype " << static_cast<int>(dtype);
 }

@@ -957,7 +957,10 @@ size_t World::heapUsed() const {
 namespace {
 
 void checkMember(const Group& g, int world_size, int rank) {
-  GFDIT_CHECK(g.size() >= 1 && g.selfIdx() >= 0 && g.rankAt(g.selfIdx()) == rank)
+  GFDIT_CHECK(g.size() < 1 || g.isMember())
+      << "gfdit: rank " << rank << " is not a member of group " << g.toString()
+      << "; a non-member may describe a group but not take part in its collectives";
+  GFDIT_CHECK(g.size() >= 1 && g.rankAt(g.selfIdx()) == rank)
       << "gfdit: group " << g.toString() << " was not formed by rank " << rank;
   GFDIT_CHECK(g.size() <= world_size) << "gfdit: group " << g.toString() << " is larger than the world";
 }

@@ -24,6 +24,7 @@ size_t dtypeSize(DType dtype) {
     case DType::kInt32: return 4;
     case DType::kInt64: return 8;
     case DType::kUInt8: return 1;
+    case DType::kFloat64: return 8;
   }
   throw Error(ErrorCode::kInvalidUsage, "unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
@@ -36,6 +37,7 @@ const char* dtypeName(DType dtype) {
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
     case DType::kUInt8: return "uint8";
+    case DType::kFloat64: return "float64";
   }
   return "unknown";
 }

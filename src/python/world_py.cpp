@@ -65,7 +65,8 @@ void register_world(py::module_& m) {
       .value("bfloat16", DType::kBFloat16)
       .value("int32", DType::kInt32)
       .value("int64", DType::kInt64)
-      .value("uint8", DType::kUInt8);
+      .value("uint8", DType::kUInt8)
+      .value("float64", DType::kFloat64);
   py::enum_<ReduceOp>(m, "ReduceOp")
       .value("sum", ReduceOp::kSum)
       .value("max", ReduceOp::kMax)
@@ -80,7 +81,8 @@ void register_world(py::module_& m) {
                                return r;
                              })
       .def("size", &Group::size, "Number of members.")
-      .def("rank", &Group::selfIdx, "Index of the calling rank in the group.")
+      .def("rank", &Group::selfIdx, "Index of the calling rank in the group, or -1 when it is not a member.")
+      .def_property_readonly("is_member", &Group::isMember, "Whether the calling rank is a member.")
       .def("rank_at", &Group::rankAt, "Global rank of member idx.")
       .def("index_of", &Group::indexOf, "Index of a global rank, or -1.")
       .def("__len__", &Group::size)

@@ -21,11 +21,13 @@ def _bad_calls(ctx):
     x = torch.randn(4, 6)
     nc = x[:, ::2]  # 4x3, non-contiguous
     c = torch.randn(4, 3)
-    f64 = torch.randn(4, 3, dtype=torch.float64)
+    i16 = torch.randint(-9, 9, (4, 3), dtype=torch.int16)
     heap = gfdit.empty((4, 3), dtype=torch.float32)
     calls = [
         # group validation
-        ("new_group without self", lambda: gfdit.new_group([other])),
+        # A non-member may form the group (as in torch) but not run its collectives.
+        ("all_reduce on a group without self", lambda: gfdit.new_group([other]).all_reduce(c)),
+        ("barrier on a group without self", lambda: gfdit.new_group([other]).barrier()),
         ("new_group duplicates", lambda: gfdit.new_group([me, other, me])),
         ("new_group duplicate self", lambda: gfdit.new_group([me, me])),
         ("new_group out of range", lambda: gfdit.new_group([me, n])),
@@ -45,8 +47,8 @@ def _bad_calls(ctx):
             lambda: gfdit.all_gather_into_tensor(torch.empty(n * 4, 3, dtype=torch.float16), c),
         ),
         (
-            "all_gather float64",
-            lambda: gfdit.all_gather_into_tensor(torch.empty(n * 4, 3, dtype=torch.float64), f64),
+            "all_gather int16 2-D",
+            lambda: gfdit.all_gather_into_tensor(torch.empty(n * 4, 3, dtype=torch.int16), i16),
         ),
         (
             "all_gather int16",
@@ -114,9 +116,9 @@ def _bad_calls(ctx):
             ),
         ),
         (
-            "all_to_all float64",
+            "all_to_all int16",
             lambda: gfdit.all_to_all_single(
-                torch.empty(n * 2, dtype=torch.float64), torch.randn(n * 2, dtype=torch.float64)
+                torch.empty(n * 2, dtype=torch.int16), torch.randint(-9, 9, (n * 2,), dtype=torch.int16)
             ),
         ),
         # reduce_scatter
@@ -137,9 +139,9 @@ def _bad_calls(ctx):
             lambda: gfdit.reduce_scatter_tensor(torch.empty(3), torch.randn(n * 3), op="bogus"),
         ),
         (
-            "reduce_scatter float64",
+            "reduce_scatter int16",
             lambda: gfdit.reduce_scatter_tensor(
-                torch.empty(3, dtype=torch.float64), torch.randn(n * 3, dtype=torch.float64)
+                torch.empty(3, dtype=torch.int16), torch.randint(-9, 9, (n * 3,), dtype=torch.int16)
             ),
         ),
         (
@@ -148,19 +150,19 @@ def _bad_calls(ctx):
         ),
         # all_reduce
         ("all_reduce non-contiguous", lambda: gfdit.all_reduce(nc)),
-        ("all_reduce float64", lambda: gfdit.all_reduce(f64)),
+        ("all_reduce int16", lambda: gfdit.all_reduce(i16)),
         ("all_reduce complex64", lambda: gfdit.all_reduce(torch.randn(4, dtype=torch.complex64))),
         ("all_reduce bad op", lambda: gfdit.all_reduce(c, op="bogus")),
         # broadcast
         ("broadcast src out of range", lambda: gfdit.broadcast(c, n)),
         ("broadcast negative src", lambda: gfdit.broadcast(c, -1)),
         ("broadcast non-contiguous", lambda: gfdit.broadcast(nc, 0)),
-        ("broadcast float64", lambda: gfdit.broadcast(f64, 0)),
+        ("broadcast int16", lambda: gfdit.broadcast(i16, 0)),
         # send / recv
         ("send dst out of range", lambda: gfdit.send(c, n)),
         ("send negative dst", lambda: gfdit.send(c, -1)),
         ("send non-contiguous", lambda: gfdit.send(nc, other)),
-        ("send float64", lambda: gfdit.send(f64, other)),
+        ("send int16", lambda: gfdit.send(i16, other)),
         ("recv src out of range", lambda: gfdit.recv(c, n)),
         ("recv non-contiguous", lambda: gfdit.recv(nc, other)),
         # all_to_all_4d

@@ -55,6 +55,7 @@ def test_new_group_descriptor(world1):
     assert list(g.ranks) == [0]
     assert g.size() == 1
     assert g.rank() == 0
+    assert g.is_member
 
 
 @pytest.mark.timeout(60)

@@ -171,6 +171,61 @@ def test_wan_generate_equals_wan_pipeline(tmp_path, config):
     assert err <= PIXEL_TOL
 
 
+@pytest.mark.timeout(120)
+def test_wan22_two_experts_equal_wan_pipeline(tmp_path):
+    # Wan 2.2 A14B: a high-noise expert (transformer) above boundary_ratio * 1000 and a low-noise expert
+    # (transformer_2) below, with the UniPC Wan ships; the boundary falls between steps of this schedule.
+    import gfdit.models as gm
+    from diffusers import WanPipeline
+    from gfdit.models import tiny, wan_pipeline
+
+    base = wan_pipeline.build_tiny(scheduler_config=sh.SCHEDULERS["unipc"])
+    two = wan_pipeline.WanStagedModel(
+        name="wan2.2",
+        tokenizer=base.tokenizer,
+        text_encoder=base.text_encoder,
+        vae=base.vae,
+        transformer=base.transformer,
+        transformer_2=tiny.tiny_wan(11),
+        scheduler_config=sh.SCHEDULERS["unipc"],
+        defaults=base.defaults,
+        boundary_ratio=0.875,
+    )
+    two.save_pretrained(tmp_path)
+    m = gm.load("wan2.2", path=tmp_path)
+    assert m.transformer_2 is not None and m.boundary_ratio == 0.875
+    pipe = WanPipeline(
+        tokenizer=m.tokenizer,
+        text_encoder=m.text_encoder,
+        vae=m.vae,
+        transformer=m.transformer,
+        transformer_2=m.transformer_2,
+        boundary_ratio=0.875,
+        scheduler=_folder_scheduler(str(tmp_path)),
+    )
+    pipe.set_progress_bar_config(disable=True)
+    opts = {"num_inference_steps": 6, "guidance_scale": 4.0, "height": 32, "width": 48, "num_frames": 9}
+    timesteps = m.schedule(6, (3, 4, 6))[1]
+    assert (timesteps >= 875).any() and (timesteps < 875).any(), timesteps  # both experts run
+    want = pipe(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        generator=torch.Generator().manual_seed(3),
+        output_type="pt",
+        max_sequence_length=m.defaults.max_sequence_length,
+        **opts,
+    ).frames[0]
+    got = m.generate(PROMPT, seed=3, negative_prompt=NEGATIVE, **opts)
+    err = (got.permute(1, 0, 2, 3) - want.float()).abs().max().item()
+    # The same with the experts swapped differs: the test sees which expert ran where.
+    m.transformer, m.transformer_2 = m.transformer_2, m.transformer
+    m.parallel, m.parallel_2 = m.parallel_2, m.parallel
+    swapped = m.generate(PROMPT, seed=3, negative_prompt=NEGATIVE, **opts)
+    print(f"wan2.2 two experts: max |pixel difference| {err:.3g}")
+    assert err <= PIXEL_TOL
+    assert (swapped.permute(1, 0, 2, 3) - want.float()).abs().max().item() > 100 * PIXEL_TOL
+
+
 QWEN_FOLDERS = [("euler", None), ("unipc", UNIPC_DYNAMIC)]
 
 

@@ -31,7 +31,9 @@ class Error : public std::runtime_error {
 
 namespace detail {
 
-// Collects a message with operator<< and throws when the full expression ends.
+// Collects a message with operator<<; ThrowError's operator& (which binds after every <<) throws it. The
+// throw happens in an ordinary [[noreturn]] function, not in a destructor, so it is safe during unwinding and
+// the compiler knows that code after a failed check is unreachable.
 class ErrorBuilder {
  public:
   ErrorBuilder(ErrorCode code, const char* file, int line, const char* expr) : code_(code) {
@@ -49,27 +51,34 @@ class ErrorBuilder {
     stream_ << value;
     return *this;
   }
-  ~ErrorBuilder() noexcept(false) { throw Error(code_, stream_.str()); }
+  /// The error the message so far describes.
+  Error error() const { return Error(code_, stream_.str()); }
 
  private:
   ErrorCode code_;
   std::ostringstream stream_;
 };
 
+struct ThrowError {
+  [[noreturn]] void operator&(const ErrorBuilder& b) const { throw b.error(); }
+};
+
 }  // namespace detail
 }  // namespace gfdit
 
 /// Throws gfdit::Error(kInvalidUsage) with file, line and the expression unless cond holds.
-#define GFDIT_CHECK(cond) \
-  if (cond) {             \
-  } else                  \
-    ::gfdit::detail::ErrorBuilder(::gfdit::ErrorCode::kInvalidUsage, __FILE__, __LINE__, #cond)
+#define GFDIT_CHECK(cond)           \
+  if (cond) {                       \
+  } else                            \
+    ::gfdit::detail::ThrowError() & \
+        ::gfdit::detail::ErrorBuilder(::gfdit::ErrorCode::kInvalidUsage, __FILE__, __LINE__, #cond)
 
 /// Like GFDIT_CHECK with an explicit error code.
 #define GFDIT_CHECK_CODE(code, cond) \
   if (cond) {                        \
   } else                             \
-    ::gfdit::detail::ErrorBuilder(::gfdit::ErrorCode::code, __FILE__, __LINE__, #cond)
+    ::gfdit::detail::ThrowError() & ::gfdit::detail::ErrorBuilder(::gfdit::ErrorCode::code, __FILE__, __LINE__, #cond)
 
 /// Throws gfdit::Error(code) with file and line; stream the message after it.
-#define GFDIT_THROW(code) ::gfdit::detail::ErrorBuilder(::gfdit::ErrorCode::code, __FILE__, __LINE__, nullptr)
+#define GFDIT_THROW(code) \
+  ::gfdit::detail::ThrowError() & ::gfdit::detail::ErrorBuilder(::gfdit::ErrorCode::code, __FILE__, __LINE__, nullptr)

@@ -1,6 +1,8 @@
 #include "copy.h"
 
+#if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -14,7 +16,11 @@ namespace gfdit {
 namespace {
 
 // Non-temporal stores: large copies whose destination is not read soon skip the read-for-ownership.
+// Without SSE2 (aarch64, ...) the streaming path is an ordinary memcpy.
 void streamingCopy(void* dst, const void* src, size_t bytes) {
+#if !defined(__SSE2__)
+  std::memcpy(dst, src, bytes);
+#else
   auto* d = static_cast<uint8_t*>(dst);
   auto* s = static_cast<const uint8_t*>(src);
   size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
@@ -38,6 +44,7 @@ void streamingCopy(void* dst, const void* src, size_t bytes) {
   }
   _mm_sfence();  // streaming stores are weakly ordered: fence before any release that publishes them
   std::memcpy(d, s, bytes - blocks * 64);
+#endif
 }
 
 struct Cursor {

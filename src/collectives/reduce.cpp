@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "gfdit/error.h"
 
@@ -82,15 +83,38 @@ uint16_t floatToBf16(float f) {
 
 namespace {
 
+// Sums and products of signed integers wrap around (two's complement, as torch's integer tensors do) instead
+// of overflowing, which C++ leaves undefined: the arithmetic runs on the unsigned type of the same width.
 template <typename T>
-inline T applyOp(T a, T b, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return static_cast<T>(a + b);
-    case ReduceOp::kMax: return a > b ? a : b;
-    case ReduceOp::kMin: return a < b ? a : b;
-    case ReduceOp::kProd: return static_cast<T>(a * b);
+inline T wrapAdd(T a, T b) {
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return static_cast<T>(a + b);
   }
-  return a;
+}
+
+template <typename T>
+inline T wrapMul(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, T>>;
+    return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+  } else {
+    return a * b;
+  }
+}
+
+// max and min propagate NaN, as torch.maximum / torch.minimum and torch's own reductions do: a NaN on any
+// member makes the element NaN everywhere. (For integers `a != a` is always false.)
+template <typename T>
+inline T maxOf(T a, T b) {
+  return (a > b || a != a) ? a : b;
+}
+
+template <typename T>
+inline T minOf(T a, T b) {
+  return (a < b || a != a) ? a : b;
 }
 
 template <typename T>
@@ -98,16 +122,16 @@ void applyTyped(T* acc, const T* src, size_t count, ReduceOp op) {
   // One loop per op so the compiler vectorises each.
   switch (op) {
     case ReduceOp::kSum:
-      for (size_t i = 0; i < count; ++i) acc[i] = static_cast<T>(acc[i] + src[i]);
+      for (size_t i = 0; i < count; ++i) acc[i] = wrapAdd(acc[i], src[i]);
       break;
     case ReduceOp::kMax:
-      for (size_t i = 0; i < count; ++i) acc[i] = applyOp(acc[i], src[i], ReduceOp::kMax);
+      for (size_t i = 0; i < count; ++i) acc[i] = maxOf(acc[i], src[i]);
       break;
     case ReduceOp::kMin:
-      for (size_t i = 0; i < count; ++i) acc[i] = applyOp(acc[i], src[i], ReduceOp::kMin);
+      for (size_t i = 0; i < count; ++i) acc[i] = minOf(acc[i], src[i]);
       break;
     case ReduceOp::kProd:
-      for (size_t i = 0; i < count; ++i) acc[i] = static_cast<T>(acc[i] * src[i]);
+      for (size_t i = 0; i < count; ++i) acc[i] = wrapMul(acc[i], src[i]);
       break;
   }
 }

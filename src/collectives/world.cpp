@@ -1042,6 +1042,15 @@ void World::reduceScatter(const Group& group, const void* in, void* out, size_t 
   int n = group.size(), me = group.selfIdx();
   size_t block = count_per_rank * dtypeSize(dtype);
   auto* base = const_cast<uint8_t*>(static_cast<const uint8_t*>(in));
+  {
+    // In place (out is this rank's own block of in) or apart: an output over another block would be overwritten
+    // while peers still read that block.
+    auto* o = static_cast<uint8_t*>(out);
+    bool overlaps = block > 0 && o < base + n * block && base < o + block;
+    GFDIT_CHECK(!overlaps || o == base + me * block)
+        << "gfdit: reduce_scatter: the output overlaps the input other than as this rank's own block (member " << me
+        << " of " << n << "); use a separate output or the block at offset " << me * block << " bytes";
+  }
   m.resetPlan(edge::opCode(kReduceScatter, static_cast<uint32_t>(dtype), static_cast<uint32_t>(op)), n);
   m.plan.reduce = true;
   m.plan.dtype = dtype;

@@ -1,6 +1,7 @@
 // Every collective on forked ranks against values each rank computes independently.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -257,6 +258,75 @@ TEST_P(Collectives, DefaultSlotsLargeMessages) {
                        }
                      }),
             "");
+}
+
+TEST_P(Collectives, ProdNaNWrapAndAliasing) {
+  EXPECT_EQ(
+      runRanks(
+          GetParam(),
+          [](World& w) {
+            Group g = w.worldGroup();
+            int n = w.size(), me = w.rank();
+            const size_t count = 3000;  // past one 4 KiB slot: the reduce-scatter + all-gather path too
+            // prod: factors of +-1 and 2, so every product is exact in float32 and int64.
+            auto factor = [](int r, size_t i) {
+              return ((r + i) % 3 == 0 ? -1.0f : 1.0f) * ((r + i) % 5 == 0 ? 2.0f : 1.0f);
+            };
+            std::vector<float> f(count);
+            std::vector<int64_t> l(count);
+            for (size_t i = 0; i < count; ++i) {
+              f[i] = factor(me, i);
+              l[i] = static_cast<int64_t>(factor(me, i));
+            }
+            w.allReduce(g, f.data(), count, DType::kFloat32, ReduceOp::kProd);
+            w.allReduce(g, l.data(), count, DType::kInt64, ReduceOp::kProd);
+            for (size_t i = 0; i < count; ++i) {
+              float expect = 1;
+              for (int r = 0; r < n; ++r) expect *= factor(r, i);
+              RANK_CHECK(f[i] == expect && l[i] == static_cast<int64_t>(expect));
+            }
+            std::vector<float> in(count * n), out(count);
+            for (size_t i = 0; i < in.size(); ++i) in[i] = factor(me, i);
+            w.reduceScatter(g, in.data(), out.data(), count, DType::kFloat32, ReduceOp::kProd);
+            for (size_t i = 0; i < count; ++i) {
+              float expect = 1;
+              for (int r = 0; r < n; ++r) expect *= factor(r, me * count + i);
+              RANK_CHECK(out[i] == expect);
+            }
+            // max/min: a NaN on the last rank reaches every rank; int32 sums wrap around.
+            std::vector<float> m(count, static_cast<float>(me));
+            if (me == n - 1) m[7] = std::nanf("");
+            std::vector<float> mn(m);
+            w.allReduce(g, m.data(), count, DType::kFloat32, ReduceOp::kMax);
+            w.allReduce(g, mn.data(), count, DType::kFloat32, ReduceOp::kMin);
+            RANK_CHECK(std::isnan(m[7]) && std::isnan(mn[7]));
+            RANK_CHECK(m[8] == static_cast<float>(n - 1) && mn[8] == 0.0f);
+            std::vector<int32_t> big(5, INT32_MAX);
+            w.allReduce(g, big.data(), 5, DType::kInt32, ReduceOp::kSum);
+            RANK_CHECK(big[0] == static_cast<int32_t>(static_cast<uint32_t>(INT32_MAX) * static_cast<uint32_t>(n)));
+            // An output over another member's block of the input is refused (before any message, so the
+            // world stays usable); this rank's own block in place is fine.
+            if (n > 1) {
+              int other = (me + 1) % n;
+              bool refused = false;
+              try {
+                w.reduceScatter(g, in.data(), in.data() + other * count + 1, count, DType::kFloat32, ReduceOp::kSum);
+              } catch (const Error& e) {
+                refused = e.code() == ErrorCode::kInvalidUsage &&
+                          std::string(e.what()).find("overlaps the input") != std::string::npos;
+              }
+              RANK_CHECK(refused);
+            }
+            for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(val(1, me, i) % 100);
+            w.reduceScatter(g, in.data(), in.data() + me * count, count, DType::kFloat32, ReduceOp::kSum);
+            for (size_t i = 0; i < count; i += 13) {
+              float expect = 0;
+              for (int r = 0; r < n; ++r) expect += static_cast<float>(val(1, r, me * count + i) % 100);
+              RANK_CHECK(in[me * count + i] == expect);
+            }
+          },
+          smallSlots()),
+      "");
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3, 4));

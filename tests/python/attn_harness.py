@@ -10,10 +10,12 @@ cases runs per call to amortise the round trips.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
 import warnings
+import weakref
 
 import mp_harness
 import torch
@@ -235,7 +237,6 @@ def case_plan_cache(ctx) -> dict:
     from gfdit.attention import core
 
     n = ctx.world_size
-    world = gfdit.get_world()
     ga.clear_plan_cache()
     counts: dict = {}
     worst = 0.0
@@ -250,9 +251,9 @@ def case_plan_cache(ctx) -> dict:
         kw = {"seq_splits": splits} if cached else {}
         if joint:
             kw.update(joint_q=full["jq"], joint_k=full["jk"], joint_v=full["jv"])
-        before = world.stats().all_gathers
+        before = gfdit.get_world().stats().all_gathers
         res = ga.attention(q, k, v, group=group, spec=ga.ParallelSpec(**spec), **kw)
-        counts.setdefault(what, []).append(world.stats().all_gathers - before)
+        counts.setdefault(what, []).append(gfdit.get_world().stats().all_gathers - before)
         out = res[0] if joint else res
         ref, _ = reference(full, rows, "front")
         worst = max(worst, _error(out, ref, "float32")[0])
@@ -288,7 +289,14 @@ def case_plan_cache(ctx) -> dict:
                 run("evicting", 20 + j, [6 + j] * n, n, uly)
     finally:
         core.PLAN_CAPACITY = saved
-    return {"counts": counts, "err": worst, "info": ga.plan_cache_info()}
+    info = ga.plan_cache_info()
+    # Kept plans hold their world weakly: destroying it frees it (then a fresh world for the next cases).
+    ref = weakref.ref(gfdit.get_world())
+    gfdit.destroy()
+    gc.collect()
+    released = ref() is None
+    gfdit.init(ctx.rank, n, ctx.store, timeout=ctx.timeout)
+    return {"counts": counts, "err": worst, "info": info, "released": released}
 
 
 def case_plan_disagreement(ctx, kind: str, spec: dict) -> dict:

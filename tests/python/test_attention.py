@@ -232,6 +232,7 @@ def test_plan_cache_skips_the_exchange(world):
             if f"group{i}" in c:
                 assert c[f"group{i}"] == [1, 0], f"rank {rank} group{i}: {c}"
         assert res["info"]["hits"] > 0 and res["info"]["plans"] > 0, f"rank {rank}: {res['info']}"
+        assert res["released"], f"rank {rank}: the plan cache kept a destroyed world alive"
 
 
 @pytest.mark.timeout(240)

@@ -389,14 +389,15 @@ class _Call:
     """What one validated call knows: the group, the grid, every member's sequence length and heads.
 
     Built from the gathered records; kept and reused by later calls with the same key (NOTE [attention
-    plan cache]), so it holds nothing that belongs to one call.
+    plan cache]), so it holds nothing that belongs to one call, and only a weak reference to its world (a
+    kept plan must not keep a destroyed world's regions mapped).
     """
 
     def __init__(
         self, world: comm.World, group: comm.Group, spec: ParallelSpec, placement: str, recs: list[list[int]]
     ) -> None:
-        self.world = world
-        self.group = group
+        self._world = weakref.ref(world)
+        self._group = group._g  # the descriptors, not comm.Group (which holds its world)
         self.spec = spec
         self.n = group.size()
         self.me = group.rank()
@@ -433,10 +434,21 @@ class _Call:
         self.tag = _plan_tag(group.ranks, self.key)
 
     @property
+    def world(self) -> comm.World:
+        world = self._world()
+        if world is None:
+            raise InvalidUsage("gfdit.attention: this plan's world was destroyed")
+        return world
+
+    @property
+    def group(self) -> comm.Group:
+        return comm.Group(self.world, self._group)
+
+    @property
     def ul_group(self) -> comm.Group:
         if self._ul_group is None:
-            self._ul_group = _sub_group(self.world, self.group, self.layout.ulysses_members)
-        return self._ul_group
+            self._ul_group = _sub_group(self.world, self.group, self.layout.ulysses_members)._g
+        return comm.Group(self.world, self._ul_group)
 
 
 def _plan_key(

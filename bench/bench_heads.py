@@ -193,6 +193,12 @@ def cache_fn(ctx: C.RankContext) -> dict[str, Any]:
             f"{fmt_ms(comm['on']['median_s'])} ms"
         )
     core.PLAN_CACHE = True
+    # The metadata exchange alone: the all_gather of one record per member that the cache saves.
+    rec = torch.zeros(core._META_LEN, dtype=torch.int64)
+    out = torch.empty(n * core._META_LEN, dtype=torch.int64)
+    exchange, _ = timed(
+        ctx, [("exchange", [0, 1], lambda: world.all_gather_into_tensor(out, rec))], opts["cache_reps"] * 5, 3
+    )
     # Collectives of one tiny-Wan forward (2 blocks) with the cache off and on.
     model = tiny.tiny_wan(0, **WAN_OVERRIDES)
     inputs = tiny.wan_inputs(model, 1, frames=1, height=32, width=32)
@@ -210,7 +216,13 @@ def cache_fn(ctx: C.RankContext) -> dict[str, Any]:
             "all_gathers": st1.all_gathers - st0.all_gathers,
         }
     core.PLAN_CACHE = True
-    return {"records": records, "wan_forward": wan, "blocks": WAN_OVERRIDES["num_layers"]}
+    return {
+        "records": records,
+        "exchange": exchange["exchange"],
+        "exchange_bytes": 8 * core._META_LEN,
+        "wan_forward": wan,
+        "blocks": WAN_OVERRIDES["num_layers"],
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -268,7 +280,14 @@ def report(
             lo, ln = rec["layer"]["off"]["median_s"], rec["layer"]["on"]["median_s"]
             co, cn = rec["comm"]["off"]["median_s"], rec["comm"]["on"]["median_s"]
             ag = rec["all_gathers_per_call"]
-            rec.update({"layer_ratio": lo / ln, "comm_ratio": co / cn})
+            # Paired: the median of off_i / on_i over repetitions i (neighbours in time share the load).
+            lp = C.median(
+                [a / b for a, b in zip(rec["layer"]["off"]["times_s"], rec["layer"]["on"]["times_s"])]
+            )
+            cp = C.median(
+                [a / b for a, b in zip(rec["comm"]["off"]["times_s"], rec["comm"]["on"]["times_s"])]
+            )
+            rec.update({"layer_ratio": lo / ln, "comm_ratio": co / cn, "layer_paired": lp, "comm_paired": cp})
             exchange_gone = ag["off"] - ag["on"] == 1
             targets.append(
                 C.Target(
@@ -286,9 +305,11 @@ def report(
                     fmt_ms(lo),
                     fmt_ms(ln),
                     C.fmt_ratio(lo / ln),
+                    C.fmt_ratio(lp),
                     fmt_ms(co),
                     fmt_ms(cn),
                     C.fmt_ratio(co / cn),
+                    C.fmt_ratio(cp),
                 ]
             )
         wan = cache["wan_forward"]
@@ -302,16 +323,21 @@ def report(
                     "layer off",
                     "layer on",
                     "off/on",
+                    "paired",
                     "comm off",
                     "comm on",
                     "off/on",
+                    "paired",
                 ],
                 rows,
                 [
                     f"times in ms, median of {opts['cache_reps']} alternating repetitions of the max over 2 ranks; "
                     "B=1, H=8, D=64, float32, seq_splits given; off/on > 1x: the cache is faster",
-                    "comm: the same call with the local attention patched out (PartialMerger.add_block); Torus "
-                    "keeps its own per-call all_gather (workspace offsets, its start barrier)",
+                    "paired = median over repetitions of off_i / on_i; comm: the same call with the local attention "
+                    "patched out (PartialMerger.add_block); Torus keeps its own per-call all_gather (workspace "
+                    "offsets, its start barrier)",
+                    f"the metadata exchange alone (all_gather of {cache['exchange_bytes']} bytes per member): "
+                    f"{C.fmt_us(cache['exchange']['median_s'])} us, the most the cache can save per call here",
                     f"tiny Wan forward ({cache['blocks']} blocks, 1k tokens, world 2): collectives off "
                     f"{wan['off']['collectives']} (all_gathers {wan['off']['all_gathers']}), on "
                     f"{wan['on']['collectives']} (all_gathers {wan['on']['all_gathers']})",

@@ -182,7 +182,7 @@ def case_bad_input(ctx, kind: str) -> dict:
     elif kind == "torus_chunks":
         # 4 heads / n per member is not divisible by 3
         spec = ga.ParallelSpec(ulysses=n, ring=1, mode="torus", torus_chunks=3)
-    elif kind == "joint_partial":
+    elif kind in ("joint_partial", "seq_splits_own", "seq_splits_differ", "cache_mix"):
         pass
     else:
         raise ValueError(kind)
@@ -192,12 +192,24 @@ def case_bad_input(ctx, kind: str) -> dict:
     kwargs = {}
     if kind == "joint_partial":
         kwargs = {"joint_q": _t.randn(b, 3, h, d, generator=g)} if ctx.rank == 0 else {}
+    elif kind == "seq_splits_own":  # member 0's own entry is not its S_local
+        kwargs = {"seq_splits": [s + 1] + [s] * (n - 1) if ctx.rank == 0 else [s] * n}
+    elif kind == "seq_splits_differ":  # each list is right about its own member, but they differ
+        kwargs = {"seq_splits": [s] * n if ctx.rank == 0 else [s + 1] + [s] * (n - 1)}
+    elif kind == "cache_mix":
+        kwargs = {"seq_splits": [s] * n}
+    from gfdit.attention import core
+
+    ga.clear_plan_cache()  # every member exchanges: the refusal is the plain InvalidUsage
+    core.PLAN_CACHE = not (kind == "cache_mix" and ctx.rank == 0)
     try:
         ga.attention(q, k, v, spec=spec, **kwargs)
     except Exception as exc:  # noqa: BLE001
         result = {"types": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
     else:
         result = {"types": [], "message": "no error"}
+    finally:
+        core.PLAN_CACHE = True
     # The world must still work after a refused call.
     x = _t.ones(4)
     gfdit.all_reduce(x)

@@ -204,6 +204,9 @@ def test_uneven_heads_on_a_3x2_grid(world_pool):
         ("qkv_shapes", "q, k and v shards have different shapes"),
         ("torus_chunks", "torus_chunks=3"),
         ("joint_partial", "joint_q, joint_k, joint_v or none"),
+        ("seq_splits_own", "seq_splits must be one non-negative length per member"),
+        ("seq_splits_differ", "differ from the members' shard lengths"),
+        ("cache_mix", "the plan cache is on for ranks"),
     ],
 )
 def test_bad_input_refused_on_every_rank(world, kind, needle):

@@ -43,6 +43,8 @@ struct WorldStats {
   uint64_t zero_copy_sends = 0;  ///< messages read by the peer straight from the sender's heap
   uint64_t staged_bytes = 0;     ///< bytes copied into staging
   uint64_t blocking_waits = 0;   ///< waits that gave up spinning and blocked
+  uint64_t collectives = 0;      ///< collective instances run with peers (send and recv count one each)
+  uint64_t all_gathers = 0;      ///< of which all_gather
 };
 
 /// One rank's view of the world: its region, every peer's region, and the collectives.
@@ -68,6 +70,14 @@ class World {
   Group worldGroup() const;
   /// Counters since creation.
   WorldStats stats() const;
+  /// Labels the messages of the collectives that follow; a receiver refuses a message whose tag differs
+  /// from its own (Error kRemoteError naming both tags). 0 is the default.
+  void setMessageTag(uint32_t tag);
+  /// The tag set by setMessageTag.
+  uint32_t messageTag() const;
+  /// False once an error broke this world (every later collective refuses); a peer waiting on a broken
+  /// rank fails too, quoting its error.
+  bool usable() const;
   /// Makes every wait fail with Error(kRemoteError) once *word differs from its value now (an engine
   /// aborting its workers' collectives to recover from a failure). The word must outlive the world.
   void watchAbort(const uint64_t* word);

@@ -138,8 +138,11 @@ class Group:
         scatter_dim: int = 2,
         gather_dim: int = 1,
         seq_splits: Sequence[int] | None = None,
+        head_splits: Sequence[int] | None = None,
     ) -> None:
-        self._world.all_to_all_4d(out, inp, scatter_dim, gather_dim, group=self, seq_splits=seq_splits)
+        self._world.all_to_all_4d(
+            out, inp, scatter_dim, gather_dim, group=self, seq_splits=seq_splits, head_splits=head_splits
+        )
 
     def reduce_scatter_tensor(self, out: torch.Tensor, inp: torch.Tensor, op: Any = "sum") -> None:
         self._world.reduce_scatter_tensor(out, inp, op, group=self)
@@ -300,12 +303,18 @@ class World:
         gather_dim: int = 1,
         group: Group | None = None,
         seq_splits: Sequence[int] | None = None,
+        head_splits: Sequence[int] | None = None,
     ) -> None:
         """Ulysses all-to-all on [B, S, H, D] tensors.
 
-        scatter_dim=2, gather_dim=1: inp [B, S_local, H, D] -> out [B, S, H/n, D] (heads scattered, sequence
-        gathered; member j's shard lands at its sequence offset). scatter_dim=1, gather_dim=2: the reverse.
+        scatter_dim=2, gather_dim=1: inp [B, S_local, H, D] -> out [B, S, H_j, D] on member j (heads
+        scattered, sequence gathered; member j's shard lands at its sequence offset). scatter_dim=1,
+        gather_dim=2: the reverse, inp [B, S, H_j, D] -> out [B, S_j, H, D].
         ``seq_splits`` gives each member's S_local when shards are uneven (default: equal).
+        ``head_splits`` gives each member's head count H_j when the heads do not split evenly (default:
+        H / n each); member j gets the heads ``sum(head_splits[:j]) ... + head_splits[j] - 1``.
+        ``even_head_splits(H, n)`` is the split gfdit.attention uses: the first ``H % n`` members hold one
+        more head.
         """
         g = self._group(group)
         _check(out, "out")
@@ -317,45 +326,73 @@ class World:
         es = inp.element_size()
         if (scatter_dim, gather_dim) == (2, 1):
             b, s_local, h, d = inp.shape
-            if h % n != 0:
-                raise InvalidUsage(f"gfdit: all_to_all_4d: {h} heads are not divisible by the group size {n}")
+            heads = self._head_splits(head_splits, n, h, None)
             splits = self._seq_splits(seq_splits, n, me, s_local)
-            s_total, hn = sum(splits), h // n
-            if tuple(out.shape) != (b, s_total, hn, d):
+            s_total, h_me = sum(splits), heads[me]
+            if tuple(out.shape) != (b, s_total, h_me, d):
                 raise InvalidUsage(
-                    f"gfdit: all_to_all_4d: out has shape {tuple(out.shape)}, expected {(b, s_total, hn, d)}"
+                    f"gfdit: all_to_all_4d: out has shape {tuple(out.shape)}, expected {(b, s_total, h_me, d)}"
                 )
-            head_bytes = hn * d * es
+            me_bytes = h_me * d * es  # one token's heads of this member in out
+            hoffs = _offsets(heads)
             ins = [
-                _view(inp.data_ptr() + j * head_bytes, b * s_local, head_bytes, h * d * es) for j in range(n)
+                _view(inp.data_ptr() + hoffs[j] * d * es, b * s_local, heads[j] * d * es, h * d * es)
+                for j in range(n)
             ]
             offs = _offsets(splits)
             outs = [
-                _view(out.data_ptr() + offs[j] * head_bytes, b, splits[j] * head_bytes, s_total * head_bytes)
+                _view(out.data_ptr() + offs[j] * me_bytes, b, splits[j] * me_bytes, s_total * me_bytes)
                 for j in range(n)
             ]
         elif (scatter_dim, gather_dim) == (1, 2):
-            b, s_total, hn, d = inp.shape
+            b, s_total, h_me, d = inp.shape
             splits = self._seq_splits(seq_splits, n, me, None, s_total)
-            h = hn * n
+            heads = self._head_splits(head_splits, n, None, h_me, me)
+            h = sum(heads)
             if tuple(out.shape) != (b, splits[me], h, d):
                 raise InvalidUsage(
                     f"gfdit: all_to_all_4d: out has shape {tuple(out.shape)}, expected "
                     f"{(b, splits[me], h, d)}"
                 )
-            head_bytes = hn * d * es
+            me_bytes = h_me * d * es
             offs = _offsets(splits)
             ins = [
-                _view(inp.data_ptr() + offs[j] * head_bytes, b, splits[j] * head_bytes, s_total * head_bytes)
+                _view(inp.data_ptr() + offs[j] * me_bytes, b, splits[j] * me_bytes, s_total * me_bytes)
                 for j in range(n)
             ]
+            hoffs = _offsets(heads)
             outs = [
-                _view(out.data_ptr() + j * head_bytes, b * splits[me], head_bytes, h * d * es)
+                _view(out.data_ptr() + hoffs[j] * d * es, b * splits[me], heads[j] * d * es, h * d * es)
                 for j in range(n)
             ]
         else:
             raise InvalidUsage("gfdit: all_to_all_4d supports (scatter_dim, gather_dim) = (2, 1) or (1, 2)")
         self._w.all_to_all_v(g._g, ins, outs)
+
+    @staticmethod
+    def _head_splits(
+        head_splits: Sequence[int] | None, n: int, h_total: int | None, h_local: int | None, me: int = 0
+    ) -> list[int]:
+        """Every member's head count: from head_splits, else even (h_total / n, or h_local each)."""
+        if head_splits is None:
+            if h_total is None:
+                return [h_local] * n
+            if h_total % n != 0:
+                raise InvalidUsage(
+                    f"gfdit: all_to_all_4d: {h_total} heads are not divisible by the group size {n}; "
+                    "pass head_splits"
+                )
+            return [h_total // n] * n
+        heads = [int(x) for x in head_splits]
+        if len(heads) != n or any(x < 0 for x in heads):
+            raise InvalidUsage(f"gfdit: all_to_all_4d: head_splits {heads} must have {n} non-negative sizes")
+        if h_total is not None and sum(heads) != h_total:
+            raise InvalidUsage(
+                f"gfdit: all_to_all_4d: head_splits {heads} sum to {sum(heads)}, inp has {h_total}"
+            )
+        if h_local is not None and heads[me] != h_local:
+            raise InvalidUsage(f"gfdit: all_to_all_4d: head_splits[{me}] = {heads[me]} but inp has {h_local}")
+        return heads
 
     @staticmethod
     def _seq_splits(
@@ -438,14 +475,41 @@ class World:
         self._w.wait_signal(int(peer), int(count))
 
     def stats(self) -> Any:
+        """Counters since creation: messages_sent, zero_copy_sends, staged_bytes, blocking_waits,
+        collectives (instances run with peers), all_gathers."""
         return self._w.stats()
+
+    @property
+    def usable(self) -> bool:
+        """False once an error broke this world (destroy it and init again)."""
+        return bool(self._w.usable)
+
+    @property
+    def message_tag(self) -> int:
+        """The tag of the messages this rank sends and expects (NOTE [message tags] in edge.h)."""
+        return int(self._w.message_tag)
+
+    def set_message_tag(self, tag: int) -> None:
+        """Labels the messages of the collectives that follow (32 bit; 0 is the default). A receiver refuses
+        a message whose tag differs from its own with gfdit.RemoteError, so members that disagree about
+        what they are running fail on the first message between them."""
+        tag = int(tag)
+        if not 0 <= tag < 2**32:
+            raise InvalidUsage(f"gfdit: set_message_tag: tag {tag} is not a 32-bit unsigned integer")
+        self._w.set_message_tag(tag)
 
 
 def _view(addr: int, rows: int, row_bytes: int, stride: int) -> View:
-    if rows <= 1 or stride == row_bytes:
+    if rows <= 1 or stride == row_bytes or row_bytes == 0:
         total = rows * row_bytes
         return (addr, 1, total, total)
     return (addr, rows, row_bytes, stride)
+
+
+def even_head_splits(heads: int, n: int) -> list[int]:
+    """Head counts of n members sharing ``heads`` heads: the first ``heads % n`` members hold one more."""
+    base, extra = divmod(int(heads), int(n))
+    return [base + (1 if j < extra else 0) for j in range(n)]
 
 
 def _offsets(splits: Sequence[int]) -> list[int]:
@@ -550,8 +614,11 @@ def all_to_all_4d(
     gather_dim: int = 1,
     group: Group | None = None,
     seq_splits: Sequence[int] | None = None,
+    head_splits: Sequence[int] | None = None,
 ) -> None:
-    get_world().all_to_all_4d(out, inp, scatter_dim, gather_dim, group=group, seq_splits=seq_splits)
+    get_world().all_to_all_4d(
+        out, inp, scatter_dim, gather_dim, group=group, seq_splits=seq_splits, head_splits=head_splits
+    )
 
 
 def reduce_scatter_tensor(

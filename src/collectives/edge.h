@@ -11,6 +11,20 @@
 // ack >= seq - 2 (resp. ack >= seq): a fast rank runs one message ahead on an edge while a slow peer
 // finishes the previous one. Counters only grow (64 bit) and are never reset.
 //
+// NOTE [message tags]
+// A descriptor also carries the sender's message tag (World::setMessageTag, 0 unless a caller sets one),
+// and the receiver refuses a message whose tag differs from its own, as it refuses one of another
+// collective kind or size. A layer that runs several collectives per call (gfdit.attention) labels them
+// with a fingerprint of what it believes the call is, so that members that disagree about the call fail
+// on the first message that crosses between them instead of exchanging bytes of another shape. Every
+// message of every collective carries the tag: no extra message, nothing for the receiver to wait for.
+//
+// NOTE [failure broadcast]
+// A rank whose world breaks (timeout, mismatch, dead peer, abort) writes why into its region header and
+// then sets `failed` with release ordering. A peer blocked in a collective of a group that contains it
+// reads the flag (acquire) when it checks liveness, and fails too, quoting the reason, instead of waiting
+// for its timeout: a rank that stopped in the middle of a collective never sends what its peers wait for.
+//
 // Where each word lives: the signal and the descriptors of edge i->j live in j's region (the receiver
 // polls its own memory); the ack of edge i->j lives in i's region (the sender polls its own memory). So
 // every rank only ever waits on words of its own region, and one futex doorbell per region suffices to
@@ -41,9 +55,10 @@ namespace gfdit {
 namespace edge {
 
 constexpr uint64_t kRegionMagic = 0x6766646974524547ull;  // "gfditREG"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;
 constexpr size_t kCacheLine = 64;
 constexpr size_t kHeapAlign = 256;
+constexpr size_t kFailReasonBytes = 512;  // RegionHeader::fail_reason, NUL-terminated
 
 /// Where a message's bytes are, in the sender's region, and what they are.
 struct MessageDesc {
@@ -55,7 +70,7 @@ struct MessageDesc {
   uint64_t bytes;          // bytes in this message
   uint64_t region_offset;  // where the bytes start, from the start of the sender's region
   uint32_t rows;           // strided source: rows of row_bytes, stride apart (rows == 0: contiguous)
-  uint32_t reserved;
+  uint32_t tag;            // the sender's message tag, see NOTE [message tags]
   uint64_t row_bytes;
   uint64_t stride;
 };
@@ -91,6 +106,9 @@ struct alignas(kCacheLine) RegionHeader {
   uint64_t heap_bytes;
   alignas(kCacheLine) uint32_t doorbell;     // futex word, see NOTE [doorbell]
   alignas(kCacheLine) uint32_t num_waiters;  // ranks blocked on doorbell (only the owner blocks)
+  alignas(kCacheLine) uint64_t failed;       // 1 once this rank's world broke (release/acquire), see
+                                             // NOTE [failure broadcast]
+  char fail_reason[kFailReasonBytes];        // why, written before `failed`
 };
 
 // Signal operations. The name says the memory ordering; host code uses the GCC atomic builtins on

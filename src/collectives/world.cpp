@@ -208,6 +208,7 @@ struct World::Impl {
 
   bool broken = false;
   std::string broken_reason;
+  std::atomic<uint32_t> message_tag{0};  // see NOTE [message tags]
   const uint64_t* abort_word = nullptr;
   uint64_t abort_base = 0;
 
@@ -265,7 +266,31 @@ struct World::Impl {
   [[noreturn]] void fail(ErrorCode code, const std::string& message) {
     broken = true;
     broken_reason = message;
+    broadcastFailure(message);
     throw Error(code, message);
+  }
+
+  // see NOTE [failure broadcast]: the reason first, then the flag (release), then every peer's doorbell.
+  void broadcastFailure(const std::string& message) {
+    RegionHeader* h = self->header;
+    if (edge::loadAcquire(&h->failed) != 0) return;  // the first reason stays
+    size_t len = std::min(message.size(), edge::kFailReasonBytes - 1);
+    std::memcpy(h->fail_reason, message.data(), len);
+    h->fail_reason[len] = '\0';
+    edge::storeRelease(&h->failed, 1);
+    for (int p = 0; p < size; ++p) {
+      if (p != rank) notify(p);
+    }
+  }
+
+  // The reason a peer's world broke, or "" while it is fine (acquire: the reason was written before).
+  std::string peerFailure(int peer) const {
+    const RegionHeader* h = regions[peer].header;
+    if (edge::loadAcquire(&h->failed) == 0) return "";
+    char buf[edge::kFailReasonBytes];
+    std::memcpy(buf, h->fail_reason, sizeof(buf));
+    buf[sizeof(buf) - 1] = '\0';
+    return buf;
   }
 
   // ---- staging ring ----
@@ -319,6 +344,7 @@ struct World::Impl {
     MessageDesc d{};
     d.instance = instance[peer];
     d.op = plan.op;
+    d.tag = message_tag.load(std::memory_order_relaxed);
     d.total_bytes = s.total;
     return d;
   }
@@ -418,6 +444,7 @@ struct World::Impl {
       }
       MessageDesc d{};
       d.op = plan.op;
+      d.tag = message_tag.load(std::memory_order_relaxed);
       d.total_bytes = s0.total;
       long k = -1;
       size_t chunk = 0;
@@ -461,6 +488,15 @@ struct World::Impl {
 
   // Checks a received descriptor against what this rank expects; a mismatch is the peer disagreeing.
   void validate(int peer, const MessageDesc& d, const RecvState& r, uint64_t seq) {
+    uint32_t tag = message_tag.load(std::memory_order_relaxed);
+    if (d.tag != tag) {  // see NOTE [message tags]
+      std::ostringstream os;
+      os << "gfdit: message tag mismatch on edge " << peer << "->" << rank << " (message " << seq << "): rank " << peer
+         << " sent tag 0x" << std::hex << d.tag << std::dec << " in instance " << d.instance << " " << describeOp(d.op)
+         << ", but rank " << rank << " expects tag 0x" << std::hex << tag << std::dec << " in instance "
+         << instance[peer] << " " << describeOp(plan.op);
+      fail(ErrorCode::kRemoteError, os.str());
+    }
     if (d.instance != instance[peer] || d.op != plan.op || d.total_bytes != r.total) {
       std::ostringstream os;
       os << "gfdit: collective mismatch on edge " << peer << "->" << rank << " (message " << seq << "): rank " << peer
@@ -593,6 +629,8 @@ struct World::Impl {
   void run(const Group& g) {
     checkAbort();
     int n = g.size(), me = g.selfIdx();
+    ++stats.collectives;
+    if ((plan.op >> 16) == kAllGather) ++stats.all_gathers;
     for (int j = 0; j < n; ++j) {
       if (j != me) ++instance[g.rankAt(j)];
     }
@@ -700,12 +738,25 @@ struct World::Impl {
   void checkPeersAlive(const Group& g) {
     for (int j = 0; j < g.size(); ++j) {
       int peer = g.rankAt(j);
-      if (peer == rank || processAlive(regions[peer].pid)) continue;
+      if (peer == rank) continue;
+      checkPeerFailed(peer, [&] { return stuckOn(g); });
+      if (processAlive(regions[peer].pid)) continue;
       std::ostringstream os;
       os << "gfdit: rank " << peer << " (pid " << regions[peer].pid << ") has died; rank " << rank
          << " was waiting for " << stuckOn(g);
       fail(ErrorCode::kRemoteError, os.str());
     }
+  }
+
+  // see NOTE [failure broadcast]
+  template <typename Describe>
+  void checkPeerFailed(int peer, Describe waiting_for) {
+    std::string why = peerFailure(peer);
+    if (why.empty()) return;
+    std::ostringstream os;
+    os << "gfdit: rank " << peer << " failed, so rank " << rank << " stops waiting for " << waiting_for() << "; rank "
+       << peer << "'s error: " << why;
+    fail(ErrorCode::kRemoteError, os.str());
   }
 
   void resetPlan(uint32_t op, int n) {
@@ -935,6 +986,9 @@ Group World::newGroup(const int* ranks, int num_ranks) const {
 }
 Group World::worldGroup() const { return Group::whole(impl_->size, impl_->rank); }
 WorldStats World::stats() const { return impl_->stats; }
+void World::setMessageTag(uint32_t tag) { impl_->message_tag.store(tag, std::memory_order_relaxed); }
+uint32_t World::messageTag() const { return impl_->message_tag.load(std::memory_order_relaxed); }
+bool World::usable() const { return !impl_->broken; }
 void World::watchAbort(const uint64_t* word) {
   impl_->abort_word = word;
   impl_->abort_base = word != nullptr ? __atomic_load_n(word, __ATOMIC_ACQUIRE) : 0;
@@ -1256,6 +1310,10 @@ void World::waitSignal(int peer, uint64_t count) {
     }
     if (now - last_liveness > std::chrono::milliseconds(100)) {
       m.checkAbort();
+      m.checkPeerFailed(peer, [&] {
+        return "put " + std::to_string(target) + " from rank " + std::to_string(peer) + " on edge " +
+               std::to_string(peer) + "->" + std::to_string(m.rank);
+      });
       if (!processAlive(m.regions[peer].pid)) {
         m.fail(ErrorCode::kRemoteError, "gfdit: rank " + std::to_string(peer) + " (pid " +
                                             std::to_string(m.regions[peer].pid) + ") has died; rank " +

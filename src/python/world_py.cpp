@@ -100,7 +100,9 @@ void register_world(py::module_& m) {
       .def_readonly("messages_sent", &WorldStats::messages_sent)
       .def_readonly("zero_copy_sends", &WorldStats::zero_copy_sends)
       .def_readonly("staged_bytes", &WorldStats::staged_bytes)
-      .def_readonly("blocking_waits", &WorldStats::blocking_waits);
+      .def_readonly("blocking_waits", &WorldStats::blocking_waits)
+      .def_readonly("collectives", &WorldStats::collectives)
+      .def_readonly("all_gathers", &WorldStats::all_gathers);
 
   py::class_<World, std::shared_ptr<World>>(m, "World")
       .def_static(
@@ -137,6 +139,10 @@ void register_world(py::module_& m) {
              w.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5)));
            })
       .def("stats", &World::stats)
+      .def("set_message_tag", &World::setMessageTag, py::arg("tag"),
+           "Labels the messages of the collectives that follow (see NOTE [message tags]); 0 is the default.")
+      .def_property_readonly("message_tag", &World::messageTag)
+      .def_property_readonly("usable", &World::usable, "False once an error broke this world.")
       .def(
           "watch_abort", [](World& w, uintptr_t address) { w.watchAbort(reinterpret_cast<const uint64_t*>(address)); },
           "Waits fail once the 64-bit word at `address` changes (the runtime's abort counter).")

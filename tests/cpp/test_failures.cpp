@@ -163,3 +163,61 @@ TEST(Failures, BadArgumentsAreInvalidUsage) {
                 shortTimeout(5000)),
             "");
 }
+
+TEST(Failures, MessageTagsMustAgree) {
+  EXPECT_EQ(runRanks(
+                2,
+                [](World& w) {
+                  std::vector<int> in(16, w.rank()), out(32);
+                  w.setMessageTag(0x5eed);  // the same tag on both ranks: an ordinary collective
+                  RANK_CHECK(w.messageTag() == 0x5eed);
+                  w.allGather(w.worldGroup(), in.data(), out.data(), 64);
+                  RANK_CHECK(out[0] == 0 && out[16] == 1);
+                  WorldStats st = w.stats();
+                  RANK_CHECK(st.collectives == 1 && st.all_gathers == 1);
+                  w.setMessageTag(w.rank() == 0 ? 0x1111 : 0x2222);
+                  try {
+                    w.allGather(w.worldGroup(), in.data(), out.data(), 64);
+                    RANK_CHECK(false);
+                  } catch (const Error& e) {
+                    RANK_CHECK_MSG(e.code() == ErrorCode::kRemoteError, e.what());
+                    RANK_CHECK_MSG(contains(e.what(), "tag mismatch") && contains(e.what(), "0x1111") &&
+                                       contains(e.what(), "0x2222"),
+                                   e.what());
+                  }
+                  RANK_CHECK(!w.usable());
+                },
+                shortTimeout(5000)),
+            "");
+}
+
+// see NOTE [failure broadcast]: rank 2 waits on rank 1 only, which broke on a mismatch with rank 0; rank 2
+// fails within a fraction of its 20 s timeout, quoting rank 1's error.
+TEST(Failures, PeersOfABrokenRankFailQuotingItsError) {
+  EXPECT_EQ(runRanks(
+                3,
+                [](World& w) {
+                  std::vector<int> buf(64, w.rank());
+                  auto start = std::chrono::steady_clock::now();
+                  try {
+                    if (w.rank() == 0) {
+                      w.setMessageTag(7);
+                      w.send(buf.data(), 256, 1);
+                    } else if (w.rank() == 1) {
+                      w.recv(buf.data(), 256, 0);  // tag 0: refuses rank 0's message
+                    } else {
+                      w.recv(buf.data(), 256, 1);  // rank 1 never sends
+                    }
+                    RANK_CHECK(w.rank() == 0);
+                    return;
+                  } catch (const Error& e) {
+                    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                    RANK_CHECK_MSG(e.code() == ErrorCode::kRemoteError, e.what());
+                    RANK_CHECK_MSG(contains(e.what(), "tag mismatch"), e.what());
+                    if (w.rank() == 2) RANK_CHECK_MSG(contains(e.what(), "rank 1 failed"), e.what());
+                    RANK_CHECK_MSG(waited < 5.0, waited);
+                  }
+                },
+                shortTimeout(20000)),
+            "");
+}

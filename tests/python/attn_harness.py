@@ -3,16 +3,19 @@
 A case is a plain dict (picklable): shape of the whole sequence, how it is split across the group, the
 spec, joint tokens, dtype and seed. Every rank rebuilds the whole q, k, v from the seed, takes its shard,
 runs gfdit.attention and compares its output rows with a single-process float64 reference of those rows.
+A case with ``cached`` passes seq_splits and runs twice: the second call reuses the first one's plan.
 Mismatches are returned, not raised, so one wrong case does not desynchronise the world; a batch of many
 cases runs per call to amortise the round trips.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
 import warnings
+import weakref
 
 import mp_harness
 import torch
@@ -118,28 +121,30 @@ def run_case(ctx, case: dict) -> dict | None:
         kwargs["topology"] = ga.Topology(tuple(case["node_ids"]))
     # A heap block held on member 0 only: the Torus workspace lands at different offsets (fallback path).
     skew = gfdit.empty((4096,)) if case.get("skew_heap") and me == 0 else None
-    start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        res = ga.attention(q, k, v, group=group, spec=_spec(case), **kwargs)
-    elapsed = time.perf_counter() - start
-    del skew
-    out, jout = res if "jq" in full else (res, None)
+    if case.get("cached"):
+        kwargs["seq_splits"] = splits
+    world = gfdit.get_world()
     ref, jref = reference(full, rows, case.get("joint_pos", "front"))
     dtype = case.get("dtype", "float32")
-    err, ok = _error(out, ref, dtype)
-    report = {
-        "name": case["name"],
-        "rank": ctx.rank,
-        "err": err,
-        "ok": ok,
-        "time": elapsed,
-        "shape": tuple(out.shape),
-        "warnings": [str(w.message) for w in caught],
-    }
-    if jref is not None:
-        jerr, jok = _error(jout, jref, dtype)
-        report.update(jerr=jerr, ok=ok and jok)
+    report = {"name": case["name"], "rank": ctx.rank, "ok": True, "err": 0.0, "warnings": []}
+    for call in range(2 if case.get("cached") else 1):
+        before = world.stats().all_gathers
+        start = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = ga.attention(q.clone(), k.clone(), v.clone(), group=group, spec=_spec(case), **kwargs)
+        elapsed = time.perf_counter() - start
+        out, jout = res if "jq" in full else (res, None)
+        err, ok = _error(out, ref, dtype)
+        report["all_gathers"] = report.get("all_gathers", []) + [world.stats().all_gathers - before]
+        report.update(
+            err=max(report["err"], err), ok=report["ok"] and ok, time=elapsed, shape=tuple(out.shape)
+        )
+        report["warnings"] += [str(w.message) for w in caught]
+        if jref is not None:
+            jerr, jok = _error(jout, jref, dtype)
+            report.update(jerr=max(report.get("jerr", 0.0), jerr), ok=report["ok"] and jok)
+    del skew
     return report
 
 
@@ -160,8 +165,12 @@ def case_bad_input(ctx, kind: str) -> dict:
     spec = ga.ParallelSpec(ulysses=n, ring=1)
     shape_q = shape_k = (b, s, h, d)
     if kind == "heads":
-        h = 6 if n == 4 else 3  # not divisible by the Ulysses degree
+        h = n - 1  # fewer heads than the Ulysses degree
         shape_q = shape_k = (b, s, h, d)
+    elif kind == "torus_uneven_chunks":
+        h = n + 1  # heads n + 1 over ulysses n: the smallest member has 1 head, fewer than 2 chunks
+        shape_q = shape_k = (b, s, h, d)
+        spec = ga.ParallelSpec(ulysses=n, ring=1, mode="torus", torus_chunks=2)
     elif kind == "spec_size":
         spec = ga.ParallelSpec(ulysses=n, ring=2)
     elif kind == "mismatch":
@@ -173,7 +182,7 @@ def case_bad_input(ctx, kind: str) -> dict:
     elif kind == "torus_chunks":
         # 4 heads / n per member is not divisible by 3
         spec = ga.ParallelSpec(ulysses=n, ring=1, mode="torus", torus_chunks=3)
-    elif kind == "joint_partial":
+    elif kind in ("joint_partial", "seq_splits_own", "seq_splits_differ", "cache_mix"):
         pass
     else:
         raise ValueError(kind)
@@ -183,12 +192,24 @@ def case_bad_input(ctx, kind: str) -> dict:
     kwargs = {}
     if kind == "joint_partial":
         kwargs = {"joint_q": _t.randn(b, 3, h, d, generator=g)} if ctx.rank == 0 else {}
+    elif kind == "seq_splits_own":  # member 0's own entry is not its S_local
+        kwargs = {"seq_splits": [s + 1] + [s] * (n - 1) if ctx.rank == 0 else [s] * n}
+    elif kind == "seq_splits_differ":  # each list is right about its own member, but they differ
+        kwargs = {"seq_splits": [s] * n if ctx.rank == 0 else [s + 1] + [s] * (n - 1)}
+    elif kind == "cache_mix":
+        kwargs = {"seq_splits": [s] * n}
+    from gfdit.attention import core
+
+    ga.clear_plan_cache()  # every member exchanges: the refusal is the plain InvalidUsage
+    core.PLAN_CACHE = not (kind == "cache_mix" and ctx.rank == 0)
     try:
         ga.attention(q, k, v, spec=spec, **kwargs)
     except Exception as exc:  # noqa: BLE001
         result = {"types": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
     else:
         result = {"types": [], "message": "no error"}
+    finally:
+        core.PLAN_CACHE = True
     # The world must still work after a refused call.
     x = _t.ones(4)
     gfdit.all_reduce(x)
@@ -207,3 +228,140 @@ def case_env_topology(ctx, node_ids: str) -> str:
         return resolve_placement(ga.ParallelSpec(2, ctx.world_size // 2), list(range(ctx.world_size)), topo)
     finally:
         del os.environ["GFDIT_NODE_IDS"]
+
+
+# --------------------------------------------------------------------------------------- the plan cache
+def _shards(ctx, seed: int, splits: list, h: int, d: int, members: list, joint: int = 0) -> tuple:
+    """This rank's q, k, v rows of a whole sequence drawn from seed, with joint tokens when asked."""
+    full = make_inputs({"shape": (1, sum(splits), h, d), "seed": seed, "joint": joint})
+    me = members.index(ctx.rank)
+    lo = sum(splits[:me])
+    rows = slice(lo, lo + splits[me])
+    return full, rows, tuple(full[x][:, rows].clone() for x in ("q", "k", "v"))
+
+
+def case_plan_cache(ctx) -> dict:
+    """Counts the all_gathers of repeated calls: with seq_splits only the first call of a plan exchanges
+    metadata; without it, or with the cache off, every call does; interleaved groups and an evicting
+    cycle of keys stay correct. Returns {what: [all_gathers per call]} and the worst error."""
+    import gfdit
+    import gfdit.attention as ga
+    from gfdit.attention import core
+
+    n = ctx.world_size
+    ga.clear_plan_cache()
+    counts: dict = {}
+    worst = 0.0
+
+    def run(what, seed, splits, h, spec, members=None, joint=0, cached=True):
+        nonlocal worst
+        members = members or list(range(n))
+        if ctx.rank not in members:
+            return
+        group = None if members == list(range(n)) else gfdit.new_group(members)
+        full, rows, (q, k, v) = _shards(ctx, seed, splits, h, 16, members, joint)
+        kw = {"seq_splits": splits} if cached else {}
+        if joint:
+            kw.update(joint_q=full["jq"], joint_k=full["jk"], joint_v=full["jv"])
+        before = gfdit.get_world().stats().all_gathers
+        res = ga.attention(q, k, v, group=group, spec=ga.ParallelSpec(**spec), **kw)
+        counts.setdefault(what, []).append(gfdit.get_world().stats().all_gathers - before)
+        out = res[0] if joint else res
+        ref, _ = reference(full, rows, "front")
+        worst = max(worst, _error(out, ref, "float32")[0])
+
+    uly = {"ulysses": n, "ring": 1, "mode": "usp"}
+    even = [8] * n
+    uneven = [5 + 2 * i for i in range(n)]
+    for _ in range(3):
+        run("ulysses", 1, even, n + 1, uly)  # uneven heads too
+    for _ in range(2):
+        run("ulysses-joint", 2, uneven, n, uly, joint=3)  # the joint merge keeps its one all_gather
+    for _ in range(2):
+        run("no-seq-splits", 3, uneven, n, uly, cached=False)
+    core.PLAN_CACHE = False
+    try:
+        for _ in range(2):
+            run("cache-off", 1, even, n + 1, uly)
+    finally:
+        core.PLAN_CACHE = True
+    # Interleaved groups: each member takes part in its groups' calls in one global order.
+    groups = [(list(range(n)), {"ulysses": 1, "ring": n, "mode": "usp"}), ([1, 0], {"ulysses": 2, "ring": 1})]
+    if n >= 4:
+        groups += [([3, 2], {"ulysses": 1, "ring": 2}), ([2, 0, 3, 1], {"ulysses": 2, "ring": 2})]
+    for _ in range(2):
+        for i, (members, spec) in enumerate(groups):
+            run(f"group{i}", 10 + i, [4 + j for j in range(len(members))], 3, spec, members=members)
+    # A cycle of three keys through a cache of two: every call misses, on every member alike.
+    saved = core.PLAN_CAPACITY
+    core.PLAN_CAPACITY = 2
+    try:
+        for _ in range(2):
+            for j in range(3):
+                run("evicting", 20 + j, [6 + j] * n, n, uly)
+    finally:
+        core.PLAN_CAPACITY = saved
+    info = ga.plan_cache_info()
+    # Kept plans hold their world weakly: destroying it frees it (then a fresh world for the next cases).
+    ref = weakref.ref(gfdit.get_world())
+    gfdit.destroy()
+    gc.collect()
+    released = ref() is None
+    gfdit.init(ctx.rank, n, ctx.store, timeout=ctx.timeout)
+    return {"counts": counts, "err": worst, "info": info, "released": released}
+
+
+def case_plan_disagreement(ctx, kind: str, spec: dict) -> dict:
+    """Members that do not pass the arguments of one call: every member must raise PlanMismatch soon,
+    the world is unusable afterwards, and a fresh world (init again) works."""
+    import gfdit
+    import gfdit.attention as ga
+    from gfdit.attention import core
+
+    n, me = ctx.world_size, ctx.rank
+    sp = ga.ParallelSpec(**spec)
+    h, d = 2 * sp.ulysses + 1, 8  # uneven heads
+    a = [4 + i for i in range(n)]
+    b = [6 + (i % 2) for i in range(n)]
+
+    def call(splits, bad=False):
+        _, _, (q, k, v) = _shards(ctx, 5, splits, h, d, list(range(n)))
+        if bad:
+            k = k[:, :, :, : d // 2].contiguous()  # q and k shards differ: a local error
+        return ga.attention(q, k, v, spec=sp, seq_splits=splits)
+
+    call(a)  # every member caches plan a
+    call(b)  # and plan b
+    start = time.monotonic()
+    result = {"types": [], "message": "no error"}
+    try:
+        if kind == "new_shapes":  # member 0's shard grows, the others reuse plan a
+            call([a[0] + 1] + a[1:] if me == 0 else a)
+        elif kind == "bad_input":  # the last member's input is bad (a local error: it exchanges)
+            call(a, bad=me == n - 1)
+        elif kind == "two_plans":  # member 0 runs plan a, the others plan b
+            call(a if me == 0 else b)
+        elif kind == "cache_switch":  # the cache is off on member 0 only
+            core.PLAN_CACHE = me != 0
+            call(a)
+        else:
+            raise ValueError(kind)
+    except gfdit.Error as exc:
+        result = {"types": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
+    finally:
+        core.PLAN_CACHE = True
+    result["elapsed"] = time.monotonic() - start
+    world = gfdit.get_world()
+    result["usable"] = world.usable
+    try:
+        gfdit.barrier()
+        result["after"] = "no error"
+    except gfdit.Error as exc:
+        result["after"] = f"{type(exc).__name__}: {exc}"
+    # A fresh world on the same store (every rank does this, whatever happened), for the next cases.
+    gfdit.destroy()
+    gfdit.init(ctx.rank, n, ctx.store, timeout=ctx.timeout)
+    x = torch.ones(3)
+    gfdit.all_reduce(x)
+    result["fresh"] = x.tolist()
+    return result

@@ -420,6 +420,67 @@ def case_all_to_all_4d(ctx, seed, dtype, ranks=None, use_method=False, mems=("pl
     return chk.raise_if_any()
 
 
+def case_all_to_all_4d_head_splits(ctx, seed, dtype, ranks=None, use_method=False, mems=("plain", "heap")):
+    """The 4-D shuffle with uneven head splits (some member may hold no head) and uneven sequence splits,
+    both directions and the round trip, against a local reference."""
+    import gfdit
+
+    chk = Checker(ctx.rank)
+    members = _members(ctx, ranks)
+    n = len(members)
+    group = _group(ranks) if ctx.rank in members else None
+    gen = generator(seed, T_4D, 7)
+    for m, mem in enumerate(mems):
+        b = int(torch.randint(1, 3, (1,), generator=gen))
+        d = int(torch.randint(1, 9, (1,), generator=gen))
+        seq = [int(x) for x in torch.randint(0, 6, (n,), generator=gen)]
+        seq[m % n] += 1
+        if m == 0:  # the convention gfdit.attention uses: the first H % n members hold one more head
+            heads = gfdit.comm.even_head_splits(n + 1 + int(torch.randint(0, n, (1,), generator=gen)), n)
+        else:  # any split, a member may hold none
+            heads = [int(x) for x in torch.randint(0, 4, (n,), generator=gen)]
+            heads[(m + 1) % n] += 1
+        h = sum(heads)
+        hoff = [sum(heads[:j]) for j in range(n)]
+        key = (seed, T_4D, 7, m)
+        if ctx.rank not in members:
+            continue
+        me = members.index(ctx.rank)
+
+        def fwd_in(r):
+            return rand_tensor((b, seq[members.index(r)], h, d), dtype, *key, r)
+
+        what = f"{dtype} group={members} seq={seq} heads={heads} mem={mem}"
+        inp = place(fwd_in(ctx.rank), mem)
+        out = sentinel((b, sum(seq), heads[me], d), dtype, mem)
+        kw = {"scatter_dim": 2, "gather_dim": 1, "seq_splits": seq, "head_splits": heads}
+        if use_method:
+            _call("all_to_all_4d", group, True, out, inp, **kw)
+        else:
+            gfdit.all_to_all_4d(out, inp, group=group, **kw)
+        ref = torch.cat([fwd_in(r)[:, :, hoff[me] : hoff[me] + heads[me]] for r in members], dim=1)
+        chk.equal(out, ref, "all_to_all_4d seq<-heads " + what)
+
+        def rev_in(r):
+            return rand_tensor((b, sum(seq), heads[members.index(r)], d), dtype, *key, r, 1)
+
+        rin = place(rev_in(ctx.rank), mem)
+        rout = sentinel((b, seq[me], h, d), dtype, mem)
+        kw = {"scatter_dim": 1, "gather_dim": 2, "seq_splits": seq, "head_splits": heads}
+        if use_method:
+            _call("all_to_all_4d", group, True, rout, rin, **kw)
+        else:
+            gfdit.all_to_all_4d(rout, rin, group=group, **kw)
+        lo = sum(seq[:me])
+        rref = torch.cat([rev_in(r)[:, lo : lo + seq[me]] for r in members], dim=2)
+        chk.equal(rout, rref, "all_to_all_4d heads<-seq " + what)
+
+        back = sentinel((b, seq[me], h, d), dtype, mem)
+        gfdit.all_to_all_4d(back, out, group=group, **kw)
+        chk.equal(back, fwd_in(ctx.rank), "all_to_all_4d round trip " + what)
+    return chk.raise_if_any()
+
+
 # ------------------------------------------------------------------------------------------------------
 def case_group_descriptor(ctx, ranks):
     """Group attributes on every member; returns (ranks, size, rank) as seen by this rank."""

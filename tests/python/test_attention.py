@@ -1,9 +1,12 @@
-"""gfdit.attention against a single-process float64 reference on worlds of 2 and 4 ranks.
+"""gfdit.attention against a single-process float64 reference on worlds of 2 and 4 ranks (and 6 for 3 x 2).
 
 Every mode (USP, Torus) and placement (ulysses-low, ring-low, auto), pure Ulysses, pure Ring and 2 x 2
-grids, even and uneven shards (one member may hold nothing), joint tokens in front and at the rear,
-float32 (relative error <= 1e-5) and bfloat16 (absolute error <= 1e-2), sub-groups in a non-sorted order;
-bad input refused with gfdit.InvalidUsage on every member; the Topology and "auto" placement.
+grids, even and uneven shards (one member may hold nothing), uneven heads (a Ulysses degree that does not
+divide them: 3 and 5 heads at Ulysses 2, 5 and 7 at Ulysses 3, 6 and 10 at Ulysses 4, 7 at 3 x 2), joint
+tokens in front and at the rear, float32 (relative error <= 1e-5) and bfloat16 (absolute error <= 1e-2),
+sub-groups in a non-sorted order, cached plans (seq_splits: the second call skips the metadata exchange);
+bad input refused with gfdit.InvalidUsage on every member; members that disagree about a call's plan fail
+with PlanMismatch on every member; the Topology and "auto" placement.
 
 The ranks are persistent processes (mp_harness.World); each world runs its cases in a few batches.
 """
@@ -36,7 +39,7 @@ def _cases(n: int) -> list:
             f"n{n}-u{kw['spec']['ulysses']}r{kw['spec']['ring']}-{kw['spec']['mode']}-"
             f"{kw['spec'].get('placement', 'auto')}-{kw['shape']}-split{kw.get('splits')}-"
             f"j{kw.get('joint', 0)}{kw.get('joint_pos', '')}-{kw.get('dtype', 'float32')}"
-            f"-g{kw.get('group')}"
+            f"-g{kw.get('group')}{'-cached' if kw.get('cached') else ''}"
         )
         cases.append(kw)
 
@@ -70,6 +73,14 @@ def _cases(n: int) -> list:
                 joint_pos=rnd.choice(["front", "rear"]),
                 dtype=rnd.choice(["float32", "bfloat16"]),
             )
+            # Uneven heads (the Ulysses degree does not divide them), even and uneven shards, joint tokens.
+            if u > 1:
+                d = {"ulysses-low": 16, "ring-low": 8, "auto": 24}[placement]  # keys differ between cases
+                for h in (u + 1, 2 * u + 1 if u == 2 else u + 2):
+                    add(spec=spec, shape=(1, 8 * n, h, d), joint=rnd.choice([0, 4]), cached=True)
+                splits = [rnd.randint(0, 20) for _ in range(n)]
+                splits[rnd.randrange(n)] += 1
+                add(spec=spec, shape=(2, sum(splits), 2 * u + 1, 8), splits=splits, joint=5, joint_pos="rear")
         # The large shape once per grid and mode, with the placement that crosses nodes in auto.
         big = {"ulysses": u, "ring": r, "mode": mode, "placement": "auto"}
         add(
@@ -89,6 +100,17 @@ def _cases(n: int) -> list:
             shape=(2, 64, 4, 16),
             group=[2, 0, 3, 1],
             splits=[10, 20, 30, 4],
+        )
+        # Ulysses 3 on a sub-group of 3: 5 and 7 heads (Torus: chunks of 2 and 1 heads).
+        add(spec={"ulysses": 3, "ring": 1, "mode": "usp"}, shape=(1, 21, 5, 8), group=[3, 0, 1], joint=3)
+        add(
+            spec={"ulysses": 3, "ring": 1, "mode": "torus"}, shape=(1, 24, 7, 8), group=[1, 3, 2], cached=True
+        )
+        add(
+            spec={"ulysses": 4, "ring": 1, "mode": "torus"},
+            shape=(1, 40, 10, 8),
+            splits=[3, 17, 0, 20],
+            joint=2,
         )
     add(spec={"ulysses": 1, "ring": 1, "mode": "usp"}, shape=(1, 24, 2, 8), group=[n - 1], joint=4)
     # Heap history differs between members: Torus falls back to USP (with a warning), same result.
@@ -132,18 +154,59 @@ def test_attention_matches_reference(world):
     assert len(fell_back) == world.world_size, "Torus did not detect the skewed heap offsets on every member"
     seen = {r["name"] for r in reports}
     assert seen == {c["name"] for c in cases}, "some cases did not run"
+    # A cached case's second call exchanges no metadata: only the joint merge's all_gather remains.
+    cached = {c["name"]: c for c in cases if c.get("cached")}
+    for r in reports:
+        if r["name"] in cached:
+            c = cached[r["name"]]
+            rest = int(bool(c.get("joint"))) + int(c["spec"]["mode"] == "torus")  # joint merge, Torus offsets
+            assert r["all_gathers"] == [1 + rest, rest], f"{r['name']} rank {r['rank']}: {r['all_gathers']}"
+
+
+@pytest.mark.timeout(300)
+def test_uneven_heads_on_a_3x2_grid(world_pool):
+    """USP and Torus on Ulysses 3 x Ring 2 (6 ranks) with 7 heads, both placements, joint tokens."""
+    mp_harness.skip_if_too_big(6)
+    world = world_pool.get(6, timeout=GFDIT_TIMEOUT, gloo=False)
+    cases = []
+    for i, (mode, placement) in enumerate(
+        [("usp", "ulysses-low"), ("usp", "ring-low"), ("torus", "ulysses-low"), ("torus", "ring-low")]
+    ):
+        spec = {"ulysses": 3, "ring": 2, "mode": mode, "placement": placement}
+        splits = [7, 0, 9, 4, 6, 5] if i % 2 else None
+        cases.append(
+            {
+                "spec": spec,
+                "shape": (1, 31 if splits else 36, 7, 8),
+                "splits": splits,
+                "joint": 3 * (i % 2),
+                "seed": 600 + i,
+                "cached": i < 2,
+                "name": f"n6-u3r2-{mode}-{placement}",
+            }
+        )
+    reports = []
+    for rank_reports in world.run(ah.case_batch, cases, timeout=RUN):
+        reports += rank_reports
+    bad = [r for r in reports if not r["ok"] or r.get("warnings")]
+    assert not bad, "\n".join(f"{r['name']} rank {r['rank']}: {r}" for r in bad)
+    assert len(reports) == 6 * len(cases)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "kind,needle",
     [
-        ("heads", "not divisible by the Ulysses degree"),
+        ("heads", "exceeds the"),
+        ("torus_uneven_chunks", "torus_chunks=2 exceeds the 1 heads"),
         ("spec_size", "members, but the group"),
         ("mismatch", "mismatched shard shapes"),
         ("qkv_shapes", "q, k and v shards have different shapes"),
         ("torus_chunks", "torus_chunks=3"),
         ("joint_partial", "joint_q, joint_k, joint_v or none"),
+        ("seq_splits_own", "seq_splits must be one non-negative length per member"),
+        ("seq_splits_differ", "differ from the members' shard lengths"),
+        ("cache_mix", "the plan cache is on for ranks"),
     ],
 )
 def test_bad_input_refused_on_every_rank(world, kind, needle):
@@ -153,6 +216,50 @@ def test_bad_input_refused_on_every_rank(world, kind, needle):
         assert "ValueError" in res["types"]
         assert needle in res["message"], f"rank {rank}: {res['message']}"
         assert res["after"] == [float(world.world_size)] * 4
+
+
+@pytest.mark.timeout(180)
+def test_plan_cache_skips_the_exchange(world):
+    """With seq_splits the second call of a plan issues no all_gather; without, or with the cache off, every
+    call does; interleaved groups and an evicting cycle of keys agree on every member (no error, exact)."""
+    n = world.world_size
+    results = world.run(ah.case_plan_cache, timeout=120)
+    for rank, res in enumerate(results):
+        c = res["counts"]
+        assert res["err"] <= ah.F32_RTOL, f"rank {rank}: {res}"
+        assert c["ulysses"] == [1, 0, 0], f"rank {rank}: {c}"
+        assert c["ulysses-joint"] == [2, 1], f"rank {rank}: {c}"
+        assert c["no-seq-splits"] == [1, 1] and c["cache-off"] == [1, 1], f"rank {rank}: {c}"
+        assert c["evicting"] == [1] * 6, f"rank {rank}: {c}"
+        for i in range(4 if n >= 4 else 2):
+            if f"group{i}" in c:
+                assert c[f"group{i}"] == [1, 0], f"rank {rank} group{i}: {c}"
+        assert res["info"]["hits"] > 0 and res["info"]["plans"] > 0, f"rank {rank}: {res['info']}"
+        assert res["released"], f"rank {rank}: the plan cache kept a destroyed world alive"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["new_shapes", "bad_input", "two_plans", "cache_switch"])
+@pytest.mark.parametrize("mode", ["ulysses", "ring", "torus", "usp2x2"])
+def test_plan_disagreement_fails_on_every_member(world, kind, mode):
+    """Members that do not pass the arguments of one call raise PlanMismatch (an InvalidUsage) on every
+    member, long before the 30 s timeout; the world is unusable afterwards; a fresh one works."""
+    n = world.world_size
+    if mode == "usp2x2" and n != 4:
+        pytest.skip("needs 4 ranks")
+    spec = {
+        "ulysses": {"ulysses": n, "ring": 1},
+        "ring": {"ulysses": 1, "ring": n},
+        "torus": {"ulysses": n, "ring": 1, "mode": "torus"},
+        "usp2x2": {"ulysses": 2, "ring": 2, "placement": "ring-low"},
+    }[mode]
+    results = world.run(ah.case_plan_disagreement, kind, spec, timeout=120)
+    for rank, res in enumerate(results):
+        assert "PlanMismatch" in res["types"] and "InvalidUsage" in res["types"], f"rank {rank}: {res}"
+        assert "disagree about this call" in res["message"], f"rank {rank}: {res['message']}"
+        assert res["elapsed"] < GFDIT_TIMEOUT / 2, f"rank {rank} took {res['elapsed']:.1f} s: {res}"
+        assert not res["usable"] and "unusable" in res["after"], f"rank {rank}: {res}"
+        assert res["fresh"] == [float(n)] * 3, f"rank {rank}: {res}"
 
 
 @pytest.mark.timeout(60)

@@ -1,6 +1,7 @@
 """Every gfdit collective and dtype against torch.distributed (gloo) and a local reference, on 2-4 ranks
 (a subset on 8): random shapes, empty tensors, tensors larger than a staging slot, heap and ordinary
-tensors, unsorted subgroups, group methods, uneven all_to_all splits, the Ulysses 4-D shuffle, send/recv,
+tensors, unsorted subgroups, group methods, uneven all_to_all splits, the Ulysses 4-D shuffle (also with
+uneven head and sequence splits), send/recv,
 broadcast from a non-zero source, barrier and one-sided put_with_signal.
 
 The ranks are persistent processes (see mp_harness.py); the case functions are in cases_collectives.py.
@@ -292,6 +293,16 @@ def test_all_to_all_4d_large(world):
 def test_all_to_all_4d_subgroups(world):
     for i, g in enumerate(_subgroups(world.world_size)):
         world.run(cc.case_all_to_all_4d, 83 + i, "float16", ranks=g, use_method=bool(i % 2), timeout=RUN)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_all_to_all_4d_uneven_heads(world, dtype):
+    world.run(cc.case_all_to_all_4d_head_splits, 91, dtype, timeout=RUN)
+    for i, g in enumerate(_subgroups(world.world_size)[:3]):
+        world.run(
+            cc.case_all_to_all_4d_head_splits, 92 + i, dtype, ranks=g, use_method=bool(i % 2), timeout=RUN
+        )
 
 
 # ------------------------------------------------------------------------------------------ group descriptor

@@ -6,7 +6,7 @@ sequence split across the group; see ``gfdit.attention.core`` for the protocol a
 ``gfdit.attention.torus`` for the Torus pipeline.
 """
 
-from gfdit.attention.core import attention, ring_attention
+from gfdit.attention.core import PlanMismatch, attention, clear_plan_cache, plan_cache_info, ring_attention
 from gfdit.attention.local import PartialMerger, block_attention
 from gfdit.attention.spec import GridLayout, ParallelSpec, resolve_placement
 from gfdit.topology import Topology
@@ -15,9 +15,12 @@ __all__ = [
     "GridLayout",
     "ParallelSpec",
     "PartialMerger",
+    "PlanMismatch",
     "Topology",
     "attention",
     "block_attention",
+    "clear_plan_cache",
+    "plan_cache_info",
     "resolve_placement",
     "ring_attention",
 ]

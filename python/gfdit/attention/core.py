@@ -2,37 +2,84 @@
 
 Every member of a group holds one shard [B, S_local, H, D] of q, k and v (the shards in group order make
 up the sequence; S_local may differ between members) and gets back its shard of the exact non-causal
-softmax attention over the whole sequence (scale 1/sqrt(D)).
+softmax attention over the whole sequence (scale 1/sqrt(D)). The heads need not divide by the Ulysses
+degree: Ulysses member x of a grid with ulysses = u works on ``H // u + (x < H % u)`` heads
+(``comm.even_head_splits``), so u may be anything up to H.
 
 NOTE [attention call protocol]
-1. Every call starts with one all_gather of a small int64 record per member (shapes, dtype, joint tokens,
-   a local error code). Every member validates the *same* gathered records, so bad input raises the same
-   gfdit.InvalidUsage on every member and nobody is left waiting in a collective. The gather is also the
-   start barrier that makes reusing symmetric-heap workspaces safe (see torus.py).
-2. Collectives run either on the calling thread or on the single communication thread
+1. A call's plan (``_Call``: the grid, every member's sequence length and heads) comes from one all_gather
+   of a small int64 record per member (shapes, dtype, joint tokens, seq_splits, plan cache switch, a local
+   error code). Every member validates the *same* gathered records, so bad input raises the same
+   gfdit.InvalidUsage on every member and nobody is left waiting in a collective. When the caller passes
+   ``seq_splits`` the validated plan is kept and later calls with the same arguments skip the exchange
+   (NOTE [attention plan cache]); without it every call exchanges.
+2. Every collective of a call carries a message tag: the exchange ``_EXCHANGE_TAG``, the plan's
+   collectives the plan's fingerprint (NOTE [plan disagreement]).
+3. Collectives run either on the calling thread or on the single communication thread
    (``_comm_executor``), never on both at once: the world serialises calls (one collective at a time), so
    a blocking wait on one thread would stall the other thread's transfer.
-3. Ring steps exchange K/V blocks with send/recv on the communication thread while the calling thread
+4. Ring steps exchange K/V blocks with send/recv on the communication thread while the calling thread
    computes the current block (torch kernels and gfdit calls release the GIL). Members at even ring
    positions send before they receive, odd ones the reverse: a large send completes only once its peer
    drains the staging slots, so "everyone sends first" could deadlock, and the instance numbers of a
    2-member ring (one edge used both ways) must match on both ends.
-4. Non-causal attention does not depend on the order of the keys, so where the joint (text) tokens sit
+5. Non-causal attention does not depend on the order of the keys, so where the joint (text) tokens sit
    ("front" or "rear") and in which order a member sees the sequence blocks change only rounding, never
    the result; the output rows always come back to the member that owns the queries.
+
+NOTE [attention plan cache]
+Plans are kept per (world, group ranks) in a small LRU (``PLAN_CAPACITY`` plans) under the key
+(spec, resolved placement, B, H, D, dtype, joint tokens, seq_splits). Why members never disagree about
+hit or miss when they pass the arguments of one call:
+* The key is a function of the call's arguments that every member passes alike (spec, joint tokens, B, H,
+  D, dtype, seq_splits; this member's own S_local is seq_splits[me], checked locally), so the members of
+  one call compute one key.
+* A group's cache changes only in calls on that group: a hit moves the plan to the end, and a plan is
+  inserted (evicting the oldest) only after the exchange validated the records, whose outcome is the same
+  on every member because they all read the same records. So on every member the cache of a group is a
+  function of the keys of that group's validated calls, in order, which every member sees alike (every
+  member takes part in every call of its groups, in the same order: NOTE [group-free collectives]). Calls
+  on other groups never touch it; there is deliberately no bound across groups, since evicting one
+  group's plans for another group's calls would make hits depend on calls some members do not share.
+* Local shapes alone could not be a key: with uneven shards member 0's [10] rows fit both [10, 20] and
+  [10, 30], and a member whose own shard did not change cannot know that another's did. Hence the cache
+  needs seq_splits (every member's S_local, as gfdit.models passes it); calls without it exchange.
+``PLAN_CACHE = False`` (or GFDIT_ATTENTION_PLAN_CACHE=0) turns the cache off; it must be set alike on
+every member (the record carries it and the exchange refuses a mix).
+
+NOTE [plan disagreement]
+Members that do not pass the arguments of one call (one passes new shapes or seq_splits while the others
+reuse a plan, or a member's own input is bad while the others hit) take different paths: some run the
+exchange, others a cached plan, or different plans. The message tags (NOTE [message tags] in edge.h)
+make that an error on the first message that crosses between two such members: the exchange sends to and
+receives from every member with ``_EXCHANGE_TAG``, and a plan's collectives carry that plan's fingerprint
+(32 bits of a hash of the group and the key; the same on every member, whether computed from the gathered
+records or from a cached plan). The receiver refuses the message before reading its bytes, so nothing is
+ever computed from data of another shape; members blocked on a member that failed stop too (NOTE [failure
+broadcast] in world.cpp), so nobody waits for its timeout. Every member then raises ``PlanMismatch``, a
+gfdit.InvalidUsage that is also a gfdit.RemoteError: the loss is that the world is unusable afterwards on
+every member (its edges are out of step; destroy it and init again, which the engine does on a
+RemoteError). Bad input while *every* member exchanges still raises the plain InvalidUsage and leaves the
+world usable. A 32-bit fingerprint can collide (about 2**-32 for two different plans); the receiver's
+collective kind and size checks still apply then.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import hashlib
+import operator
+import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from gfdit import comm
-from gfdit._C import InvalidUsage
+from gfdit._C import Error, InvalidUsage, RemoteError
 from gfdit.attention.local import PartialMerger, block_attention
 from gfdit.attention.spec import GridLayout, ParallelSpec, resolve_placement
 from gfdit.topology import Topology
@@ -50,6 +97,7 @@ _ERR_DEVICE = 5
 _ERR_JOINT_PARTIAL = 6
 _ERR_JOINT_SHAPE = 7
 _ERR_JOINT_DTYPE = 8
+_ERR_SEQ_SPLITS = 9
 _ERR_MESSAGES = {
     _ERR_NOT_TENSOR: "q, k and v must be torch tensors",
     _ERR_NOT_4D: "q, k and v must be 4-D [B, S_local, H, D]",
@@ -59,11 +107,31 @@ _ERR_MESSAGES = {
     _ERR_JOINT_PARTIAL: "give all of joint_q, joint_k, joint_v or none",
     _ERR_JOINT_SHAPE: "joint_q/k/v must be [B, S_joint, H, D] with the B, H, D of q",
     _ERR_JOINT_DTYPE: "joint_q/k/v must have the dtype of q",
+    _ERR_SEQ_SPLITS: "seq_splits must be one non-negative length per member, this member's equal to its S_local",
 }
-_META_LEN = 8  # err, B, S, H, D, dtype, has_joint, S_joint
+# err, B, S, H, D, dtype, has_joint, S_joint, seq_splits given, seq_splits hash, plan cache on
+_META_LEN = 11
+
+# Message tags (NOTE [plan disagreement]): the exchange's; plan fingerprints are never 0 or this.
+_EXCHANGE_TAG = 0x9F1D_E7C4
+_TAG_MISMATCH = "message tag mismatch"
+
+PLAN_CACHE = os.environ.get("GFDIT_ATTENTION_PLAN_CACHE", "1").strip().lower() not in (
+    "0",
+    "false",
+    "off",
+    "no",
+)
+PLAN_CAPACITY = 16  # plans kept per group (NOTE [attention plan cache])
 
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
+
+
+class PlanMismatch(InvalidUsage, RemoteError):
+    """The members of a group did not pass the arguments of one attention call (NOTE [plan disagreement]).
+
+    An InvalidUsage (the callers disagree) and a RemoteError (the world is unusable afterwards)."""
 
 
 def _comm_executor() -> concurrent.futures.ThreadPoolExecutor:
@@ -77,14 +145,26 @@ def _comm_executor() -> concurrent.futures.ThreadPoolExecutor:
         return _executor
 
 
-# ------------------------------------------------------------------------------------------- validation
-def _local_record(q: Any, k: Any, v: Any, jq: Any, jk: Any, jv: Any) -> tuple[list[int], str]:
-    """This member's metadata record and, on error, a detailed local message."""
-    rec = [0] * _META_LEN
+def _digest(obj: Any, nbytes: int) -> int:
+    """A hash of repr(obj) that is the same in every process (unlike hash(), which is salted)."""
+    return int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=nbytes).digest(), "little")
 
-    def fail(code: int, detail: str) -> tuple[list[int], str]:
+
+def _splits_hash(splits: Sequence[int]) -> int:
+    return _digest(tuple(int(x) for x in splits), 8) >> 2  # fits an int64
+
+
+# ------------------------------------------------------------------------------------------- validation
+def _local_record(
+    q: Any, k: Any, v: Any, jq: Any, jk: Any, jv: Any, seq_splits: Any, n: int, me: int
+) -> tuple[list[int], str, tuple[int, ...] | None]:
+    """This member's metadata record, on error a detailed local message, and seq_splits as a tuple."""
+    rec = [0] * _META_LEN
+    rec[10] = int(PLAN_CACHE)
+
+    def fail(code: int, detail: str) -> tuple[list[int], str, None]:
         rec[0] = code
-        return rec, detail
+        return rec, detail, None
 
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return fail(_ERR_NOT_TENSOR, f"got {type(q).__name__}, {type(k).__name__}, {type(v).__name__}")
@@ -117,7 +197,20 @@ def _local_record(q: Any, k: Any, v: Any, jq: Any, jk: Any, jv: Any) -> tuple[li
             return fail(_ERR_JOINT_DTYPE, f"joint dtypes {[t.dtype for t in joints]}, q {q.dtype}")
         rec[6] = 1
         rec[7] = shapes[0][1]
-    return rec, ""
+    splits = None
+    if seq_splits is not None:
+        try:
+            splits = tuple(operator.index(x) for x in seq_splits)
+        except TypeError:
+            splits = None
+        if splits is None or len(splits) != n or any(x < 0 for x in splits) or splits[me] != s:
+            return fail(
+                _ERR_SEQ_SPLITS,
+                f"seq_splits {seq_splits!r} for {n} members; this member (index {me}) has {s}",
+            )
+        rec[8] = 1
+        rec[9] = _splits_hash(splits)
+    return rec, "", splits
 
 
 def _check_records(
@@ -153,11 +246,33 @@ def _check_records(
                 f"{f'{r[7]} joint tokens' if r[6] else 'none'}, member 0 has "
                 f"{f'{recs[0][7]} joint tokens' if recs[0][6] else 'none'}"
             )
-    if h % spec.ulysses != 0:
+    caching = [r[10] for r in recs]
+    if len(set(caching)) != 1:
+        on = [group_ranks[i] for i, c in enumerate(caching) if c]
         raise InvalidUsage(
-            f"gfdit.attention: {h} heads are not divisible by the Ulysses degree "
-            f"{spec.ulysses}; "
-            "choose a Ulysses degree that divides the number of heads"
+            f"gfdit.attention: the plan cache is on for ranks {on} and off for the others of group "
+            f"{group_ranks}; set gfdit.attention.core.PLAN_CACHE (GFDIT_ATTENTION_PLAN_CACHE) alike everywhere"
+        )
+    given = [r[8] for r in recs]
+    if len(set(given)) != 1:
+        raise InvalidUsage(
+            f"gfdit.attention: seq_splits given by ranks {[group_ranks[i] for i, g in enumerate(given) if g]} "
+            f"but not by the others of group {group_ranks}; every member passes it, or none"
+        )
+    if given[0]:
+        lengths = [r[2] for r in recs]
+        want = _splits_hash(lengths)
+        wrong = [i for i, r in enumerate(recs) if r[9] != want]
+        if wrong:
+            raise InvalidUsage(
+                f"gfdit.attention: seq_splits of member {wrong[0]} (rank {group_ranks[wrong[0]]}) differ "
+                f"from the members' shard lengths {lengths}"
+                + (f" [here: seq_splits {local_detail}]" if local_detail else "")
+            )
+    if spec.ulysses > h:
+        raise InvalidUsage(
+            f"gfdit.attention: the Ulysses degree {spec.ulysses} exceeds the {h} heads; "
+            "each Ulysses member needs at least one head"
         )
 
 
@@ -232,53 +347,72 @@ def _joint_partials_merge(
     group: comm.Group,
     layout: GridLayout,
     part: torch.Tensor,
-    heads: int,
+    head_splits: Sequence[int],
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Combines every member's joint-query partial [B, h, S_joint, D + 1] (out | lse) into joint_out.
+    """Combines every member's joint-query partial [B, h_x, S_joint, D + 1] (out | lse) into joint_out.
 
     Members of one Ring group saw disjoint key sets of the same heads: merged through their lse. Ulysses
-    groups own disjoint heads: concatenated.
+    groups own disjoint heads (head_splits[x] of Ulysses member x): concatenated. Partials are padded to
+    the largest head count, so one all_gather of equal blocks carries them.
     """
     n = group.size()
     b, hu, sj, d1 = part.shape
-    gathered = torch.empty((n, b, hu, sj, d1), dtype=torch.float32)
+    h_max = max(head_splits)
+    if hu != h_max:
+        padded = part.new_zeros((b, h_max, sj, d1))
+        padded[:, :hu] = part
+        part = padded
+    gathered = torch.empty((n, b, h_max, sj, d1), dtype=torch.float32)
     if n > 1:
         world.all_gather_into_tensor(gathered, part.contiguous(), group=group)
     else:
         gathered[0] = part
     u, r = layout.ulysses, layout.ring
+    heads = sum(head_splits)
     out = torch.empty((b, sj, heads, d1 - 1), dtype=dtype)
+    lo = 0
     for x in range(u):
+        hx = head_splits[x]
         idx = [GridLayout.index(layout.placement, u, r, x, y) for y in range(r)]
-        parts = gathered[idx]  # [r, B, hu, Sj, D + 1]
+        parts = gathered[idx][:, :, :hx]  # [r, B, h_x, Sj, D + 1]
         o, lse = parts[..., :-1], parts[..., -1]
         m = torch.logsumexp(lse, dim=0)
         w = torch.exp(lse - m.unsqueeze(0)).nan_to_num_(0.0)
-        merged = (o * w.unsqueeze(-1)).sum(dim=0)  # [B, hu, Sj, D]
-        out[:, :, x * hu : (x + 1) * hu] = merged.transpose(1, 2).to(dtype)
+        merged = (o * w.unsqueeze(-1)).sum(dim=0)  # [B, h_x, Sj, D]
+        out[:, :, lo : lo + hx] = merged.transpose(1, 2).to(dtype)
+        lo += hx
     return out
 
 
 class _Call:
-    """What one validated call knows: the group, the grid and every member's sequence length."""
+    """What one validated call knows: the group, the grid, every member's sequence length and heads.
+
+    Built from the gathered records; kept and reused by later calls with the same key (NOTE [attention
+    plan cache]), so it holds nothing that belongs to one call, and only a weak reference to its world (a
+    kept plan must not keep a destroyed world's regions mapped).
+    """
 
     def __init__(
         self, world: comm.World, group: comm.Group, spec: ParallelSpec, placement: str, recs: list[list[int]]
     ) -> None:
-        self.world = world
-        self.group = group
+        self._world = weakref.ref(world)
+        self._group = group._g  # the descriptors, not comm.Group (which holds its world)
         self.spec = spec
         self.n = group.size()
         self.me = group.rank()
         self.layout = GridLayout.build(spec.ulysses, spec.ring, placement, self.me)
         self.splits = [r[2] for r in recs]
         self.b, self.h, self.d = recs[0][1], recs[0][3], recs[0][4]
-        self.hu = self.h // spec.ulysses
-        self.has_joint = bool(recs[0][6])
-        self.s_joint = recs[0][7]
         u, r = spec.ulysses, spec.ring
         lay = self.layout
+        # Heads of each Ulysses member (by Ulysses index), the first H % u hold one more.
+        self.head_splits = comm.even_head_splits(self.h, u)
+        self.head_offsets = [sum(self.head_splits[:x]) for x in range(u)]
+        self.hu = self.head_splits[lay.ulysses_idx]  # this member's heads
+        self.head_lo = self.head_offsets[lay.ulysses_idx]
+        self.has_joint = bool(recs[0][6])
+        self.s_joint = recs[0][7]
         self.ul_splits = [self.splits[m] for m in lay.ulysses_members]
         # Sequence a ring member holds after its Ulysses all-to-all: its whole Ulysses group's shards.
         self.ring_blocks = [
@@ -286,12 +420,123 @@ class _Call:
         ]
         self._ul_group = None
         self._ring_ranks = [group.ranks[m] for m in lay.ring_members]
+        self.key = _plan_key(
+            spec,
+            placement,
+            recs[0][1],
+            recs[0][3],
+            recs[0][4],
+            recs[0][5],
+            recs[0][6],
+            recs[0][7],
+            self.splits,
+        )
+        self.tag = _plan_tag(group.ranks, self.key)
+
+    @property
+    def world(self) -> comm.World:
+        world = self._world()
+        if world is None:
+            raise InvalidUsage("gfdit.attention: this plan's world was destroyed")
+        return world
+
+    @property
+    def group(self) -> comm.Group:
+        return comm.Group(self.world, self._group)
 
     @property
     def ul_group(self) -> comm.Group:
         if self._ul_group is None:
-            self._ul_group = _sub_group(self.world, self.group, self.layout.ulysses_members)
-        return self._ul_group
+            self._ul_group = _sub_group(self.world, self.group, self.layout.ulysses_members)._g
+        return comm.Group(self.world, self._ul_group)
+
+
+def _plan_key(
+    spec: ParallelSpec,
+    placement: str,
+    b: int,
+    h: int,
+    d: int,
+    dtype: int,
+    has_joint: int,
+    s_joint: int,
+    splits: Sequence[int],
+) -> tuple:
+    """See NOTE [attention plan cache]: the same on every member of one call."""
+    return (
+        (spec.ulysses, spec.ring, spec.mode, placement, spec.torus_chunks),
+        (int(b), int(h), int(d), int(dtype), int(has_joint), int(s_joint) if has_joint else 0),
+        tuple(int(x) for x in splits),
+    )
+
+
+def _plan_tag(group_ranks: Sequence[int], key: tuple) -> int:
+    """The plan's message tag (NOTE [plan disagreement]): 32 bits, never 0 nor the exchange's."""
+    tag = _digest((tuple(group_ranks), key), 4)
+    if tag in (0, _EXCHANGE_TAG):
+        tag ^= 0x5A5A_5A5A
+    return tag
+
+
+class _PlanCache:
+    """The plans of one group on one world: an LRU of PLAN_CAPACITY (NOTE [attention plan cache])."""
+
+    __slots__ = ("plans", "hits", "misses")
+
+    def __init__(self) -> None:
+        self.plans: collections.OrderedDict[tuple, _Call] = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple) -> _Call | None:
+        plan = self.plans.get(key)
+        if plan is None:
+            self.misses += 1
+            return None
+        self.plans.move_to_end(key)
+        self.hits += 1
+        return plan
+
+    def put(self, key: tuple, plan: _Call) -> None:
+        self.plans[key] = plan
+        self.plans.move_to_end(key)
+        while len(self.plans) > PLAN_CAPACITY:
+            self.plans.popitem(last=False)
+
+
+_caches: weakref.WeakKeyDictionary[comm.World, dict[tuple[int, ...], _PlanCache]] = (
+    weakref.WeakKeyDictionary()
+)
+_caches_lock = threading.Lock()
+
+
+def _group_cache(world: comm.World, group: comm.Group) -> _PlanCache:
+    with _caches_lock:
+        per_world = _caches.setdefault(world, {})
+        ranks = tuple(group.ranks)
+        cache = per_world.get(ranks)
+        if cache is None:
+            cache = per_world[ranks] = _PlanCache()
+        return cache
+
+
+def plan_cache_info(world: comm.World | None = None) -> dict[str, int]:
+    """Plans kept, hits and misses over every group of ``world`` (None: the default world)."""
+    world = comm.get_world() if world is None else world
+    with _caches_lock:
+        caches = list(_caches.get(world, {}).values())
+    return {
+        "groups": len(caches),
+        "plans": sum(len(c.plans) for c in caches),
+        "hits": sum(c.hits for c in caches),
+        "misses": sum(c.misses for c in caches),
+    }
+
+
+def clear_plan_cache() -> None:
+    """Forgets every kept plan. Collective in effect: call it on every member alike (or on none)."""
+    with _caches_lock:
+        _caches.clear()
 
 
 def _usp(
@@ -303,12 +548,20 @@ def _usp(
     s_local = q.shape[1]
     dtype = q.dtype
     if u > 1:
-        # One all-to-all for q, k and v: [B, S, u, 3, hu, D] viewed as u*3*hu "heads".
-        packed = torch.stack([x.view(b, s_local, u, hu, d) for x in (q, k, v)], dim=3)
-        packed = packed.reshape(b, s_local, u * 3 * hu, d)
+        # One all-to-all for q, k and v: Ulysses member x gets [q | k | v] of its heads, 3 * h_x "heads".
+        hs, ho = call.head_splits, call.head_offsets
+        packed = torch.cat([t[:, :, ho[x] : ho[x] + hs[x]] for x in range(u) for t in (q, k, v)], dim=2)
         s_u = sum(call.ul_splits)
         gathered = torch.empty((b, s_u, 3 * hu, d), dtype=dtype)
-        world.all_to_all_4d(gathered, packed, 2, 1, group=call.ul_group, seq_splits=call.ul_splits)
+        world.all_to_all_4d(
+            gathered,
+            packed,
+            2,
+            1,
+            group=call.ul_group,
+            seq_splits=call.ul_splits,
+            head_splits=[3 * x for x in hs],
+        )
         g5 = gathered.view(b, s_u, 3, hu, d)
         q_b = g5[:, :, 0].transpose(1, 2)
         kv = g5[:, :, 1:3].permute(2, 0, 3, 1, 4).contiguous()  # [2, B, hu, S_u, D]
@@ -316,7 +569,7 @@ def _usp(
         s_u = s_local
         q_b = q.transpose(1, 2)
         kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)], dim=0)  # contiguous copy
-    heads = slice(lay.ulysses_idx * hu, (lay.ulysses_idx + 1) * hu)
+    heads = slice(call.head_lo, call.head_lo + hu)
     merger = PartialMerger()
     joint_part = None
     if joint is not None:
@@ -331,14 +584,16 @@ def _usp(
     out_u = out_b.transpose(1, 2).to(dtype).contiguous()  # [B, S_u, hu, D]
     if u > 1:
         out = torch.empty((b, s_local, call.h, d), dtype=dtype)
-        world.all_to_all_4d(out, out_u, 1, 2, group=call.ul_group, seq_splits=call.ul_splits)
+        world.all_to_all_4d(
+            out, out_u, 1, 2, group=call.ul_group, seq_splits=call.ul_splits, head_splits=call.head_splits
+        )
     else:
         out = out_u
     joint_out = None
     if joint is not None:
         jo, jl = jmerger.result(jq)
         joint_part = torch.cat([jo, jl.unsqueeze(-1)], dim=-1)
-        joint_out = _joint_partials_merge(world, call.group, lay, joint_part, call.h, dtype)
+        joint_out = _joint_partials_merge(world, call.group, lay, joint_part, call.head_splits, dtype)
     return out, joint_out
 
 
@@ -359,6 +614,20 @@ def _local(q, k, v, joint):
     return out, joint_out
 
 
+def _plan_mismatch(exc: Error, group: comm.Group, ran: str, local_detail: str) -> PlanMismatch:
+    """A PlanMismatch naming the problem, from the tag-mismatch error a collective of the call raised."""
+    text = str(exc).replace(f"tag 0x{_EXCHANGE_TAG:x}", f"tag 0x{_EXCHANGE_TAG:x} (the metadata exchange)")
+    msg = (
+        f"gfdit.attention: the members of group {group.ranks} disagree about this call: they did not all pass "
+        "the arguments of one call (e.g. one member's shapes or seq_splits changed while the others reused a "
+        f"cached plan), so some ran the metadata exchange and others a cached plan, or different plans; this "
+        f"member ran {ran}. The world is unusable now: destroy it and init again."
+    )
+    if local_detail:
+        msg += f" This member's own input is bad too: {local_detail}."
+    return PlanMismatch(f"{msg} ({text})")
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -371,6 +640,7 @@ def attention(
     joint_v: torch.Tensor | None = None,
     joint: str = "front",
     topology: Topology | None = None,
+    seq_splits: Sequence[int] | None = None,
 ) -> Any:
     """Exact non-causal softmax attention (scale 1/sqrt(D)) of a sequence split across ``group``.
 
@@ -380,8 +650,13 @@ def attention(
     or "rear" of the sequence) returns (out, joint_out), joint_out [B, S_joint, H, D] on every member.
 
     group: a gfdit Group (None: the world). spec: ParallelSpec with ulysses * ring == len(group)
-    (None: pure Ulysses). topology: for placement="auto" (None: ``Topology.from_env``).
-    Every member of the group must call this with the same spec, group and joint arguments.
+    (None: pure Ulysses); ulysses may be anything up to H (uneven heads: the first H % ulysses Ulysses
+    members take one more). topology: for placement="auto" (None: ``Topology.from_env``).
+    seq_splits: every member's S_local, in group order (the same list on every member). With it the
+    validated plan is kept and later calls with the same arguments skip the metadata exchange (NOTE
+    [attention plan cache]); without it every call exchanges.
+    Every member of the group must call this with the same spec, group, joint arguments and seq_splits;
+    members that do not raise ``PlanMismatch`` (NOTE [plan disagreement]).
     """
     world = comm.get_world()
     g = world._group(group)
@@ -406,27 +681,60 @@ def attention(
     else:
         placement = "ulysses-low" if spec.placement == "auto" else spec.placement
 
-    rec, detail = _local_record(q, k, v, joint_q, joint_k, joint_v)
-    recs = _gather_records(world, g, rec) if n > 1 else [rec]
-    _check_records(recs, g.rank(), detail, spec, g.ranks)
-    if spec.mode == "torus":
-        from gfdit.attention.torus import check_torus
-
-        check_torus(spec, recs[0][3])
-    has_joint = bool(recs[0][6])
-    q, k, v = (x.contiguous() for x in (q, k, v))
-    joint_t = tuple(t.contiguous() for t in (joint_q, joint_k, joint_v)) if has_joint else None
+    me = g.rank()
+    rec, detail, splits = _local_record(q, k, v, joint_q, joint_k, joint_v, seq_splits, n, me)
     if n == 1:
-        out, joint_out = _local(q, k, v, joint_t)
-    else:
-        call = _Call(world, g, spec, placement, recs)
+        _check_records([rec], 0, detail, spec, g.ranks)
+        if spec.mode == "torus":
+            from gfdit.attention.torus import check_torus
+
+            check_torus(spec, rec[3])
+        joint_t = tuple(t.contiguous() for t in (joint_q, joint_k, joint_v)) if rec[6] else None
+        out, joint_out = _local(q.contiguous(), k.contiguous(), v.contiguous(), joint_t)
+        return (out, joint_out) if rec[6] else out
+
+    cache = _group_cache(world, g) if PLAN_CACHE and splits is not None else None
+    call = None
+    if cache is not None:  # a bad local record has no splits, so it always goes to the exchange
+        call = cache.get(_plan_key(spec, placement, rec[1], rec[3], rec[4], rec[5], rec[6], rec[7], splits))
+    saved_tag = world.message_tag
+    ran = f"the cached plan (tag 0x{call.tag:x})" if call is not None else "the metadata exchange"
+    try:
+        if call is None:
+            world.set_message_tag(_EXCHANGE_TAG)
+            recs = _gather_records(world, g, rec)
+            _check_records(recs, me, detail, spec, g.ranks)
+            if spec.mode == "torus":
+                from gfdit.attention.torus import check_torus
+
+                check_torus(spec, recs[0][3])
+            call = _Call(world, g, spec, placement, recs)
+            if cache is not None and recs[0][8]:
+                cache.put(call.key, call)
+            ran = f"the metadata exchange, then plan 0x{call.tag:x}"
+        world.set_message_tag(call.tag)
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        joint_t = tuple(t.contiguous() for t in (joint_q, joint_k, joint_v)) if call.has_joint else None
         if spec.mode == "torus":
             from gfdit.attention.torus import torus
 
             out, joint_out = torus(call, q, k, v, joint_t)
         else:
             out, joint_out = _usp(call, q, k, v, joint_t)
-    return (out, joint_out) if has_joint else out
+    except Error as exc:
+        if _TAG_MISMATCH in str(exc) and not isinstance(exc, PlanMismatch):
+            raise _plan_mismatch(exc, g, ran, detail) from exc
+        raise
+    finally:
+        world.set_message_tag(saved_tag)
+    return (out, joint_out) if call.has_joint else out
 
 
-__all__ = ["attention", "block_attention", "ring_attention"]
+__all__ = [
+    "PlanMismatch",
+    "attention",
+    "block_attention",
+    "clear_plan_cache",
+    "plan_cache_info",
+    "ring_attention",
+]

@@ -1,8 +1,11 @@
 """Torus attention: the Ulysses all-to-all chunked by heads, pipelined against the ring, with one-sided puts.
 
-The group is the same ``ulysses x ring`` grid as USP (``GridLayout``). Each member's hu = H / ulysses heads
-are split into C chunks of hc heads (``ParallelSpec.torus_chunks``; default the largest divisor of hu up
-to 4). Chunk c of Ulysses member x is the heads x*hu + c*hc ... x*hu + (c+1)*hc - 1.
+The group is the same ``ulysses x ring`` grid as USP (``GridLayout``). Ulysses member x holds h_x heads
+(``comm.even_head_splits``: H / ulysses each, or one more on the first H % ulysses members when the heads
+do not divide), split into C chunks (``ParallelSpec.torus_chunks``, the same C on every member). With even
+heads C must divide h_x and defaults to its largest divisor up to 4, so every chunk has h_x / C heads; with
+uneven heads C may be at most the smallest h_x (default: that, up to 4) and chunk c of member x has
+``h_x // C + (c < h_x % C)`` heads. Chunk c of member x is the next heads of x after its earlier chunks.
 
 Algorithm, per member (all transfers on the one communication thread, in this order, so every member
 issues the same sequence; the calling thread only computes and waits on futures):
@@ -16,13 +19,15 @@ issues the same sequence; the calling thread only computes and waits on futures)
         put_out(c)                           # chunk c's output rows back to their owners (one-sided)
     wait_out(all)                            # every peer's output chunks have landed
 
-Workspace: one symmetric-heap block per call (``gfdit.empty``) of the same size on every member, so that
-a member's local offset names the same place on every peer (``put_with_signal`` addresses the peer's
-heap by the local tensor's offset). It holds a receive area for every (chunk, source) pair, so nothing
-is overwritten within a call and no credits are needed; the start-of-call all_gather (NOTE [attention
-call protocol], 1) keeps a fast member from writing call N+1's data while a slow one still reads call N.
-The offsets are all_gathered once per call: if they differ on some member (its heap history differs, or
-its heap is full), every member falls back to USP for that call, which gives the same result.
+Workspace: one symmetric-heap block per call (``gfdit.empty``) of the same size on every member (sized
+for the largest chunk of any member), so that a member's local offset names the same place on every peer
+(``put_with_signal`` addresses the peer's heap by the local tensor's offset). It holds a receive area for
+every (chunk, source) pair, so nothing is overwritten within a call and no credits are needed. The
+offsets are all_gathered once per call, before any put: that all_gather is also the start barrier that
+keeps a fast member from writing call N+1's data while a slow one still reads call N (so Torus keeps one
+collective per call of its own even when the call's plan is cached, NOTE [attention plan cache]). If the
+offsets differ on some member (its heap history differs, or its heap is full), every member falls back
+to USP for that call, which gives the same result.
 
 Put counting: ``wait_signal(peer, n)`` counts every put from ``peer``, whatever it carried. A peer's puts
 to this member come in the fixed order fwd0, fwd1, out0, fwd2, out1, ..., out(C-1) (``_put_order``),
@@ -50,21 +55,42 @@ _PAD = 256  # spare elements at the end of the workspace: empty puts still need 
 
 
 def chunks_for(spec: ParallelSpec, heads: int) -> int:
-    hu = heads // spec.ulysses
+    """The number of head chunks C of a Torus call (see the module docstring)."""
     if spec.torus_chunks is not None:
         return spec.torus_chunks
-    return max(c for c in range(1, min(4, hu) + 1) if hu % c == 0)
+    hs = comm.even_head_splits(heads, spec.ulysses)
+    h_min = max(1, min(hs))
+    if len(set(hs)) == 1:
+        return max(c for c in range(1, min(4, h_min) + 1) if h_min % c == 0)
+    return min(4, h_min)
 
 
 def check_torus(spec: ParallelSpec, heads: int) -> None:
-    hu = heads // spec.ulysses
-    c = chunks_for(spec, heads)
-    if hu % c != 0:
+    if spec.ulysses > heads:
         raise InvalidUsage(
-            f"gfdit.attention: torus_chunks={c} does not divide the {hu} heads per Ulysses "
+            f"gfdit.attention: the Ulysses degree {spec.ulysses} exceeds the {heads} heads; "
+            "each Ulysses member needs at least one head"
+        )
+    hs = comm.even_head_splits(heads, spec.ulysses)
+    c = chunks_for(spec, heads)
+    if len(set(hs)) == 1 and hs[0] % c != 0:
+        raise InvalidUsage(
+            f"gfdit.attention: torus_chunks={c} does not divide the {hs[0]} heads per Ulysses "
             "member "
             f"({heads} heads / ulysses {spec.ulysses})"
         )
+    if c > min(hs):
+        raise InvalidUsage(
+            f"gfdit.attention: torus_chunks={c} exceeds the {min(hs)} heads of the smallest Ulysses member "
+            f"({heads} heads over ulysses {spec.ulysses}: {hs})"
+        )
+
+
+def chunk_heads(head_splits: Sequence[int], num_chunks: int) -> list[list[int]]:
+    """chunk_heads(...)[x][c]: the heads of chunk c of Ulysses member x."""
+    return [
+        [h // num_chunks + (1 if c < h % num_chunks else 0) for c in range(num_chunks)] for h in head_splits
+    ]
 
 
 def _put_order(num_chunks: int) -> dict[str, int]:
@@ -97,17 +123,20 @@ def torus(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     world, lay, group = call.world, call.layout, call.group
     u, r, placement = lay.ulysses, lay.ring, lay.placement
-    b, h, d, hu = call.b, call.h, call.d, call.hu
+    b, h, d = call.b, call.h, call.d
     dtype = q.dtype
     num_c = chunks_for(call.spec, h)
-    hc = hu // num_c
+    ch = chunk_heads(call.head_splits, num_c)  # ch[x][c]: heads of chunk c of Ulysses member x
+    cho = [[sum(row[:c]) for c in range(num_c)] for row in ch]  # their offsets within the member's heads
+    ho = call.head_offsets
+    hc_max = max(max(row) for row in ch)
     s_me = q.shape[1]
     splits, ul_splits = call.splits, call.ul_splits
     # Same sizes on every member: the largest Ulysses-group sequence and the largest shard of the group.
     s_u_max = max(call.ring_blocks)
     s_max = max(splits)
-    fwd_chunk = 3 * b * s_u_max * hc * d  # receive area of one chunk: [u sources][3, B, hc, S_x, D]
-    out_chunk = u * b * s_max * hc * d  # output area of one chunk: u slots of B * S_max * hc * D
+    fwd_chunk = 3 * b * s_u_max * hc_max * d  # receive area of one chunk: [u sources][3, B, hc, S_x, D]
+    out_chunk = u * b * s_max * hc_max * d  # output area of one chunk: u slots of B * S_max * hc * D
     total = num_c * (fwd_chunk + out_chunk) + _PAD
 
     ws = None
@@ -142,15 +171,17 @@ def torus(
     waiter = _PutWaiter(world, peers)
     ex = _comm_executor()
 
-    def fwd_view(c: int, x: int) -> torch.Tensor:
-        """Receive area of chunk c from Ulysses member x: [3, B, hc, S_x, D]."""
+    def fwd_view(c: int, x: int, hc: int) -> torch.Tensor:
+        """Receive area of chunk c from Ulysses member x on a member whose chunk c has hc heads:
+        [3, B, hc, S_x, D]."""
         off = c * fwd_chunk + 3 * b * prefix[x] * hc * d
         n_el = 3 * b * ul_splits[x] * hc * d
         return ws[off : off + n_el].view(3, b, hc, ul_splits[x], d)
 
-    def out_view(c: int, x: int, s_owner: int) -> torch.Tensor:
-        """Output area of chunk c from Ulysses member x on a member holding s_owner rows: [B, S, hc, D]."""
-        off = num_c * fwd_chunk + c * out_chunk + x * b * s_max * hc * d
+    def out_view(c: int, x: int, s_owner: int, hc: int) -> torch.Tensor:
+        """Output area of chunk c (hc heads) from Ulysses member x on a member holding s_owner rows:
+        [B, S, hc, D]."""
+        off = num_c * fwd_chunk + c * out_chunk + x * b * s_max * hc_max * d
         return ws[off : off + b * s_owner * hc * d].view(b, s_owner, hc, d)
 
     def put(src: torch.Tensor, dst_local: torch.Tensor, peer: int) -> None:
@@ -162,10 +193,10 @@ def torus(
     def put_fwd(c: int) -> None:
         # This member's q/k/v rows for the chunk-c heads of each Ulysses member x.
         for x in range(u):
-            lo = x * hu + c * hc
+            lo, hc = ho[x] + cho[x][c], ch[x][c]
             # [3, B, hc, S, D]
             piece = torch.stack([t[:, :, lo : lo + hc].transpose(1, 2) for t in (q, k, v)], dim=0)
-            dst = fwd_view(c, me_u)
+            dst = fwd_view(c, me_u, hc)
             if x == me_u:
                 dst.copy_(piece)
             else:
@@ -175,7 +206,7 @@ def torus(
         # out_c: [B, hc, S_u, D] float32 for the chunk-c heads of this member; rows of member x go back to x.
         for x in range(u):
             rows = out_c[:, :, prefix[x] : prefix[x] + ul_splits[x]].transpose(1, 2).to(dtype).contiguous()
-            dst = out_view(c, me_u, ul_splits[x])
+            dst = out_view(c, me_u, ul_splits[x], ch[me_u][c])
             if x == me_u:
                 dst.copy_(rows)
             else:
@@ -183,18 +214,18 @@ def torus(
 
     futures = [ex.submit(put_fwd, 0)]
     joint_parts = []
-    heads0 = me_u * hu
     try:
         for c in range(num_c):
             got = ex.submit(waiter.wait_upto, peers, pos[f"f{c}"])
             if c + 1 < num_c:
                 futures.append(ex.submit(put_fwd, c + 1))
             got.result()
-            recv = torch.cat([fwd_view(c, x) for x in range(u)], dim=3)  # [3, B, hc, S_u, D]
+            recv = torch.cat([fwd_view(c, x, ch[me_u][c]) for x in range(u)], dim=3)  # [3, B, hc, S_u, D]
             q_b, kv = recv[0], recv[1:3].contiguous()
             merger = PartialMerger()
             if joint is not None:
-                sl = slice(heads0 + c * hc, heads0 + (c + 1) * hc)
+                lo = ho[me_u] + cho[me_u][c]
+                sl = slice(lo, lo + ch[me_u][c])
                 jq, jk, jv = (t[:, :, sl].transpose(1, 2) for t in joint)
                 merger.add_block(q_b, jk, jv)
                 jm = PartialMerger()
@@ -211,15 +242,23 @@ def torus(
     finally:
         for f in futures:
             f.result()
-    # Assemble [B, S_me, H, D]: head x*hu + c*hc + i comes from area (c, x).
-    # Area (c, x) holds a contiguous [B, S_me, hc, D] at its start (its slot is sized for S_max rows).
-    area = ws[num_c * fwd_chunk : num_c * fwd_chunk + num_c * out_chunk].view(num_c, u, b * s_max * hc * d)
-    area = area[:, :, : b * s_me * hc * d].view(num_c, u, b, s_me, hc, d)
+    # Assemble [B, S_me, H, D]: the heads of chunk c of Ulysses member x come from area (c, x), which holds
+    # a contiguous [B, S_me, ch[x][c], D] at its start (its slot is sized for S_max rows of hc_max heads).
     out = torch.empty((b, s_me, h, d), dtype=dtype)  # a copy: the workspace goes back to the heap
-    out.view(b, s_me, u, num_c, hc, d).copy_(area.permute(2, 3, 1, 0, 4, 5))
+    areas = ws[num_c * fwd_chunk : num_c * fwd_chunk + num_c * out_chunk].view(
+        num_c, u, b * s_max * hc_max * d
+    )
+    if all(n_h == hc_max for row in ch for n_h in row):  # even chunks: one strided copy
+        area = areas[:, :, : b * s_me * hc_max * d].view(num_c, u, b, s_me, hc_max, d)
+        out.view(b, s_me, u, num_c, hc_max, d).copy_(area.permute(2, 3, 1, 0, 4, 5))
+    else:
+        for x in range(u):
+            for c in range(num_c):
+                lo, hc = ho[x] + cho[x][c], ch[x][c]
+                out[:, :, lo : lo + hc].copy_(areas[c, x, : b * s_me * hc * d].view(b, s_me, hc, d))
     joint_out = None
     if joint is not None:
-        part = torch.cat(joint_parts, dim=1)  # [B, hu, S_joint, D + 1]
-        joint_out = _joint_partials_merge(world, group, lay, part, h, dtype)
-    area = ws = None  # the workspace goes back to the heap before the caller continues
+        part = torch.cat(joint_parts, dim=1)  # [B, h_me, S_joint, D + 1]
+        joint_out = _joint_partials_merge(world, group, lay, part, call.head_splits, dtype)
+    areas = area = ws = None  # the workspace goes back to the heap before the caller continues
     return out, joint_out

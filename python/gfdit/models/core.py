@@ -8,8 +8,10 @@ temporary changes, undone when the call returns or raises:
    enter the first block (NOTE [sequence shards]); everything before the blocks (patch embedding,
    condition embedders, text projection) runs on every member in full, as in the plain model.
 3. The self-/joint-attention processors of the blocks are replaced by ones that call gfdit.attention on
-   this call's group and spec; cross-attention to replicated text stays local (its queries are sharded,
-   its keys are whole, so it is exact as is).
+   this call's group and spec, with the call's sequence split as seq_splits (so every block after the
+   first reuses the first one's validated plan: NOTE [attention plan cache]); cross-attention to
+   replicated text stays local (its queries are sharded, its keys are whole, so it is exact as is).
+   The Ulysses degree may be anything up to the number of heads (uneven heads are split by gfdit.attention).
 4. A forward hook on the output projection gathers the sequence, so the model's unpatchify and its return
    value are exactly what the plain model returns, on every member.
 The weights are the model's own (nothing is copied), so the plain model and the wrapper may be used in
@@ -138,10 +140,10 @@ class ParallelTransformer(torch.nn.Module):
                 f"{spec.degree} members, but the group {g.ranks} has {n}"
             )
         heads = self._adapter.heads(self.module)
-        if heads % spec.ulysses != 0:
+        if spec.ulysses > heads:  # uneven heads are fine (gfdit.attention splits them), none is not
             raise InvalidUsage(
-                f"gfdit.models: the {self._adapter.name} model has {heads} attention heads, "
-                f"not divisible by the Ulysses degree {spec.ulysses}"
+                f"gfdit.models: the {self._adapter.name} model has {heads} attention heads, fewer than the "
+                f"Ulysses degree {spec.ulysses}; each Ulysses member needs at least one head"
             )
         if spec.mode == "torus" and n > 1:
             from gfdit.attention.torus import check_torus

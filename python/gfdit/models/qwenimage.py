@@ -81,6 +81,7 @@ class QwenJointAttentionProcessor:
             joint_k=txt_k,
             joint_v=txt_v,
             joint="front",
+            seq_splits=self.shards.splits,
         )
         img_out = img_out.flatten(2, 3).to(img_q.dtype)
         txt_out = txt_out.flatten(2, 3).to(img_q.dtype)

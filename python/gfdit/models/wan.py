@@ -61,7 +61,8 @@ class WanSelfAttentionProcessor:
         if rotary_emb is not None:
             query = _rotate(query, *rotary_emb)
             key = _rotate(key, *rotary_emb)
-        out = attention(query, key, value, group=self.shards.group, spec=self.shards.spec)
+        sh = self.shards
+        out = attention(query, key, value, group=sh.group, spec=sh.spec, seq_splits=sh.splits)
         out = out.flatten(2, 3).type_as(query)
         out = attn.to_out[0](out)
         return attn.to_out[1](out)

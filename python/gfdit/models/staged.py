@@ -200,7 +200,8 @@ class StagedModel(abc.ABC):
     ) -> DenoiseState:
         """Runs step ``step_idx`` (must be ``state.step_idx``) on ``group`` with ``spec``; returns the next
         state (the input is not modified). Every member of the group calls it with the same state and gets
-        the same result. group None: the gfdit world if initialised, else a plain local call."""
+        the same result. group None: the gfdit world if initialised, else a plain local call. spec.cfg 2:
+        the guidance passes on the two halves of the group at once (NOTE [CFG-parallel])."""
 
     @abc.abstractmethod
     def vae_latent(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:

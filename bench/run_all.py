@@ -12,8 +12,10 @@
   9. bench_serve.py (gfdit serve under gfdit bench: HTTP overhead over Engine.submit, overload): results/serve.json
  10. bench_torch_backend.py (torch.distributed on the "gfdit" backend vs gloo: new_group, diffusers context
      parallelism): results/torch_backend.json
+ 11. bench_cfg.py (CFG-parallel vs Ulysses 2 at world 2, one denoising step of tiny Wan and tiny Qwen-Image):
+     results/cfg.json
 
-and ends with a summary of every target. Defaults take about 15 minutes on 2 cores; --quick is a smoke
+and ends with a summary of every target. Defaults take about 17 minutes on 2 cores; --quick is a smoke
 test. Exit status 0 when every benchmark ran (missed targets are reported, not an error) unless --strict.
 
     python bench/run_all.py [--quick] [--results DIR] [--cpp-bench PATH] [--strict]
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--skip",
         default="",
-        help="comma separated: cpp,groups,collectives,attention,runtime,control,simulator,fidelity,serve,torch_backend",
+        help="comma separated: cpp,groups,collectives,attention,runtime,control,simulator,fidelity,serve,"
+        "torch_backend,cfg",
     )
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--collectives-args", default="", help="extra arguments for bench_collectives.py")
@@ -185,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         ("fidelity", "bench_fidelity.py", "fidelity.json", 1200, []),
         ("serve", "bench_serve.py", "serve.json", 600, []),
         ("torch_backend", "bench_torch_backend.py", "torch_backend.json", 900, []),
+        ("cfg", "bench_cfg.py", "cfg.json", 900, []),
     ):
         if key in skip:
             continue

@@ -20,7 +20,7 @@ U2 / CFG2 > 1x means CFG-parallel is faster; |CFG2-U2| is the largest difference
 relative to the latent's largest value (both compute the same guided step). One process per rank, one thread
 per process.
 
-    python bench/bench_cfg.py              # 1k..8k tokens, both models: about 2-3 minutes on 2 cores
+    python bench/bench_cfg.py              # 1k..8k tokens, both models: about a minute on 2 quiet cores
     python bench/bench_cfg.py --quick      # 1k and 2k tokens, fewer repetitions
     python bench/bench_cfg.py --models tiny-wan --json out.json
 """

@@ -786,7 +786,11 @@ def layout_steps(sc: Scenario) -> list[dict[str, Any]]:
                 layout, step_s = rt.best_layout(cm, 720, 1280, frames, 40, 4.0, degree, nodes, fam)
                 mode = "torus" if layout.mode == 1 else "usp"
                 inside = {0: "", 1: ", ulysses inside", 2: ", ring inside"}[layout.placement]
-                row[name] = {"step_s": step_s, "layout": f"{layout.ulysses}x{layout.ring} {mode}{inside}"}
+                cfg = " cfg2" if layout.cfg == 2 else ""  # CFG-parallel: a guidance pass per half
+                row[name] = {
+                    "step_s": step_s,
+                    "layout": f"{layout.ulysses}x{layout.ring}{cfg} {mode}{inside}",
+                }
             rows.append(row)
     return rows
 

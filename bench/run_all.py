@@ -14,8 +14,10 @@
      parallelism): results/torch_backend.json
  11. bench_heads.py (uneven heads against even degrees on tiny Wan and Qwen-Image; the attention plan cache
      off vs on): results/heads.json
+ 12. bench_cfg.py (CFG-parallel vs Ulysses 2 at world 2, one denoising step of tiny Wan and tiny Qwen-Image):
+     results/cfg.json
 
-and ends with a summary of every target. Defaults take about 20 minutes on 2 cores; --quick is a smoke
+and ends with a summary of every target. Defaults take about 22 minutes on 2 cores; --quick is a smoke
 test. Exit status 0 when every benchmark ran (missed targets are reported, not an error) unless --strict.
 
     python bench/run_all.py [--quick] [--results DIR] [--cpp-bench PATH] [--strict]
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--skip",
         default="",
-        help="comma separated: cpp,groups,collectives,attention,runtime,control,simulator,fidelity,serve,torch_backend,heads",
+        help="comma separated: cpp,groups,collectives,attention,runtime,control,simulator,fidelity,serve,"
+        "torch_backend,heads,cfg",
     )
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--collectives-args", default="", help="extra arguments for bench_collectives.py")
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         ("serve", "bench_serve.py", "serve.json", 600, []),
         ("torch_backend", "bench_torch_backend.py", "torch_backend.json", 900, []),
         ("heads", "bench_heads.py", "heads.json", 900, []),
+        ("cfg", "bench_cfg.py", "cfg.json", 900, []),
     ):
         if key in skip:
             continue

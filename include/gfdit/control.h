@@ -102,7 +102,8 @@ struct RequestSpec {
   int64_t arrival_ns = 0;          ///< 0: now
   int64_t deadline_ns = 0;         ///< absolute, on the control plane's clock; 0: none
   int32_t priority = 0;            ///< larger is more urgent
-  int32_t max_degree = kMaxRanks;  ///< largest group the model allows (heads)
+  int32_t max_degree = kMaxRanks;  ///< largest group the request may get (the engine: its world size)
+  int32_t num_heads = 0;           ///< the model's attention heads (layouts without a cost model); 0: unknown
   std::string payload;             ///< opaque to the control plane: what encode tasks carry to the worker
 };
 
@@ -117,33 +118,39 @@ enum class LayoutFamily : int32_t {
 /// Name of a layout family ("auto", "usp", "swift", "torus").
 const char* layoutFamilyName(LayoutFamily f);
 
-/// Power-of-two group degrees a prediction covers: 1, 2, 4, ..., kMaxRanks.
-constexpr int kNumDegrees = 7;
-
-/// The cost model's predictions for one request, filled in by the control plane at submit when it has a cost
-/// model. Groups are assumed placed as compactly as the topology allows (ceil(degree / ranks per node) nodes).
+/// The cost model's predictions for one request, for every group degree 1 .. kMaxRanks, filled in by the
+/// control plane at submit when it has a cost model. Groups are assumed placed as compactly as the topology
+/// allows (ceil(degree / ranks per node) nodes).
 struct RequestCost {
   bool known = false;       ///< false: no cost model; policies fall back to shape-only rules
   double encode_s = 0;      ///< text encoder, once, on the first group
   double decode_s = 0;      ///< VAE decode, on one rank
   double migrate_s = 0;     ///< state hand-off to one new member
-  int32_t max_ulysses = 1;  ///< the largest Ulysses degree the model's heads allow
-  /// step_s[k]: one denoising step on 2^k ranks with layout[k]; infinity where the degree is not allowed.
-  std::array<double, kNumDegrees> step_s{};
-  std::array<Layout, kNumDegrees> layout{};
+  int32_t max_ulysses = 1;  ///< the largest Ulysses degree: the model's heads (at most kMaxRanks)
+  /// step_s[d]: one denoising step on d ranks with layout[d]; infinity where the degree was not predicted
+  /// (past the request's or the world's largest degree) or no layout of it can run ([0] is unused).
+  std::array<double, kMaxRanks + 1> step_s{};
+  std::array<Layout, kMaxRanks + 1> layout{};
 
-  /// Seconds of one step on a group of `degree` ranks (a power of two).
+  /// Seconds of one step on a group of `degree` ranks (any degree); infinity where not predicted.
   double stepSeconds(int degree) const;
   /// The layout predictions assume for `degree` ranks.
   const Layout& layoutFor(int degree) const;
 };
 
-/// The fastest layout of `family` for one step of `shape` on `degree` ranks spread over `num_nodes` nodes,
-/// Ulysses at most `max_ulysses`; its predicted seconds go to `step_s`.
+/// The layout a policy uses for `degree` ranks without a cost model: Ulysses over gcd(degree, num_heads) ranks
+/// (the heads split evenly; the whole degree when num_heads is 0) and Ring over the rest, one pass at a time.
+Layout plainLayout(int degree, int num_heads);
+
+/// The fastest layout of `family` for one step of `shape` on `degree` ranks spread over `num_nodes` nodes:
+/// every Ulysses x Ring factorisation of the degree with Ulysses at most `max_ulysses` (the heads; Ulysses
+/// need not divide them), and with guidance and an even degree also CFG-parallel ones (cfg = 2, ulysses x
+/// ring = degree / 2; the family restricts the per-pass layout). Its predicted seconds go to `step_s`
+/// (infinity when the cost model prices none of them).
 Layout bestLayout(const cost::CostModel& cost, const RequestShape& shape, int degree, int num_nodes, int max_ulysses,
                   LayoutFamily family, double* step_s);
 
-/// Predictions for a request of `shape` on groups of up to `max_degree` ranks, `ranks_per_node` to a node.
+/// Predictions for a request of `shape` on groups of 1 .. `max_degree` ranks, `ranks_per_node` to a node.
 RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape, int max_degree, int ranks_per_node,
                          LayoutFamily family);
 
@@ -158,6 +165,7 @@ struct RequestRecord {
   int32_t priority = 0;
   RequestShape shape;
   int32_t max_degree = kMaxRanks;
+  int32_t num_heads = 0;   ///< the model's attention heads, when the submitter said (0: unknown)
   std::vector<int> ranks;  ///< the ranks holding the request's state after its last completed step
   Layout layout;           ///< the layout of its current or last decision
   bool busy = false;       ///< a decision of it is running (its group's ranks are occupied)
@@ -175,7 +183,8 @@ struct RequestRecord {
 };
 
 /// A policy's answer for one ready request: run it on `ranks` (in order) with `layout` for `num_steps`
-/// steps before the next decision.
+/// steps before the next decision. layout.degree() must equal the number of ranks; layout.cfg = 2 only for a
+/// request with guidance (the first half of `ranks` runs the conditional pass, the second the unconditional).
 struct Decision {
   uint64_t request_id = 0;
   std::vector<int> ranks;
@@ -224,7 +233,9 @@ struct PolicyOptions {
   PolicyOrder order = PolicyOrder::kArrival;
   LayoutFamily layouts = LayoutFamily::kAuto;
   int32_t steps_per_decision = 2;  ///< steps before the next decision (NOTE [lookahead] asks again before they end)
-  double min_gain = 0.1;           ///< spare ranks double a group only when its step gets this much faster
+  /// Spare ranks grow a group of d ranks to d' only when its step gets at least this much faster per doubling:
+  /// step(d') <= step(d) x (1 - min_gain)^log2(d' / d) (NOTE [planning]).
+  double min_gain = 0.1;
   /// srtf: a request waiting this many times its remaining time alone goes first (no starvation).
   double aging = 4.0;
   /// edf, priority: the degree a deadline needs is the smallest whose predicted remaining time, times this,
@@ -247,7 +258,8 @@ std::unique_ptr<Policy> makePolicy(const std::string& spec);
 /// Names of the built-in policies ("static:D" stands for any degree).
 std::vector<std::string> policyNames();
 
-/// The largest power of two that divides `heads` (the largest Ulysses degree a model allows), at most kMaxRanks.
+/// The largest Ulysses degree a model of `heads` attention heads allows: the heads (an uneven split gives each
+/// member floor or ceil of heads / ulysses), at least 1 and at most kMaxRanks.
 int maxUlyssesDegree(int heads);
 
 /// What a request is checked against at submit: the model's strides and the serving limits.

@@ -19,7 +19,7 @@ namespace cost {
 /// A stage of a request's trajectory.
 enum class Stage : int32_t {
   kEncode = 0,       ///< text encoder (and the initial latent), on every member of the group
-  kDenoiseStep = 1,  ///< one whole denoising step (two transformer passes with guidance)
+  kDenoiseStep = 1,  ///< one whole denoising step (two transformer passes with guidance, in turn or CFG-parallel)
   kMigrate = 2,      ///< hand the denoise state from one holder to the group's new members
   kDecode = 3,       ///< VAE decode, on one rank
 };
@@ -50,6 +50,9 @@ struct ModelArch {
   int32_t patch_t = 1;
   int32_t patch_s = 2;
   double vae_decode_flops_per_pixel = 0;  ///< decoder FLOPs per output pixel (per frame)
+  /// Latent-sized float32 tensors the sampler keeps in the denoise state besides the latent, at most (its
+  /// shipped scheduler: UniPC of order 2 keeps 2 earlier model outputs and its corrector's sample; Euler none).
+  int32_t sampler_history_latents = 0;
   // serving defaults
   int32_t default_height = 0;
   int32_t default_width = 0;
@@ -119,7 +122,7 @@ std::vector<std::string> clusterNames();
 struct StageQuery {
   RequestShape shape;
   int32_t degree = 1;     ///< ranks in the group
-  Layout layout;          ///< ulysses * ring == degree
+  Layout layout;          ///< layout.degree() (ulysses * ring * cfg) == degree
   int32_t num_nodes = 1;  ///< nodes the group spans (1: all inside one node)
   int32_t num_new = 0;    ///< kMigrate: members that receive the state
 };
@@ -147,6 +150,7 @@ struct ProfileEntry {
   int32_t ulysses = 1;
   int32_t ring = 1;
   int32_t mode = 0;       ///< Layout::mode
+  int32_t cfg = 1;        ///< Layout::cfg (degree = ulysses * ring * cfg for a step)
   bool guidance = false;  ///< two passes per step
   int32_t num_new = 0;    ///< kMigrate
   double seconds = 0;     ///< median measured time
@@ -166,8 +170,8 @@ struct Profile {
 };
 
 /// A cost model that interpolates `profile` (piecewise linear in tokens between measured shapes of the same
-/// stage, degree, layout and guidance). A query outside the measured range throws InvalidUsage naming the
-/// shape, stage and degree it lacks.
+/// stage, degree, layout (CFG-parallel included) and guidance). A query outside the measured range throws
+/// InvalidUsage naming the shape, stage and degree it lacks.
 std::shared_ptr<CostModel> makeProfiledCostModel(const Profile& profile);
 
 }  // namespace cost

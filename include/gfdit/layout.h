@@ -6,17 +6,25 @@
 
 namespace gfdit {
 
-/// Parallel layout of a step: ulysses x ring over the group, USP or Torus.
+/// Parallel layout of a step: ulysses x ring per transformer pass, USP or Torus, and CFG-parallel.
+///
+/// cfg = 1: the guidance passes (conditional, unconditional) run one after the other on the whole group of
+/// ulysses x ring ranks. cfg = 2 (CFG-parallel, a request with guidance only): the first half of the group
+/// runs the conditional pass and the second half the unconditional one, each half with the ulysses x ring
+/// layout, at once; one exchange of the two predictions between the halves combines them.
 struct Layout {
   int32_t ulysses = 1;
   int32_t ring = 1;
   int32_t mode = 0;       ///< 0 = usp, 1 = torus
   int32_t placement = 0;  ///< 0 = auto, 1 = ulysses-low, 2 = ring-low
+  int32_t cfg = 1;        ///< 1 = the guidance passes in turn, 2 = CFG-parallel (one pass per half)
 
-  /// Ranks the layout spans.
-  int32_t degree() const { return ulysses * ring; }
+  /// Ranks the layout spans: ulysses x ring x cfg.
+  int32_t degree() const { return ulysses * ring * cfg; }
+  /// Ranks one transformer pass spans: ulysses x ring.
+  int32_t passDegree() const { return ulysses * ring; }
   bool operator==(const Layout& o) const {
-    return ulysses == o.ulysses && ring == o.ring && mode == o.mode && placement == o.placement;
+    return ulysses == o.ulysses && ring == o.ring && mode == o.mode && placement == o.placement && cfg == o.cfg;
   }
   bool operator!=(const Layout& o) const { return !(*this == o); }
 };

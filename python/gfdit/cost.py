@@ -60,11 +60,13 @@ def estimate(
     mode: str = "usp",
     guidance_scale: float | None = None,
     num_nodes: int = 1,
+    cfg: int = 1,
 ) -> dict[str, float]:
-    """Analytic stage times (seconds) of one request of `model` on `hardware` with a ulysses x ring layout.
+    """Analytic stage times (seconds) of one request of `model` on `hardware` with a ulysses x ring layout
+    (cfg 2: CFG-parallel, the two guidance passes on two halves of ulysses x ring ranks each).
 
     Unset sizes and guidance take the model's serving defaults. ``migrate_s`` is the state hand-off to the
-    ``ulysses * ring - 1`` other members of the group (to one member when the degree is 1).
+    ``degree - 1`` other members of the group (to one member when the degree is 1).
     """
     arch = model_arch(model)
     if mode not in MODES:
@@ -73,11 +75,13 @@ def estimate(
     width = arch.default_width if width is None else width
     num_frames = arch.default_frames if num_frames is None else num_frames
     guidance = arch.default_guidance if guidance_scale is None else guidance_scale
-    degree = ulysses * ring
+    if cfg not in (1, 2) or isinstance(cfg, bool):
+        raise InvalidUsage(f"gfdit.cost: cfg must be 1 or 2, got {cfg!r}")
+    degree = ulysses * ring * cfg
     cm = _C.analytic(model, _cluster_for(hardware, max(degree, 2), num_nodes))
     common = {"num_steps": arch.default_steps, "guidance_scale": guidance}
     group = {"num_nodes": num_nodes}
-    layout = {"degree": degree, "ulysses": ulysses, "ring": ring, "mode": MODES[mode]}
+    layout = {"degree": degree, "ulysses": ulysses, "ring": ring, "mode": MODES[mode], "cfg": cfg}
     num_new = degree - 1 if degree > 1 else 1
     return {
         "encode_s": cm.seconds(Stage.ENCODE, height, width, num_frames, degree=degree, **group, **common),
@@ -156,6 +160,11 @@ def load_profile(path: str | Path) -> Profile:
         num_new = e.get("num_new", 0)
         if isinstance(num_new, bool) or not isinstance(num_new, int) or num_new < 0:
             raise InvalidUsage(f"gfdit.cost: {where}: num_new must be an integer >= 0, got {num_new!r}")
+        cfg = e.get("cfg", 1)  # profiles from before CFG-parallel: cfg 1
+        if isinstance(cfg, bool) or cfg not in (1, 2):
+            raise InvalidUsage(f"gfdit.cost: {where}: cfg must be 1 or 2, got {cfg!r}")
+        if cfg == 2 and not guidance:
+            raise InvalidUsage(f"gfdit.cost: {where}: cfg 2 (CFG-parallel) needs guidance true")
         entry = ProfileEntry(
             stage=STAGES[e["stage"]],
             tokens=_positive(e.get("tokens"), f"{where}: tokens", integer=True),
@@ -163,13 +172,15 @@ def load_profile(path: str | Path) -> Profile:
             ulysses=_positive(e.get("ulysses", 1), f"{where}: ulysses", integer=True),
             ring=_positive(e.get("ring", 1), f"{where}: ring", integer=True),
             mode=MODES[e.get("mode", "usp")],
+            cfg=cfg,
             guidance=guidance,
             num_new=num_new,
             seconds=_positive(e.get("seconds"), f"{where}: seconds", integer=False),
         )
-        if entry.stage == Stage.STEP and entry.ulysses * entry.ring != entry.degree:
+        if entry.stage == Stage.STEP and entry.ulysses * entry.ring * entry.cfg != entry.degree:
+            cfg_part = f" x cfg {entry.cfg}" if entry.cfg != 1 else ""
             raise InvalidUsage(
-                f"gfdit.cost: {where}: ulysses {entry.ulysses} x ring {entry.ring} != degree {entry.degree}"
+                f"gfdit.cost: {where}: ulysses {entry.ulysses} x ring {entry.ring}{cfg_part} != degree {entry.degree}"
             )
         out.append(entry)
     p.entries = out
@@ -201,6 +212,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--ring", type=int, default=1)
     parser.add_argument("--mode", choices=sorted(MODES), default="usp")
     parser.add_argument("--num-nodes", type=int, default=1, help="nodes the group spans")
+    parser.add_argument(
+        "--cfg",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: CFG-parallel (a half of the group per guidance pass)",
+    )
     parser.add_argument("--guidance-scale", type=float, default=None, help="(default: the model's)")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
@@ -220,6 +238,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             mode=args.mode,
             guidance_scale=args.guidance_scale,
             num_nodes=args.num_nodes,
+            cfg=args.cfg,
         )
     except InvalidUsage as e:
         print(f"gfdit cost: {user_message(e)}", file=sys.stderr)

@@ -24,6 +24,7 @@ import torch
 from gfdit._C import Error, InvalidUsage
 from gfdit._C import runtime as rt
 from gfdit._errors import user_message
+from gfdit.attention.spec import ParallelSpec
 
 RequestState = rt.RequestState
 TaskKind = rt.TaskKind
@@ -43,6 +44,32 @@ _DTYPES = {
 }
 # Limits an engine enforces besides the model's strides; defaults from the model's registry entry.
 LIMIT_FIELDS = ("max_steps", "max_pixels", "max_frames", "max_tokens")
+_MODES = {0: "usp", 1: "torus"}
+_PLACEMENTS = {0: "auto", 1: "ulysses-low", 2: "ring-low"}
+
+
+def spec_of(layout: Any) -> ParallelSpec:
+    """The ParallelSpec of a runtime Layout (what a worker runs a denoise task with); cfg carries over."""
+    return ParallelSpec(
+        ulysses=int(layout.ulysses),
+        ring=int(layout.ring),
+        mode=_MODES.get(int(layout.mode), "usp"),
+        placement=_PLACEMENTS.get(int(layout.placement), "auto"),
+        cfg=int(layout.cfg),
+    )
+
+
+def layout_of(spec: ParallelSpec) -> Any:
+    """The runtime Layout of a ParallelSpec (for a Decision of a Python policy); cfg carries over."""
+    if not isinstance(spec, ParallelSpec):
+        raise InvalidUsage(f"gfdit: layout_of needs a gfdit.ParallelSpec, got {type(spec).__name__}")
+    return Layout(
+        ulysses=spec.ulysses,
+        ring=spec.ring,
+        mode=1 if spec.mode == "torus" else 0,
+        placement={v: k for k, v in _PLACEMENTS.items()}[spec.placement],
+        cfg=spec.cfg,
+    )
 
 
 @dataclasses.dataclass
@@ -75,6 +102,7 @@ class Stage:
     dispatch_ns: int
     start_ns: int
     end_ns: int
+    cfg: int = 1  # 2: CFG-parallel (the first half of ranks ran the conditional pass, the second the other)
 
 
 @dataclasses.dataclass
@@ -347,6 +375,7 @@ class Engine:
                 r.priority,
                 self._max_degree,
                 payload,
+                num_heads=self._num_heads,
             )
             # registered before the lock is released, so _collect always finds it
             handle = self._handles[rid] = RequestHandle(self, rid, fields["num_inference_steps"])
@@ -427,7 +456,10 @@ class Engine:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidUsage(f"gfdit.Engine: limit {k} must be a positive integer, got {v!r}")
             setattr(lim, k, v)
-        self._max_degree = rt.max_ulysses_degree(int(info["heads"]))
+        # A request may get every rank: Ulysses splits the heads (unevenly past their divisors), Ring and
+        # CFG-parallel the rest; the layouts keep Ulysses within the heads.
+        self._max_degree = self.world_size
+        self._num_heads = int(info["heads"])
         return lim
 
     @property
@@ -460,6 +492,7 @@ class Engine:
                 ulysses=s.layout.ulysses,
                 ring=s.layout.ring,
                 mode="torus" if s.layout.mode == 1 else "usp",
+                cfg=s.layout.cfg,
                 step_begin=s.step_begin,
                 num_steps=s.num_steps,
                 dispatch_ns=s.dispatch_ns,

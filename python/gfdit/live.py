@@ -49,6 +49,7 @@ class Span:
     start_ns: int
     end_ns: int
     regroup: bool  # a denoise span on other ranks than the request's previous denoise span
+    cfg: int = 1  # 2: CFG-parallel
 
 
 @dataclasses.dataclass
@@ -61,10 +62,13 @@ class _Finished:
     num_regroups: int
 
 
-def layout_label(ulysses: int, ring: int, mode: str = "usp") -> str:
-    """A short name of a layout: "U2", "R2", "U2R2" (one rank: "U1"); torus layouts end in "t"."""
-    label = "".join(f"{c}{n}" for c, n in (("U", ulysses), ("R", ring)) if n > 1) or "U1"
-    return label + ("t" if mode == "torus" else "")
+def layout_label(ulysses: int, ring: int, mode: str = "usp", cfg: int = 1) -> str:
+    """A short name of a layout: "U2", "R2", "U2R2" (one rank: "U1"); torus layouts end in "t"; CFG-parallel
+    ones start with "C2" ("C2" alone: one rank per guidance pass, "C2U2": Ulysses 2 in each half)."""
+    label = "".join(f"{c}{n}" for c, n in (("U", ulysses), ("R", ring)) if n > 1)
+    if cfg == 2:
+        return "C2" + label + ("t" if mode == "torus" and label else "")
+    return (label or "U1") + ("t" if mode == "torus" else "")
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -154,7 +158,7 @@ class ActivityRecorder:
                 and last is not None
                 and last.kind == "denoise"
                 and last.ranks == list(st.ranks)
-                and (last.ulysses, last.ring, last.mode) == (st.ulysses, st.ring, st.mode)
+                and (last.ulysses, last.ring, last.mode, last.cfg) == (st.ulysses, st.ring, st.mode, st.cfg)
                 and last.step_begin + last.num_steps == st.step_begin
                 and st.start_ns - last.end_ns <= MERGE_GAP_NS
             ):
@@ -179,6 +183,7 @@ class ActivityRecorder:
                 start_ns=st.start_ns,
                 end_ns=st.end_ns,
                 regroup=regroup,
+                cfg=st.cfg,
             )
             spans.append(span)
             if st.kind == "denoise":
@@ -269,7 +274,8 @@ class ActivityRecorder:
             "ulysses": s.ulysses,
             "ring": s.ring,
             "mode": s.mode,
-            "layout": layout_label(s.ulysses, s.ring, s.mode),
+            "cfg": s.cfg,
+            "layout": layout_label(s.ulysses, s.ring, s.mode, s.cfg),
             "step_begin": s.step_begin,
             "num_steps": s.num_steps,
             "start_s": (s.start_ns - now) / 1e9,
@@ -346,7 +352,7 @@ def add_live_routes(
     ``wall_time``, ``window_s``, ``model``, ``is_video``, ``defaults``, ``policy``, ``world_size``, ``alive``
     (per rank), ``queued`` and ``running`` (engine requests), ``latency`` (count, mean_s, p50_s, p95_s of the
     requests that finished in the window, submit to done), ``spans`` (request_id, kind, ranks, ulysses, ring,
-    mode, layout, step_begin, num_steps, start_s, end_s, regroup), ``live`` (requests running now: request_id,
+    mode, cfg, layout, step_begin, num_steps, start_s, end_s, regroup), ``live`` (requests running now: request_id,
     state, ranks, step, num_steps, since_s: when first seen on these ranks, earlier: the rank sets it held
     before, each with start_s and end_s, as sampled) and ``requests`` (one line per finished request:
     request_id, end_s, latency_s, num_steps, max_degree, regroups).

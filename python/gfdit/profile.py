@@ -42,6 +42,7 @@ class ProfileEntry:
     ulysses: int
     ring: int
     mode: str  # "usp" or "torus"
+    cfg: int  # 2: CFG-parallel (degree = ulysses * ring * cfg)
     guidance: bool  # two transformer passes per step
     num_new: int  # migrate: members that received the state
     seconds: float
@@ -50,23 +51,31 @@ class ProfileEntry:
 
 @dataclasses.dataclass(frozen=True)
 class LayoutSpec:
-    """A group of the first ``ulysses * ring`` ranks with this layout."""
+    """A group of the first ``ulysses * ring * cfg`` ranks with this layout (cfg 2: CFG-parallel)."""
 
     ulysses: int
     ring: int
     mode: str = "usp"
+    cfg: int = 1
 
     @property
     def degree(self) -> int:
-        return self.ulysses * self.ring
+        return self.ulysses * self.ring * self.cfg
 
     def layout(self) -> Any:
         import gfdit
 
-        return gfdit.Layout(ulysses=self.ulysses, ring=self.ring, mode=1 if self.mode == "torus" else 0)
+        return gfdit.Layout(
+            ulysses=self.ulysses, ring=self.ring, mode=1 if self.mode == "torus" else 0, cfg=self.cfg
+        )
 
     def __str__(self) -> str:
-        return f"{self.mode} {self.ulysses}x{self.ring}"
+        return layout_name(self.mode, self.ulysses, self.ring, self.cfg)
+
+
+def layout_name(mode: str, ulysses: int, ring: int, cfg: int = 1) -> str:
+    """A layout in a table: "usp 2x1", "torus 2x2", "usp 1x1 cfg2" (CFG-parallel)."""
+    return f"{mode} {ulysses}x{ring}" + (" cfg2" if cfg == 2 else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,18 +87,23 @@ class Phase:
     num_steps: int
 
 
-def layouts_for(world_size: int, heads: int) -> list[LayoutSpec]:
+def layouts_for(world_size: int, heads: int, guidance: bool = False) -> list[LayoutSpec]:
     """Every layout to measure: degrees that divide both the world size and the heads; for each, Ulysses
-    only, Ring only, every Ulysses x Ring mix, and Torus on the mixes whose Ulysses part divides the heads."""
-    out = [LayoutSpec(1, 1)]
+    only, Ring only, every Ulysses x Ring mix, and Torus on the mixes whose Ulysses part divides the heads.
+    With guidance also CFG-parallel: each of those per-pass layouts on both halves of twice its degree, where
+    that degree divides the world size."""
+    passes = [LayoutSpec(1, 1)]
     for d in range(2, world_size + 1):
         if world_size % d or heads % d:
             continue
-        out += [LayoutSpec(d, 1), LayoutSpec(1, d)]
+        passes += [LayoutSpec(d, 1), LayoutSpec(1, d)]
         for u in range(2, d):
             if d % u == 0 and heads % u == 0:
-                out.append(LayoutSpec(u, d // u))
-                out.append(LayoutSpec(u, d // u, "torus"))
+                passes.append(LayoutSpec(u, d // u))
+                passes.append(LayoutSpec(u, d // u, "torus"))
+    out = list(passes)
+    if guidance:
+        out += [dataclasses.replace(p, cfg=2) for p in passes if world_size % (2 * p.degree) == 0]
     return out
 
 
@@ -234,7 +248,7 @@ def _collective_efficiency(
     if world <= cores or world % 2 or world < 4 or heads % 2:
         return 1.0
     shape = max(shapes, key=lambda s: facts.tokens(*s))
-    alone = samples.get(("step", facts.tokens(*shape), 2, 2, 1, "usp", 0))
+    alone = samples.get(("step", facts.tokens(*shape), 2, 2, 1, "usp", 1, 0))
     if not alone:
         return 1.0
     h, w, f = shape
@@ -299,7 +313,7 @@ def measure(
     with gfdit.Engine(model=model, world_size=world_size, policy=policy) as eng:
         heads = int(eng.model_info.get("heads", 1))
         guidance = float(eng.model_info.get("defaults", {}).get("guidance_scale", 1.0)) > 1.0
-        layouts = layouts_for(world_size, heads)
+        layouts = layouts_for(world_size, heads, guidance)
         if log:
             log(
                 f"engine up in {time.perf_counter() - t0:.1f} s; {len(shapes)} shapes x {len(layouts)} layouts "
@@ -318,12 +332,12 @@ def measure(
                         if stage is None or stage == "migrate":
                             continue
                         if stage == "decode":
-                            key = ("decode", tokens, 1, 1, 1, "usp", 0)
+                            key = ("decode", tokens, 1, 1, 1, "usp", 1, 0)
                         else:
-                            key = (stage, tokens, lay.degree, lay.ulysses, lay.ring, lay.mode, 0)
+                            key = (stage, tokens, lay.degree, lay.ulysses, lay.ring, lay.mode, lay.cfg, 0)
                         samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
             for lay in layouts:
-                if lay.degree == 1 or lay.ring != 1 or lay.mode != "usp":
+                if lay.degree == 1 or lay.ring != 1 or lay.mode != "usp" or lay.cfg != 1:
                     continue  # one migration per degree: the state it moves does not depend on the layout
                 for _ in range(repeats):
                     seed += 1
@@ -337,6 +351,7 @@ def measure(
                                 lay.ulysses,
                                 lay.ring,
                                 lay.mode,
+                                lay.cfg,
                                 len(s.ranks) - 1,
                             )
                             samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
@@ -356,8 +371,9 @@ def measure(
             ulysses=k[3],
             ring=k[4],
             mode=k[5],
+            cfg=k[6],
             guidance=guidance,
-            num_new=k[6],
+            num_new=k[7],
             seconds=statistics.median(v),
             samples=len(v),
         )
@@ -378,7 +394,7 @@ def measure(
 
 def format_table(profile: dict[str, Any]) -> str:
     """The entries of a profile as a table a person can read."""
-    head = f"{'stage':<8} {'tokens':>7} {'degree':>6} {'layout':<12} {'new':>3} {'ms':>9} {'n':>3}"
+    head = f"{'stage':<8} {'tokens':>7} {'degree':>6} {'layout':<17} {'new':>3} {'ms':>9} {'n':>3}"
     title = (
         f"{profile['model']} on {profile['hardware']}: world {profile['world_size']}, {profile['num_cores']} cores; "
         f"dispatch {profile['dispatch_s'] * 1e6:.1f} us, completion {profile['completion_s'] * 1e6:.1f} us"
@@ -389,9 +405,9 @@ def format_table(profile: dict[str, Any]) -> str:
         "-" * len(head),
     ]
     for e in profile["entries"]:
-        layout = f"{e['mode']} {e['ulysses']}x{e['ring']}"
+        layout = layout_name(e["mode"], e["ulysses"], e["ring"], e.get("cfg", 1))
         lines.append(
-            f"{e['stage']:<8} {e['tokens']:>7} {e['degree']:>6} {layout:<12} {e['num_new']:>3} "
+            f"{e['stage']:<8} {e['tokens']:>7} {e['degree']:>6} {layout:<17} {e['num_new']:>3} "
             f"{e['seconds'] * 1e3:>9.3f} {e['samples']:>3}"
         )
     return "\n".join(lines)

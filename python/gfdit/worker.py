@@ -90,12 +90,9 @@ class Worker:
 
     @staticmethod
     def _spec(task: Any) -> Any:
-        from gfdit.attention import ParallelSpec
+        from gfdit.engine import spec_of
 
-        layout = task.layout
-        mode = "torus" if layout.mode == 1 else "usp"
-        placement = {0: "auto", 1: "ulysses-low", 2: "ring-low"}.get(layout.placement, "auto")
-        return ParallelSpec(ulysses=layout.ulysses, ring=layout.ring, mode=mode, placement=placement)
+        return spec_of(task.layout)  # Layout.cfg -> ParallelSpec.cfg: denoise_step splits the passes
 
     def load_model(self) -> dict:
         """Loads the model; returns what the engine needs to check requests (hello message)."""

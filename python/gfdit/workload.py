@@ -39,9 +39,9 @@ Arrivals at mean rate ``rate`` (requests/s) over ``duration_s`` seconds:
 Deadlines: ``deadline_s = arrival_s + slo_scale x`` the request's latency alone on the cluster at the best
 static degree for its shape, where the latency at degree d is encode + steps x step(d) + decode from the
 cost model the simulator uses (``gfdit.cost.cost_model``: analytic on the cluster, or the profile's), the
-layout Ulysses x d (as ``static:d``), and d ranges over the powers of two up to the cluster's ranks and the
-model's largest Ulysses degree (its head count's largest power-of-two divisor, at most 64). One-off group
-formation is left out.
+layout Ulysses x d with the guidance passes in turn, and d ranges over the divisors of the cluster's rank
+count (the group sizes ``static:d`` tiles it with) up to the model's largest Ulysses degree (its head count,
+at most 64). One-off group formation is left out.
 
 ``--priority-share p``: each request independently gets priority 1 with probability p (else 0).
 """
@@ -145,11 +145,12 @@ class Pricer:
         return self._models[model]
 
     def degrees(self, model: str) -> list[int]:
-        """Power-of-two degrees up to the cluster's ranks and the model's largest Ulysses degree."""
+        """Degrees that divide the cluster's rank count, up to the model's largest Ulysses degree."""
         from gfdit import cost
 
-        limit = min(int(self.cluster.num_ranks), max_ulysses_degree(int(cost.model_arch(model).heads)))
-        return [1 << k for k in range(limit.bit_length()) if (1 << k) <= limit]
+        ranks = int(self.cluster.num_ranks)
+        limit = min(ranks, max_ulysses_degree(int(cost.model_arch(model).heads)))
+        return [d for d in range(1, limit + 1) if ranks % d == 0]
 
     def latency(
         self, model: str, height: int, width: int, num_frames: int, num_steps: int, degree: int
@@ -222,11 +223,9 @@ class Pricer:
 
 
 def max_ulysses_degree(heads: int) -> int:
-    """The largest power of two that divides ``heads`` (Ulysses splits heads), at most MAX_ULYSSES."""
-    d = 1
-    while d * 2 <= MAX_ULYSSES and heads > 0 and heads % (d * 2) == 0:
-        d *= 2
-    return d
+    """The largest Ulysses degree a model of ``heads`` heads allows: the heads (Ulysses splits them, unevenly
+    where it must: floor or ceil of heads / degree each), at least 1 and at most MAX_ULYSSES."""
+    return max(1, min(int(heads), MAX_ULYSSES))
 
 
 # ------------------------------------------------------------------------------------------------ sizes

@@ -103,6 +103,8 @@ ModelArch replaceModelArch(const ModelArch& arch, const py::kwargs& kw) {
       a.text_encoder_params = v.cast<double>();
     else if (key == "vae_decode_flops_per_pixel")
       a.vae_decode_flops_per_pixel = v.cast<double>();
+    else if (key == "sampler_history_latents")
+      a.sampler_history_latents = v.cast<int32_t>();
     else
       GFDIT_THROW(kInvalidUsage) << "ModelArch.replace: unknown or fixed field '" << key << "'";
   }
@@ -142,6 +144,7 @@ void register_cost(py::module_& m) {
       .def_readonly("patch_t", &ModelArch::patch_t)
       .def_readonly("patch_s", &ModelArch::patch_s)
       .def_readonly("vae_decode_flops_per_pixel", &ModelArch::vae_decode_flops_per_pixel)
+      .def_readonly("sampler_history_latents", &ModelArch::sampler_history_latents)
       .def_readonly("default_height", &ModelArch::default_height)
       .def_readonly("default_width", &ModelArch::default_width)
       .def_readonly("default_frames", &ModelArch::default_frames)
@@ -211,7 +214,7 @@ void register_cost(py::module_& m) {
           "seconds",
           [](const CostModel& cm, Stage stage, int32_t height, int32_t width, int32_t num_frames, int32_t num_steps,
              double guidance_scale, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode, int32_t num_nodes,
-             int32_t num_new, int32_t placement) {
+             int32_t num_new, int32_t placement, int32_t cfg) {
             cost::StageQuery q;
             q.shape.height = height;
             q.shape.width = width;
@@ -224,6 +227,7 @@ void register_cost(py::module_& m) {
             q.layout.ring = ring;
             q.layout.mode = mode;
             q.layout.placement = placement;
+            q.layout.cfg = cfg;
             q.num_nodes = num_nodes;
             q.num_new = num_new;
             return cm.seconds(stage, q);
@@ -231,7 +235,9 @@ void register_cost(py::module_& m) {
           py::arg("stage"), py::arg("height"), py::arg("width"), py::arg("num_frames") = 1, py::arg("num_steps") = 1,
           py::arg("guidance_scale") = 1.0, py::arg("degree") = 1, py::arg("ulysses") = 1, py::arg("ring") = 1,
           py::arg("mode") = 0, py::arg("num_nodes") = 1, py::arg("num_new") = 0, py::arg("placement") = 0,
-          "seconds `stage` takes for a request of this size on a group of `degree` ranks")
+          py::arg("cfg") = 1,
+          "seconds `stage` takes for a request of this size on a group of `degree` ranks (degree = ulysses * ring"
+          " * cfg for a step; cfg 2: CFG-parallel)")
       .def("describe", &CostModel::describe, "a one-line description")
       .def_property_readonly(
           "model", [](const CostModel& cm) { return cm.model(); }, "the model it predicts for")
@@ -250,7 +256,7 @@ void register_cost(py::module_& m) {
 
   py::class_<ProfileEntry>(c, "ProfileEntry", "one measurement of a profile")
       .def(py::init([](Stage stage, int64_t tokens, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode,
-                       bool guidance, int32_t num_new, double seconds) {
+                       bool guidance, int32_t num_new, double seconds, int32_t cfg) {
              ProfileEntry e;
              e.stage = stage;
              e.tokens = tokens;
@@ -258,6 +264,7 @@ void register_cost(py::module_& m) {
              e.ulysses = ulysses;
              e.ring = ring;
              e.mode = mode;
+             e.cfg = cfg;
              e.guidance = guidance;
              e.num_new = num_new;
              e.seconds = seconds;
@@ -265,13 +272,14 @@ void register_cost(py::module_& m) {
            }),
            py::kw_only(), py::arg("stage") = Stage::kDenoiseStep, py::arg("tokens") = 0, py::arg("degree") = 1,
            py::arg("ulysses") = 1, py::arg("ring") = 1, py::arg("mode") = 0, py::arg("guidance") = false,
-           py::arg("num_new") = 0, py::arg("seconds") = 0.0)
+           py::arg("num_new") = 0, py::arg("seconds") = 0.0, py::arg("cfg") = 1)
       .def_readwrite("stage", &ProfileEntry::stage)
       .def_readwrite("tokens", &ProfileEntry::tokens)
       .def_readwrite("degree", &ProfileEntry::degree)
       .def_readwrite("ulysses", &ProfileEntry::ulysses)
       .def_readwrite("ring", &ProfileEntry::ring)
       .def_readwrite("mode", &ProfileEntry::mode)
+      .def_readwrite("cfg", &ProfileEntry::cfg)
       .def_readwrite("guidance", &ProfileEntry::guidance)
       .def_readwrite("num_new", &ProfileEntry::num_new)
       .def_readwrite("seconds", &ProfileEntry::seconds);

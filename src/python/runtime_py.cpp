@@ -171,24 +171,30 @@ void register_runtime(py::module_& m) {
       .value("CANCELLED", RequestState::kCancelled);
 
   py::class_<Layout>(r, "Layout")
-      .def(py::init([](int u, int ring, int mode, int placement) {
+      .def(py::init([](int u, int ring, int mode, int placement, int cfg) {
+             GFDIT_CHECK(cfg == 1 || cfg == 2) << "Layout: cfg must be 1 or 2, got " << cfg;
              Layout l;
              l.ulysses = u;
              l.ring = ring;
              l.mode = mode;
              l.placement = placement;
+             l.cfg = cfg;
              return l;
            }),
-           py::arg("ulysses") = 1, py::arg("ring") = 1, py::arg("mode") = 0, py::arg("placement") = 0)
+           py::arg("ulysses") = 1, py::arg("ring") = 1, py::arg("mode") = 0, py::arg("placement") = 0,
+           py::arg("cfg") = 1)
       .def_readwrite("ulysses", &Layout::ulysses)
       .def_readwrite("ring", &Layout::ring)
       .def_readwrite("mode", &Layout::mode)
       .def_readwrite("placement", &Layout::placement)
-      .def("degree", &Layout::degree)
+      .def_readwrite("cfg", &Layout::cfg, "1: the guidance passes in turn; 2: CFG-parallel (one pass per half)")
+      .def("degree", &Layout::degree, "Ranks the layout spans: ulysses * ring * cfg.")
+      .def("pass_degree", &Layout::passDegree, "Ranks one transformer pass spans: ulysses * ring.")
       .def(py::self == py::self)
       .def("__repr__", [](const Layout& l) {
         return "Layout(ulysses=" + std::to_string(l.ulysses) + ", ring=" + std::to_string(l.ring) +
-               ", mode=" + std::to_string(l.mode) + ", placement=" + std::to_string(l.placement) + ")";
+               ", mode=" + std::to_string(l.mode) + ", placement=" + std::to_string(l.placement) +
+               ", cfg=" + std::to_string(l.cfg) + ")";
       });
 
   // ---- what a worker uses ----
@@ -357,13 +363,15 @@ void register_runtime(py::module_& m) {
       .def_readonly("migrate_s", &RequestCost::migrate_s)
       .def_readonly("max_ulysses", &RequestCost::max_ulysses)
       .def("step_s", &RequestCost::stepSeconds, py::arg("degree"),
-           "Seconds of one step on a group of `degree` ranks (a power of two); inf where not allowed.")
+           "Seconds of one step on a group of `degree` ranks; inf where not predicted or not allowed.")
       .def("layout", &RequestCost::layoutFor, py::arg("degree"), "The layout step_s(degree) assumes.")
       .def("__repr__", [](const RequestCost& c) {
         std::string s = "RequestCost(known=" + std::string(c.known ? "True" : "False") + ", step_s={";
-        for (int k = 0; k < kNumDegrees && c.known; ++k) {
-          if (!std::isfinite(c.step_s[k])) break;
-          s += (k ? ", " : "") + std::to_string(1 << k) + ": " + std::to_string(c.step_s[k]);
+        bool first = true;
+        for (int d = 1; d <= kMaxRanks && c.known; ++d) {
+          if (!std::isfinite(c.step_s[d])) continue;
+          s += (first ? "" : ", ") + std::to_string(d) + ": " + std::to_string(c.step_s[d]);
+          first = false;
         }
         return s + "})";
       });
@@ -395,6 +403,7 @@ void register_runtime(py::module_& m) {
       .def_property_readonly("tokens", [](const RequestRecord& q) { return q.shape.tokens; })
       .def_property_readonly("guidance_scale", [](const RequestRecord& q) { return q.shape.guidance_scale; })
       .def_readonly("max_degree", &RequestRecord::max_degree)
+      .def_readonly("num_heads", &RequestRecord::num_heads)
       .def_readonly("ranks", &RequestRecord::ranks)
       .def_readonly("layout", &RequestRecord::layout)
       .def_readonly("busy", &RequestRecord::busy)
@@ -452,7 +461,10 @@ void register_runtime(py::module_& m) {
       "make_policy", [](const std::string& name) { return std::shared_ptr<Policy>(makePolicy(name)); }, py::arg("name"),
       "A built-in policy by name; unknown names raise InvalidUsage listing the built-in ones.");
   r.def("policy_names", &policyNames);
-  r.def("max_ulysses_degree", &maxUlyssesDegree, py::arg("heads"));
+  r.def("max_ulysses_degree", &maxUlyssesDegree, py::arg("heads"),
+        "The largest Ulysses degree a model of `heads` heads allows: the heads (uneven splits allowed), <= 64.");
+  r.def("plain_layout", &plainLayout, py::arg("degree"), py::arg("num_heads"),
+        "The layout policies use without a cost model: Ulysses over gcd(degree, heads), Ring for the rest.");
 
   py::class_<RequestLimits>(r, "RequestLimits")
       .def(py::init<>())
@@ -534,7 +546,7 @@ void register_runtime(py::module_& m) {
       .def(
           "submit",
           [](EngineLoop& e, int h, int w, int f, int steps, double g, int64_t tokens, double deadline_s, int priority,
-             int max_degree, const py::bytes& payload) {
+             int max_degree, const py::bytes& payload, int num_heads) {
             RequestSpec s;
             s.shape = shapeOf(h, w, f, steps, g);
             s.shape.tokens = tokens;
@@ -542,12 +554,14 @@ void register_runtime(py::module_& m) {
             if (std::isfinite(deadline_s)) s.deadline_ns = s.arrival_ns + static_cast<int64_t>(deadline_s * 1e9);
             s.priority = priority;
             s.max_degree = max_degree;
+            s.num_heads = num_heads;
             s.payload = payload;
             py::gil_scoped_release nogil;
             return e.submit(std::move(s));
           },
           py::arg("height"), py::arg("width"), py::arg("num_frames"), py::arg("num_steps"), py::arg("guidance_scale"),
-          py::arg("tokens"), py::arg("deadline_s"), py::arg("priority"), py::arg("max_degree"), py::arg("payload"))
+          py::arg("tokens"), py::arg("deadline_s"), py::arg("priority"), py::arg("max_degree"), py::arg("payload"),
+          py::arg("num_heads") = 0)
       .def("cancel", &EngineLoop::cancel, py::call_guard<py::gil_scoped_release>())
       .def("wait_results", &EngineLoop::waitResults, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
       .def(

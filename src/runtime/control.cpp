@@ -201,6 +201,7 @@ uint64_t ControlPlane::submit(RequestSpec spec) {
   rec.priority = spec.priority;
   rec.shape = spec.shape;
   rec.max_degree = std::max(1, spec.max_degree);
+  rec.num_heads = std::max(0, spec.num_heads);
   if (cost_ != nullptr) {
     rec.cost = predictCosts(*cost_, rec.shape, std::min(rec.max_degree, config_.world_size), ranks_per_node_,
                             policy_->layouts());
@@ -334,9 +335,16 @@ void ControlPlane::validate(const std::vector<Decision>& ds, const SchedulerView
           << ", which is busy, dead, taken twice or out of range";
       taken[w] = true;
     }
+    GFDIT_CHECK(d.layout.cfg == 1 || d.layout.cfg == 2)
+        << "policy " << pname << ": layout cfg " << d.layout.cfg << " for request " << d.request_id
+        << " (1: the guidance passes in turn, 2: CFG-parallel)";
     GFDIT_CHECK(d.layout.ulysses >= 1 && d.layout.ring >= 1 && d.layout.degree() == static_cast<int>(d.ranks.size()))
-        << "policy " << pname << ": layout " << d.layout.ulysses << "x" << d.layout.ring << " does not fit "
-        << d.ranks.size() << " ranks";
+        << "policy " << pname << ": layout " << d.layout.ulysses << "x" << d.layout.ring
+        << (d.layout.cfg == 2 ? " x cfg 2" : "") << " does not fit " << d.ranks.size() << " ranks";
+    GFDIT_CHECK(d.layout.cfg == 1 || r.rec.shape.guidance())
+        << "policy " << pname << ": layout cfg 2 (CFG-parallel) for request " << d.request_id
+        << ", which has no guidance (guidance_scale " << r.rec.shape.guidance_scale
+        << " <= 1: one pass per step, nothing to run in parallel)";
     GFDIT_CHECK(d.layout.mode == 0 || d.layout.mode == 1) << "policy " << pname << ": layout mode " << d.layout.mode;
     GFDIT_CHECK(d.num_steps >= 1) << "policy " << pname << ": num_steps " << d.num_steps;
   }

@@ -32,6 +32,9 @@ std::string joinNames(const std::vector<std::string>& names) {
 //   frame. The Wan 2.2 VAE (48 channels, 16x) is wider; its figure is scaled from the channel widths.
 // - text_tokens of Qwen-Image: its encoder keeps the prompt's real length (no padding, the 34-token chat
 //   template dropped); 128 stands for a prompt of a sentence or two. Wan pads to max_sequence_length 512.
+// - sampler_history_latents: the shipped scheduler's history in the denoise state (UniPC of order 2, as every
+//   Wan folder ships it: two earlier model outputs plus the corrector's last sample; flow-matching Euler, as
+//   Qwen-Image and the tiny models ship, keeps none).
 // - text_encoder_params: non-embedding parameters (embeddings are a gather, not a GEMM): the Qwen2.5-VL-7B
 //   language model (28 layers, 3584 wide, FFN 18944, 4 KV heads) and the UMT5-XXL encoder (24 layers,
 //   4096 wide, gated FFN 10240).
@@ -92,6 +95,7 @@ std::vector<ModelArch> makeModels() {
     m.patch_t = 1;
     m.patch_s = 2;
     m.vae_decode_flops_per_pixel = 8.3e6;  // estimate, see NOTE [model registry]
+    m.sampler_history_latents = 3;         // UniPC, solver_order 2: two model outputs and last_sample
     m.default_height = 720;
     m.default_width = 1280;
     m.default_frames = 81;
@@ -122,6 +126,7 @@ std::vector<ModelArch> makeModels() {
     m.patch_t = 1;
     m.patch_s = 2;
     m.vae_decode_flops_per_pixel = 1.2e7;  // estimate, see NOTE [model registry]
+    m.sampler_history_latents = 3;         // UniPC, solver_order 2
     m.default_height = 704;
     m.default_width = 1280;
     m.default_frames = 121;
@@ -152,6 +157,7 @@ std::vector<ModelArch> makeModels() {
     m.patch_t = 1;
     m.patch_s = 2;
     m.vae_decode_flops_per_pixel = 8.3e6;  // estimate, see NOTE [model registry]
+    m.sampler_history_latents = 3;         // UniPC, solver_order 2
     m.default_height = 480;
     m.default_width = 832;
     m.default_frames = 81;
@@ -402,32 +408,43 @@ Cluster cluster(const std::string& name, int32_t num_ranks) {
 namespace {
 
 // NOTE [analytic step model]
-// One transformer pass, per rank of a sequence-parallel group of degree d = ulysses x ring, each rank holding
-// n = N / d of the N image tokens (T text tokens):
+// One transformer pass, per rank of a sequence-parallel group of p = ulysses x ring ranks, each rank holding
+// n = N / p of the N image tokens (T text tokens):
 // - Linear layers: 2 FLOPs per weight per token. Wan: self-attention q, k, v, out (4 H^2), cross-attention q
 //   and out on the image tokens (2 H^2) and k, v on the text tokens (2 H^2 x T, computed by every rank: the
 //   text is replicated), FFN (2 H F). Qwen-Image (MMDiT): the image stream (4 H^2 + 2 H F per token) on n
 //   tokens and the text stream (same weights' shape) on all T text tokens on every rank.
-// - Attention: 4 L^2 H FLOPs for L tokens (QK^T and PV), split d ways. Wan: L = N self-attention plus
-//   4 n T H for cross-attention; Qwen-Image: joint attention over L = N + T.
+// - Attention: 4 L^2 H FLOPs for L tokens (QK^T and PV). Each rank computes its Ulysses member's heads for
+//   its ring shard of the queries: 4 L^2 H_u / r with H_u = ceil(heads / u) x head_dim. The heads split
+//   evenly when u divides them; otherwise members get floor or ceil shares and the pass waits for the
+//   largest, so an uneven split costs like its largest member. Wan: L = N self-attention plus 4 n T H for
+//   cross-attention; Qwen-Image: joint attention over L = N + T.
 // - Compute runs at peak x efficiency x n / (n + half_efficiency_tokens): small per-rank shapes leave the
 //   GPU underused (short GEMMs, launch-bound kernels). Matmuls and attention have separate ceilings.
 // - Weights: each pass reads every weight once; a linear layer takes max(its compute, its weight reads)
 //   (roofline: small shapes are memory bound). Activations: ~kActivationPasses reads/writes of n x H
 //   elements per block (norms, modulation, RoPE, residuals, activation functions) at memory bandwidth.
 // - A fixed layer_overhead_s per block (kernel launches, host work of an eager PyTorch step).
-// - Ulysses: 4 all-to-alls per block (q, k, v in, the output back), each moving n H elements per rank of
-//   which (u - 1) / u leave the rank; a per-collective latency plus bytes over the slowest link used (NVLink
-//   inside a node, the NIC across nodes) plus peer_latency_s per peer (NCCL's all-to-all is one send/recv
-//   pair per peer, so small all-to-alls get slower with the group; an off-node peer costs that times the
-//   ratio of the inter-node to the intra-node latency). MMDiT text tokens are head-split
+// - Ulysses: 4 all-to-alls per block (q, k, v in, the output back), each moving n x H_u elements per peer
+//   (the largest member's share), (u - 1) peers; a per-collective latency plus bytes over the slowest link
+//   used (NVLink inside a node, the NIC across nodes) plus peer_latency_s per peer (NCCL's all-to-all is one
+//   send/recv pair per peer, so small all-to-alls get slower with the group; an off-node peer costs that
+//   times the ratio of the inter-node to the intra-node latency). MMDiT text tokens are head-split
 //   locally, not exchanged.
-// - Ring: r - 1 rounds passing K and V blocks (N / r tokens x H / u), overlapped with attention compute:
+// - Ring: r - 1 rounds passing K and V blocks (N / r tokens x H_u), overlapped with attention compute:
 //   the attention takes max(compute, rotation).
 // - Torus: the inter-node all-to-all is chunked and pipelined against ring compute: the attention takes
 //   max(compute, all-to-all + rotation) plus one chunk of all-to-all that cannot overlap (pipeline fill).
 // - After the last block the output tokens are all-gathered (N x patch volume x channels, float32).
-// - Guidance: two passes (conditional and unconditional), so the step doubles.
+// A step (Layout::cfg):
+// - cfg = 1: one pass without guidance; with guidance two passes (conditional, unconditional) one after the
+//   other on the whole group (p = degree), so the step doubles.
+// - cfg = 2 (CFG-parallel, guidance only): the two halves of the group (p = degree / 2 each) run one pass
+//   each at the same time, so the step is one pass on degree / 2 ranks plus one exchange: member i of each
+//   half swaps its prediction (the velocity, latent-sized, float32) with member i of the other, one
+//   collective latency plus those bytes over the link between them (the NIC when the group spans nodes:
+//   halves of a group on two nodes sit one on each). A half spans ceil(nodes / 2) of the group's nodes.
+// Ranks time-share cores on a CPU (NOTE [cpu contention]): the whole group runs at once either way.
 constexpr double kActivationPasses = 20.0;
 constexpr double kTorusChunks = 4.0;
 
@@ -475,11 +492,16 @@ class AnalyticCostModel : public CostModel {
         << "num_nodes must be in [1, degree " << q.degree << "], got " << q.num_nodes;
     GFDIT_CHECK(q.num_new >= 0) << "num_new must be >= 0, got " << q.num_new;
     if (stage == Stage::kDenoiseStep) {
+      GFDIT_CHECK(q.layout.cfg == 1 || q.layout.cfg == 2) << "cfg must be 1 or 2, got " << q.layout.cfg;
       GFDIT_CHECK(q.layout.ulysses >= 1 && q.layout.ring >= 1 && q.layout.degree() == q.degree)
-          << "layout " << q.layout.ulysses << " x " << q.layout.ring << " does not match degree " << q.degree;
-      GFDIT_CHECK(model_.heads % q.layout.ulysses == 0)
-          << model_.name << ": ulysses " << q.layout.ulysses << " does not divide " << model_.heads << " heads";
+          << "layout " << q.layout.ulysses << " x " << q.layout.ring
+          << (q.layout.cfg != 1 ? " x cfg " + std::to_string(q.layout.cfg) : std::string()) << " does not match degree "
+          << q.degree;
+      GFDIT_CHECK(q.layout.ulysses <= model_.heads)
+          << model_.name << ": ulysses " << q.layout.ulysses << " exceeds the " << model_.heads << " heads";
       GFDIT_CHECK(q.layout.mode == 0 || q.layout.mode == 1) << "mode must be 0 (usp) or 1 (torus)";
+      GFDIT_CHECK(q.layout.cfg == 1 || q.shape.guidance())
+          << "cfg 2 (CFG-parallel) needs guidance (guidance_scale > 1), got " << q.shape.guidance_scale;
     }
   }
 
@@ -507,18 +529,37 @@ class AnalyticCostModel : public CostModel {
     return hw.peak_flops * hw.matmul_efficiency * saturation(tokens);
   }
 
-  // One pass of the transformer on one rank; see NOTE [analytic step model].
+  // One step: one or two passes, or CFG-parallel's one pass per half plus the exchange; see NOTE [analytic
+  // step model].
   double step(const StageQuery& q, int64_t tokens) const {
+    if (q.layout.cfg == 2) {
+      const int32_t half_degree = q.degree / 2;
+      const int32_t half_nodes = std::min(half_degree, (q.num_nodes + 1) / 2);
+      const Links l = q.num_nodes > 1 ? interNode() : intraNode();
+      return pass(q.layout, tokens, half_degree, half_nodes) + l.latency + outputBytes(tokens) / l.bw;
+    }
+    return (q.shape.guidance() ? 2.0 : 1.0) * pass(q.layout, tokens, q.degree, q.num_nodes);
+  }
+
+  // The transformer's output (the velocity), float32: what the output all-gather and CFG's exchange move.
+  double outputBytes(int64_t tokens) const {
+    return static_cast<double>(tokens) * model_.patch_t * model_.patch_s * model_.patch_s * model_.latent_channels *
+           4.0;
+  }
+
+  // One pass of the transformer on one rank of `d` = layout.ulysses x layout.ring ranks over `nodes` nodes.
+  double pass(const Layout& layout, int64_t tokens, int32_t d, int32_t nodes) const {
     const Hardware& hw = cluster_.hw;
     const double N = static_cast<double>(tokens);
     const double T = model_.text_tokens;
     const double H = model_.hidden;
     const double F = model_.ffn;
     const double db = hw.dtype_bytes;
-    const int32_t d = q.degree;
-    const int32_t u = q.layout.ulysses;
-    const int32_t r = q.layout.ring;
+    const int32_t u = layout.ulysses;
+    const int32_t r = layout.ring;
     const double n = N / d;
+    // the heads of the largest Ulysses member (an uneven split waits for it)
+    const double H_u = static_cast<double>((model_.heads + u - 1) / u) * model_.head_dim;
 
     // Compute per block; the saturation follows the rows the block's GEMMs see (image and text tokens).
     double t_linear = 0;
@@ -527,21 +568,20 @@ class AnalyticCostModel : public CostModel {
     if (model_.joint_attention) {
       const double per_token = 2.0 * (4 * H * H + 2 * H * F);
       t_linear = per_token * (n + T) / matmulRate(n + T);
-      attention = 4.0 * (N + T) * (N + T) * H / d;
+      attention = 4.0 * (N + T) * (N + T) * H_u / r;
       act_tokens = n + T;
     } else {
       const double per_token = 2.0 * (6 * H * H + 2 * H * F);
       t_linear = (per_token * n + 2.0 * 2 * T * H * H) / matmulRate(n + T);
-      attention = 4.0 * N * N * H / d + 4.0 * n * T * H;
+      attention = 4.0 * N * N * H_u / r + 4.0 * n * T * H;
     }
     const double t_weights = model_.transformer_params * db / model_.num_layers / hw.mem_bw;
     const double t_act = kActivationPasses * act_tokens * H * db / hw.mem_bw;
     const double t_attn = attention / (hw.peak_flops * hw.attention_efficiency * saturation(n));
 
     // Which axis crosses nodes (see Layout::placement): Ulysses next to each other unless ring-low.
-    const int32_t nodes = q.num_nodes;
     const int32_t per_node = (d + nodes - 1) / nodes;
-    const bool ring_low = q.layout.placement == 2 || (q.layout.placement == 0 && q.layout.mode == 1);
+    const bool ring_low = layout.placement == 2 || (layout.placement == 0 && layout.mode == 1);
     int32_t u_on_node;  // members of a rank's Ulysses group on its own node (itself included)
     bool ring_crosses;
     if (ring_low) {
@@ -552,10 +592,10 @@ class AnalyticCostModel : public CostModel {
       ring_crosses = nodes > 1;
     }
 
-    // Ulysses: one all-to-all moves n H elements per rank, 1/u of it to each peer.
+    // Ulysses: one all-to-all moves n x H_u elements to each peer (the largest member's share).
     double t_a2a = 0;
     if (u > 1) {
-      const double per_peer = n * H * db / u;
+      const double per_peer = n * H_u * db;
       const Links in = intraNode();
       const Links out = interNode();
       const int32_t off = u - u_on_node;
@@ -570,11 +610,11 @@ class AnalyticCostModel : public CostModel {
     double t_ring = 0;
     if (r > 1) {
       const Links l = ring_crosses ? interNode() : intraNode();
-      const double block = 2.0 * (N / r) * (H / u) * db;
+      const double block = 2.0 * (N / r) * H_u * db;
       t_ring = (r - 1) * (l.latency + block / l.bw);
     }
     double t_block_attn;
-    if (q.layout.mode == 1) {
+    if (layout.mode == 1) {
       t_block_attn = std::max(t_attn, 4 * t_a2a + t_ring) + 4 * t_a2a / kTorusChunks;
     } else {
       t_block_attn = std::max(t_attn, t_ring) + 4 * t_a2a;
@@ -584,10 +624,9 @@ class AnalyticCostModel : public CostModel {
     double t_pass = model_.num_layers * t_block;
     if (d > 1) {  // all-gather of the output tokens (float32)
       const Links l = nodes > 1 ? interNode() : intraNode();
-      const double out_elems = N * model_.patch_t * model_.patch_s * model_.patch_s * model_.latent_channels;
-      t_pass += l.latency + out_elems * 4.0 * (d - 1) / d / l.bw;
+      t_pass += l.latency + outputBytes(tokens) * (d - 1) / d / l.bw;
     }
-    return (q.shape.guidance() ? 2.0 : 1.0) * t_pass;
+    return t_pass;
   }
 
   // Text encoder on every member of the group (replicated), with the negative prompt when guidance is on.
@@ -608,7 +647,9 @@ class AnalyticCostModel : public CostModel {
   }
 
   // Broadcast of the denoise state from one holder to num_new members (a pipelined tree: the bytes cross a
-  // link about once, the latency is paid once per tree level), plus forming the new group.
+  // link about once, the latency is paid once per tree level), plus forming the new group. The state: the
+  // latent, the sampler's history (multistep solvers keep earlier model outputs and a sample, each shaped
+  // like the latent: ModelArch::sampler_history_latents), the text embeddings and the schedule.
   double migrate(const StageQuery& q) const {
     const Hardware& hw = cluster_.hw;
     const RequestShape& s = q.shape;
@@ -619,7 +660,8 @@ class AnalyticCostModel : public CostModel {
     const double schedule = (std::max(s.num_steps, 1) + 1) * 2.0 * 4.0;
     const Links l = q.num_nodes > 1 ? interNode() : intraNode();
     const double levels = std::ceil(std::log2(static_cast<double>(q.num_new) + 1.0));
-    return hw.regroup_s + levels * l.latency + (latent + embeds + schedule) / l.bw;
+    const double history = model_.sampler_history_latents * latent;
+    return hw.regroup_s + levels * l.latency + (latent + history + embeds + schedule) / l.bw;
   }
 
   ModelArch model_;

@@ -12,17 +12,23 @@
 //     predicted remaining time, times `deadline_margin`, fits before its deadline (a request no degree can
 //     save goes last, on one rank; so does one NOTE [deadline admission] turns away). A candidate left
 //     without ranks waits; a running one yields its ranks at its next step boundary (preemption).
-//  4. Spare ranks: a group may double when the doubled group's step is at least `min_gain` faster. edf and
-//     priority hand them out in order (the earliest deadlines first); fcfs and srtf to the doubling that
-//     saves the most remaining time per added rank, so a long video that scales gets them before a short
-//     image that hardly does. A small image whose step is dominated by communication stays on one or two
-//     ranks, and under load every request runs on one rank, where a rank-second does the most work.
-//     Priority classes are strict: steps 3 and 4 run for a whole class before the next class gets a rank.
+//  4. Spare ranks: a group of d ranks may grow to any d' ranks (not only powers of two: a lone request on 6
+//     ranks takes 6) whose predicted step is at least `min_gain` faster per doubling, step(d') <= step(d) x
+//     (1 - min_gain)^log2(d' / d) (a doubling: min_gain faster). Of those it grows to the one that saves the
+//     most remaining time per added rank. edf and priority grow their requests in order (the earliest
+//     deadlines first) as far as that pays; fcfs and srtf give each spare rank to the growth that saves the
+//     most remaining time per added rank, so a long video that scales gets them before a short image that
+//     hardly does. A small image whose step is dominated by communication stays on one or two ranks, and
+//     under load every request runs on one rank, where a rank-second does the most work. Priority classes
+//     are strict: steps 3 and 4 run for a whole class before the next class gets a rank.
 //  5. Placement, in order: a running candidate whose plan is larger than its group reserves the difference
 //     among the free ranks (lower candidates may not take them; they stay idle at most until its boundary).
-//     A waiting candidate takes the largest power of two the unreserved free ranks allow, up to its plan:
-//     its holders first (nothing moves), then ranks on one node (best fit), avoiding ranks that hold the
-//     state of other waiting requests. The layout comes from the cost model for the node span it got.
+//     A waiting candidate takes as many of the unreserved free ranks as its plan asks, or the largest degree
+//     below that which the cost model prices: its holders first (nothing moves), then ranks on one node (best
+//     fit), avoiding ranks that hold the state of other waiting requests. The layout comes from the cost
+//     model for the node span it got (bestLayout: every Ulysses x Ring factorisation of the degree with
+//     Ulysses at most the heads, and CFG-parallel halves for a request with guidance on an even degree);
+//     without a cost model, Ulysses as far as the heads split evenly and Ring for the rest (plainLayout).
 // A decision that runs on spare ranks (more than its base degree) with steps of 5 ms or more is one step with
 // no dispatch-ahead, so an arrival waits at most one step for those ranks (the gap between two steps, tens
 // of microseconds, is then under 1%); long steps (>= 0.1 s) are one step each too.
@@ -31,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "gfdit/control.h"
 #include "gfdit/error.h"
@@ -43,16 +50,12 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kLentStepS = 0.005;  // spare ranks lent for steps this long come back after one step
 
-int pow2AtMost(int n) {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  return n >= 1 ? p : 0;
-}
-
-int log2Of(int d) {
-  int k = 0;
-  while ((1 << k) < d) ++k;
-  return k;
+// The largest divisor of n (n >= 1) that is at most cap (at least 1).
+int largestDivisorAtMost(int n, int cap) {
+  for (int u = std::min(n, cap); u > 1; --u) {
+    if (n % u == 0) return u;
+  }
+  return 1;
 }
 
 double stepQuery(const cost::CostModel& cost, const RequestShape& shape, int degree, int num_nodes,
@@ -94,15 +97,9 @@ const char* layoutFamilyName(LayoutFamily f) {
   return "unknown";
 }
 
-double RequestCost::stepSeconds(int degree) const {
-  int k = log2Of(std::max(1, degree));
-  return k < kNumDegrees ? step_s[k] : kInf;
-}
+double RequestCost::stepSeconds(int degree) const { return degree >= 1 && degree <= kMaxRanks ? step_s[degree] : kInf; }
 
-const Layout& RequestCost::layoutFor(int degree) const {
-  int k = std::min(log2Of(std::max(1, degree)), kNumDegrees - 1);
-  return layout[k];
-}
+const Layout& RequestCost::layoutFor(int degree) const { return layout[std::min(std::max(1, degree), kMaxRanks)]; }
 
 double RequestRecord::remainingSeconds(int degree) const {
   if (!cost.known) return 0;
@@ -111,60 +108,77 @@ double RequestRecord::remainingSeconds(int degree) const {
   return s;
 }
 
+Layout plainLayout(int degree, int num_heads) {
+  Layout l;
+  degree = std::max(1, degree);
+  l.ulysses = num_heads > 0 ? std::gcd(degree, num_heads) : degree;
+  l.ring = degree / l.ulysses;
+  return l;
+}
+
 Layout bestLayout(const cost::CostModel& cost, const RequestShape& shape, int degree, int num_nodes, int max_ulysses,
                   LayoutFamily family, double* step_s) {
+  degree = std::max(1, degree);
   num_nodes = std::max(1, std::min(num_nodes, degree));
-  const int per_node = (degree + num_nodes - 1) / num_nodes;
-  Layout best;
-  best.ulysses = std::min(degree, std::max(1, max_ulysses));
-  best.ring = degree / best.ulysses;
+  max_ulysses = std::max(1, max_ulysses);
+  Layout best = plainLayout(degree, cost.model().heads);
   double best_s = kInf;
-  auto consider = [&](int u, int r, int mode, int placement) {
+  auto consider = [&](int u, int r, int mode, int placement, int cfg) {
     Layout l;
     l.ulysses = u;
     l.ring = r;
     l.mode = mode;
     l.placement = placement;
+    l.cfg = cfg;
     double s = stepQuery(cost, shape, degree, num_nodes, l);
     if (s < best_s) {
       best_s = s;
       best = l;
     }
   };
-  auto fixed = [&](int u) {  // u clipped to the heads; the rest is Ring
-    u = std::max(1, std::min({u, degree, pow2AtMost(std::max(1, max_ulysses))}));
-    return u;
-  };
-  switch (family) {
-    case LayoutFamily::kAuto:
-      for (int u = 1; u <= degree && u <= max_ulysses; u *= 2) {
-        const int r = degree / u;
-        for (int placement : num_nodes > 1 ? std::vector<int>{1, 2} : std::vector<int>{0}) {
-          consider(u, r, 0, placement);
-          if (u > 1 && r > 1) consider(u, r, 1, placement);
+  // The family's layouts of one pass on p ranks over `nodes` nodes (with cfg = 2, each half's).
+  auto passLayouts = [&](int p, int nodes, int cfg) {
+    const int per_node = (p + nodes - 1) / nodes;
+    const int top_u = std::min(p, max_ulysses);
+    switch (family) {
+      case LayoutFamily::kAuto:
+        for (int u = 1; u <= top_u; ++u) {
+          if (p % u != 0) continue;
+          const int r = p / u;
+          // one node: placement auto; across nodes: each axis inside a node in turn (Layout::placement)
+          for (int placement = nodes > 1 ? 1 : 0; placement <= (nodes > 1 ? 2 : 0); ++placement) {
+            consider(u, r, 0, placement, cfg);
+            if (u > 1 && r > 1) consider(u, r, 1, placement, cfg);
+          }
         }
+        break;
+      case LayoutFamily::kUsp: {  // Ulysses over the ranks of a node, Ring across
+        const int u = largestDivisorAtMost(p, std::min(per_node, max_ulysses));
+        consider(u, p / u, 0, nodes > 1 ? 1 : 0, cfg);
+        break;
       }
-      break;
-    case LayoutFamily::kUsp: {  // Ulysses over the ranks of a node, Ring across
-      int u = fixed(per_node);
-      consider(u, degree / u, 0, num_nodes > 1 ? 1 : 0);
-      break;
+      case LayoutFamily::kSwift: {  // Ring over the ranks of a node, Ulysses across (one node: Ulysses)
+        const int u = largestDivisorAtMost(p, nodes == 1 ? max_ulysses : std::min(nodes, max_ulysses));
+        consider(u, p / u, 0, nodes == 1 ? 0 : 2, cfg);
+        break;
+      }
+      case LayoutFamily::kTorus: {  // both axes where the pass has room for them (Torus with one is plain)
+        bool mixed = false;
+        for (int u = 2; u < p && u <= top_u; ++u) {
+          if (p % u != 0) continue;
+          consider(u, p / u, 1, 0, cfg);
+          mixed = true;
+        }
+        for (int u = 1; !mixed && u <= top_u; ++u) {
+          if (p % u == 0) consider(u, p / u, 1, 0, cfg);
+        }
+        break;
+      }
     }
-    case LayoutFamily::kSwift: {  // Ring over the ranks of a node, Ulysses across (one node: Ulysses)
-      if (num_nodes == 1) {
-        int u = fixed(degree);
-        consider(u, degree / u, 0, 0);
-      } else {
-        int u = fixed(num_nodes);
-        consider(u, degree / u, 0, 2);
-      }
-      break;
-    }
-    case LayoutFamily::kTorus:  // both axes when the group has room for them (Torus with one axis is plain)
-      for (int u = 1; u <= degree && u <= max_ulysses; u *= 2) {
-        if (degree < 4 || (u > 1 && u < degree)) consider(u, degree / u, 1, 0);
-      }
-      break;
+  };
+  passLayouts(degree, num_nodes, 1);
+  if (shape.guidance() && degree % 2 == 0) {  // CFG-parallel: a half per guidance pass
+    passLayouts(degree / 2, std::min(degree / 2, (num_nodes + 1) / 2), 2);
   }
   if (step_s != nullptr) *step_s = best_s;
   return best;
@@ -175,15 +189,15 @@ RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape,
   RequestCost c;
   c.max_ulysses = maxUlyssesDegree(cost.model().heads);
   ranks_per_node = ranks_per_node > 0 ? ranks_per_node : kMaxRanks;
-  for (int k = 0; k < kNumDegrees; ++k) {
-    const int d = 1 << k;
-    c.step_s[k] = kInf;
-    c.layout[k].ulysses = std::min(d, c.max_ulysses);
-    c.layout[k].ring = d / c.layout[k].ulysses;
-    if (d > max_degree) continue;
+  const int top = std::max(0, std::min(max_degree, kMaxRanks));
+  for (int d = 0; d <= kMaxRanks; ++d) {
+    c.step_s[d] = kInf;
+    c.layout[d] = plainLayout(d, cost.model().heads);
+  }
+  for (int d = 1; d <= top; ++d) {
     const int nodes = (d + ranks_per_node - 1) / ranks_per_node;
-    c.layout[k] = bestLayout(cost, shape, d, nodes, c.max_ulysses, family, &c.step_s[k]);
-    if (std::isfinite(c.step_s[k])) c.known = true;
+    c.layout[d] = bestLayout(cost, shape, d, nodes, c.max_ulysses, family, &c.step_s[d]);
+    if (std::isfinite(c.step_s[d])) c.known = true;
   }
   c.encode_s = stageQuery(cost, cost::Stage::kEncode, shape, 1, 0);
   c.decode_s = stageQuery(cost, cost::Stage::kDecode, shape, 1, 0);
@@ -200,6 +214,9 @@ struct Candidate {
   int current = 0;  // running: its group's size
   int base = 1;     // degree before spare ranks
   int plan = 0;
+  int grow_to = 0;                        // step 4: the best degree to grow to from `plan` (0: not computed, -1: none)
+  int grow_left = 0;                      // the spare ranks grow_to was computed for
+  double grow_gain = 0;                   // its remaining seconds saved per added rank
   bool deadline_feasible = false;         // edf/priority: some degree meets its deadline (base is the smallest)
   double k0 = 0, k1 = 0, k2 = 0, k3 = 0;  // order: smaller first, then the id
 };
@@ -211,6 +228,14 @@ class PlanningPolicy : public Policy {
     GFDIT_CHECK(o.min_gain >= 0 && o.min_gain < 1) << "min_gain must be in [0, 1)";
     GFDIT_CHECK(o.aging > 0) << "aging must be positive";
     GFDIT_CHECK(o.deadline_margin >= 1) << "deadline_margin must be >= 1";
+    // growing a group from d to d' must make its step (1 - min_gain)^log2(d' / d) as long or shorter
+    const double per_doubling = std::log2(1.0 - o.min_gain);
+    growth_.resize((kMaxRanks + 1) * (kMaxRanks + 1), 0.0);
+    for (int a = 1; a <= kMaxRanks; ++a) {
+      for (int b = a; b <= kMaxRanks; ++b) {
+        growth_[a * (kMaxRanks + 1) + b] = std::exp2(per_doubling * std::log2(static_cast<double>(b) / a));
+      }
+    }
   }
 
   std::string name() const override {
@@ -262,15 +287,16 @@ class PlanningPolicy : public Policy {
       while (end < top && (o_.order != PolicyOrder::kPriority || cands_[end].k0 == cands_[begin].k0)) ++end;
       for (size_t i = begin; i < end && left > 0; ++i) {  // base degrees
         Candidate& c = cands_[i];
-        c.plan = pow2AtMost(std::min({c.base, left, limit(*c.rec, world)}));
+        c.plan = fitDegree(*c.rec, std::min({c.base, left, limit(*c.rec, world)}));
         left -= c.plan;
       }
       if (o_.order == PolicyOrder::kDeadline || o_.order == PolicyOrder::kPriority) {
         for (size_t i = begin; i < end && left > 0; ++i) {  // spare ranks to the earliest deadlines
           Candidate& c = cands_[i];
-          while (c.plan > 0 && left >= c.plan && canDouble(c, world)) {
-            left -= c.plan;
-            c.plan *= 2;
+          while (left > 0 && growth(c, left, world)) {
+            left -= c.grow_to - c.plan;
+            c.plan = c.grow_to;
+            c.grow_to = 0;
           }
         }
       } else {
@@ -280,16 +306,16 @@ class PlanningPolicy : public Policy {
           double best_gain = 0;
           for (size_t i = begin; i < end; ++i) {
             Candidate& c = cands_[i];
-            if (c.plan == 0 || left < c.plan || !canDouble(c, world)) continue;
-            const double gain = (remainingOf(*c.rec, c.plan) - remainingOf(*c.rec, c.plan * 2)) / c.plan;
-            if (gain > best_gain) {
-              best_gain = gain;
+            if (!growth(c, left, world)) continue;
+            if (c.grow_gain > best_gain) {
+              best_gain = c.grow_gain;
               best = &c;
             }
           }
           if (best == nullptr) break;
-          left -= best->plan;
-          best->plan *= 2;
+          left -= best->grow_to - best->plan;
+          best->plan = best->grow_to;
+          best->grow_to = 0;
         }
       }
       begin = end;
@@ -317,7 +343,7 @@ class PlanningPolicy : public Policy {
         if (c.plan > c.current) reserved += std::min(c.plan - c.current, num_pool - reserved);
         continue;
       }
-      const int degree = pow2AtMost(std::min(c.plan, num_pool - reserved));
+      const int degree = fitDegree(*c.rec, std::min(c.plan, num_pool - reserved));
       Decision d;
       d.request_id = c.rec->id;
       pick(*c.rec, degree, view, d.ranks);
@@ -337,7 +363,17 @@ class PlanningPolicy : public Policy {
   }
 
  private:
-  static int limit(const RequestRecord& r, int world) { return pow2AtMost(std::max(1, std::min(r.max_degree, world))); }
+  static int limit(const RequestRecord& r, int world) {
+    return std::max(1, std::min({r.max_degree, world, kMaxRanks}));
+  }
+  // The largest degree of at most `d` ranks the request can run on (a finite prediction); `d` without one.
+  static int fitDegree(const RequestRecord& r, int d) {
+    if (!r.cost.known) return std::max(1, d);
+    for (int k = d; k > 1; --k) {
+      if (std::isfinite(r.cost.stepSeconds(k))) return k;
+    }
+    return 1;
+  }
 
   // Step seconds on `degree` ranks; without a cost model, perfect scaling of a per-token unit.
   static double stepOf(const RequestRecord& r, int degree) {
@@ -349,12 +385,29 @@ class PlanningPolicy : public Policy {
     return r.stepsLeft() * stepOf(r, degree);
   }
 
-  bool canDouble(const Candidate& c, int world) const {
-    return c.plan * 2 <= limit(*c.rec, world) && worthDoubling(*c.rec, c.plan);
-  }
-  bool worthDoubling(const RequestRecord& r, int degree) const {
-    const double a = stepOf(r, degree), b = stepOf(r, degree * 2);
-    return std::isfinite(b) && b <= a * (1.0 - o_.min_gain);
+  // Step 4: the degree that c's group grows to with at most `left` more ranks, the one that saves the most
+  // remaining time per added rank among those worth growing to (NOTE [planning]); false when none is. Cached
+  // in c: the best of fewer spare ranks is the same while it still fits.
+  bool growth(Candidate& c, int left, int world) const {
+    if (c.plan <= 0) return false;
+    if (c.grow_to > 0 && c.grow_to - c.plan <= left) return true;
+    if (c.grow_to < 0 && c.grow_left >= left) return false;  // none with at least as many spare ranks
+    const int top = std::min(limit(*c.rec, world), c.plan + left);
+    const double from_step = stepOf(*c.rec, c.plan);
+    const double from = remainingOf(*c.rec, c.plan);
+    c.grow_to = -1;
+    c.grow_left = left;
+    c.grow_gain = 0;
+    for (int d = c.plan + 1; d <= top; ++d) {
+      const double step = stepOf(*c.rec, d);
+      if (!(step <= from_step * growth_[c.plan * (kMaxRanks + 1) + d])) continue;  // infinite or not worth it
+      const double gain = (from - remainingOf(*c.rec, d)) / (d - c.plan);
+      if (gain > c.grow_gain) {
+        c.grow_gain = gain;
+        c.grow_to = d;
+      }
+    }
+    return c.grow_to > 0;
   }
 
   Candidate candidate(const RequestRecord* r, bool ready, double now_s) const {
@@ -419,7 +472,7 @@ class PlanningPolicy : public Policy {
     c.k2 = deadline_s;
     if (!r.cost.known) return;  // nothing to predict with: plain EDF
     const int top = limit(r, world_);
-    for (int d = 1; d <= top; d *= 2) {
+    for (int d = 1; d <= top; ++d) {
       if (now_s + remainingOf(r, d) * o_.deadline_margin <= deadline_s) {
         c.base = d;
         c.deadline_feasible = true;
@@ -473,11 +526,7 @@ class PlanningPolicy : public Policy {
 
   Layout layoutOf(const RequestRecord& r, const std::vector<int>& ranks, const SchedulerView& view) const {
     const int degree = static_cast<int>(ranks.size());
-    if (!r.cost.known || view.cost == nullptr) {
-      Layout l;
-      l.ulysses = degree;
-      return l;
-    }
+    if (!r.cost.known || view.cost == nullptr) return plainLayout(degree, r.num_heads);
     int nodes = 1;
     if (!view.node_of.empty()) {
       for (size_t i = 1; i < ranks.size(); ++i) nodes += view.node_of[ranks[i]] != view.node_of[ranks[i - 1]];
@@ -495,6 +544,7 @@ class PlanningPolicy : public Policy {
   std::vector<bool> pool_;
   std::vector<int> held_, counts_, order_;
   std::vector<std::pair<double, size_t>> heap_;  // (rank-seconds, candidate) admitted (NOTE [deadline admission])
+  std::vector<double> growth_;  // [d * (kMaxRanks + 1) + d']: growing d -> d' needs step(d') <= this x step(d)
 };
 
 }  // namespace

@@ -24,13 +24,6 @@ const char* requestStateName(RequestState s) {
 
 namespace {
 
-Layout ulyssesLayout(int degree) {
-  Layout l;
-  l.ulysses = degree;
-  l.ring = 1;
-  return l;
-}
-
 class StaticPolicy : public Policy {
  public:
   explicit StaticPolicy(int degree) : degree_(degree) { GFDIT_CHECK(degree >= 1) << "static degree " << degree; }
@@ -73,7 +66,7 @@ class StaticPolicy : public Policy {
         d.ranks.push_back(r);
         free_[r] = false;
       }
-      d.layout = req->cost.known ? req->cost.layoutFor(degree_) : ulyssesLayout(degree_);
+      d.layout = req->cost.known ? req->cost.layoutFor(degree_) : plainLayout(degree_, req->num_heads);
       d.num_steps = std::max(1, req->num_steps - req->step);  // the whole rest: the degree never changes
       out.push_back(std::move(d));
     }
@@ -156,11 +149,7 @@ std::unique_ptr<Policy> makePolicy(const std::string& spec) {
 
 // ---- request checks ----
 
-int maxUlyssesDegree(int heads) {
-  int d = 1;
-  while (d * 2 <= kMaxRanks && heads > 0 && heads % (d * 2) == 0) d *= 2;
-  return d;
-}
+int maxUlyssesDegree(int heads) { return std::max(1, std::min(heads, kMaxRanks)); }
 
 RequestLimits RequestLimits::of(const cost::ModelArch& arch) {
   RequestLimits l;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <map>
 #include <sstream>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -16,12 +17,12 @@ namespace cost {
 namespace {
 
 // NOTE [profile interpolation]
-// Entries are grouped by everything but the token count: (stage, degree, ulysses, ring, mode, guidance,
-// num_new). A step, decode or migrate query is answered piecewise linearly in tokens between the two
-// nearest measured token counts of its group (exact at a measured point); outside the measured range, or
-// for a group never measured, the query is refused: a profile says nothing about shapes it did not see,
-// and a policy must not schedule on a guess it cannot tell from a measurement.
-// Fallbacks, each for a quantity the time does not depend on:
+// Entries are grouped by everything but the token count: (stage, degree, ulysses, ring, mode, cfg, guidance,
+// num_new); a profile written before CFG-parallel existed reads as cfg 1 (gfdit.cost.load_profile). A step, decode or
+// migrate query is answered piecewise linearly in tokens between the two nearest measured token counts of its group
+// (exact at a measured point); outside the measured range, or for a group never measured, the query is refused: a
+// profile says nothing about shapes it did not see, and a policy must not schedule on a guess it cannot tell from a
+// measurement. Fallbacks, each for a quantity the time does not depend on:
 // - kMigrate: a broadcast from one holder to num_new members, whatever layout the group runs later: the
 //   entries with the nearest measured num_new (the same degree preferred among equals), either guidance.
 // - kDecode runs on one rank whatever the group: without entries for the query's own degree and layout it
@@ -29,10 +30,13 @@ namespace {
 // - kEncode does not depend on tokens: the mean of the entries of that degree (same guidance preferred), or
 //   of the nearest measured degree (every member encodes alone; only contention for cores changes).
 // Repeated measurements of one point are averaged.
-using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, bool, int32_t>;
+using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, bool, int32_t>;
+constexpr int kKeyGuidance = 6;
+constexpr int kKeyNumNew = 7;
 
-Key keyOf(Stage stage, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode, bool guidance, int32_t num_new) {
-  return Key{static_cast<int32_t>(stage), degree, ulysses, ring, mode, guidance, num_new};
+Key keyOf(Stage stage, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode, int32_t cfg, bool guidance,
+          int32_t num_new) {
+  return Key{static_cast<int32_t>(stage), degree, ulysses, ring, mode, cfg, guidance, num_new};
 }
 
 using Curve = std::vector<std::pair<int64_t, double>>;  // (tokens, seconds), sorted, unique tokens
@@ -49,10 +53,13 @@ class ProfiledCostModel : public CostModel {
       GFDIT_CHECK(e.tokens > 0) << "profile entry " << i << ": tokens must be positive, got " << e.tokens;
       GFDIT_CHECK(e.degree >= 1 && e.ulysses >= 1 && e.ring >= 1)
           << "profile entry " << i << ": degree, ulysses and ring must be >= 1";
-      GFDIT_CHECK(e.stage != Stage::kDenoiseStep || e.ulysses * e.ring == e.degree)
-          << "profile entry " << i << ": ulysses " << e.ulysses << " x ring " << e.ring << " != degree " << e.degree;
+      GFDIT_CHECK(e.cfg == 1 || e.cfg == 2) << "profile entry " << i << ": cfg must be 1 or 2, got " << e.cfg;
+      GFDIT_CHECK(e.stage != Stage::kDenoiseStep || e.ulysses * e.ring * e.cfg == e.degree)
+          << "profile entry " << i << ": ulysses " << e.ulysses << " x ring " << e.ring
+          << (e.cfg != 1 ? " x cfg " + std::to_string(e.cfg) : std::string()) << " != degree " << e.degree;
+      GFDIT_CHECK(e.cfg == 1 || e.guidance) << "profile entry " << i << ": cfg 2 needs guidance";
       GFDIT_CHECK(e.num_new >= 0) << "profile entry " << i << ": num_new must be >= 0";
-      auto& slot = acc[keyOf(e.stage, e.degree, e.ulysses, e.ring, e.mode, e.guidance, e.num_new)][e.tokens];
+      auto& slot = acc[keyOf(e.stage, e.degree, e.ulysses, e.ring, e.mode, e.cfg, e.guidance, e.num_new)][e.tokens];
       slot.first += e.seconds;
       slot.second += 1;
     }
@@ -70,14 +77,14 @@ class ProfiledCostModel : public CostModel {
     switch (stage) {
       case Stage::kEncode: return encode(q);
       case Stage::kDenoiseStep: {
-        const Curve* c = find(keyOf(stage, q.degree, l.ulysses, l.ring, l.mode, g, 0));
+        const Curve* c = find(keyOf(stage, q.degree, l.ulysses, l.ring, l.mode, l.cfg, g, 0));
         if (c == nullptr) refuseLayout(stage, q, tokens);
         return interpolate(*c, stage, q, tokens);
       }
       case Stage::kDecode: {
-        const Curve* c = find(keyOf(stage, q.degree, l.ulysses, l.ring, l.mode, g, 0));
+        const Curve* c = find(keyOf(stage, q.degree, l.ulysses, l.ring, l.mode, l.cfg, g, 0));
         for (bool guidance : {g, !g}) {
-          if (c == nullptr) c = find(keyOf(stage, 1, 1, 1, 0, guidance, 0));
+          if (c == nullptr) c = find(keyOf(stage, 1, 1, 1, 0, 1, guidance, 0));
         }
         if (c == nullptr) refuseLayout(stage, q, tokens);
         return interpolate(*c, stage, q, tokens);
@@ -88,8 +95,8 @@ class ProfiledCostModel : public CostModel {
         std::tuple<int32_t, int32_t, int32_t> best_rank;
         for (const auto& [key, curve] : curves_) {
           if (std::get<0>(key) != static_cast<int32_t>(stage)) continue;
-          auto rank = std::make_tuple(std::abs(std::get<6>(key) - q.num_new), std::get<1>(key) == q.degree ? 0 : 1,
-                                      std::get<5>(key) == g ? 0 : 1);
+          auto rank = std::make_tuple(std::abs(std::get<kKeyNumNew>(key) - q.num_new),
+                                      std::get<1>(key) == q.degree ? 0 : 1, std::get<kKeyGuidance>(key) == g ? 0 : 1);
           if (best == nullptr || rank < best_rank) {
             best = &curve;
             best_rank = rank;
@@ -121,8 +128,9 @@ class ProfiledCostModel : public CostModel {
     std::ostringstream os;
     os << "profile of " << profile_.model << " on " << profile_.hardware << ": stage " << stageName(stage) << ", shape "
        << tokens << " tokens (" << q.shape.height << "x" << q.shape.width << "x" << q.shape.num_frames << "), degree "
-       << q.degree << " (ulysses " << q.layout.ulysses << " x ring " << q.layout.ring << ", "
-       << (q.layout.mode == 1 ? "torus" : "usp") << ", guidance " << (q.shape.guidance() ? "on" : "off");
+       << q.degree << " (ulysses " << q.layout.ulysses << " x ring " << q.layout.ring
+       << (q.layout.cfg == 2 ? " x cfg 2" : "") << ", " << (q.layout.mode == 1 ? "torus" : "usp") << ", guidance "
+       << (q.shape.guidance() ? "on" : "off");
     if (stage == Stage::kMigrate) os << ", num_new " << q.num_new;
     os << ")";
     return os.str();
@@ -161,7 +169,7 @@ class ProfiledCostModel : public CostModel {
       int count = 0;
       for (const auto& [key, curve] : curves_) {
         if (std::get<0>(key) != static_cast<int32_t>(Stage::kEncode) || std::get<1>(key) != nearest) continue;
-        if (same_guidance && std::get<5>(key) != g) continue;
+        if (same_guidance && std::get<kKeyGuidance>(key) != g) continue;
         for (const auto& point : curve) {
           sum += point.second;
           ++count;

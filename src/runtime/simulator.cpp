@@ -378,6 +378,7 @@ SimResult Simulator::run(const std::vector<SimRequest>& requests) {
       if (!std::isnan(r.deadline_s)) spec.deadline_ns = std::max<int64_t>(1, std::llround(r.deadline_s * kNs));
       spec.priority = r.priority;
       spec.max_degree = kMaxRanks;  // Ring carries a group past the heads' Ulysses limit (RequestCost::max_ulysses)
+      spec.num_heads = arch.heads;
       exec.addRequest(spec.id, spec.shape);
       plane.submit(std::move(spec));
     }

@@ -338,6 +338,58 @@ TEST(ControlPlane, BrokenPolicyFailsTheRequestsItWasAskedAbout) {
   EXPECT_TRUE(exec.sent.empty());
 }
 
+TEST(ControlPlane, CfgParallelNeedsGuidanceAndTravelsWithTheTasks) {
+  // A policy that runs every request CFG-parallel on ranks 0 and 1 (one rank per guidance pass).
+  class CfgPolicy : public Policy {
+   public:
+    std::string name() const override { return "cfg2"; }
+    std::vector<Decision> schedule(const SchedulerView& v) override {
+      std::vector<Decision> out;
+      if (v.free_ranks.size() < 2 || v.ready.empty()) return out;
+      Decision d;
+      d.request_id = v.ready[0]->id;
+      d.ranks = {0, 1};
+      d.layout.cfg = 2;
+      d.num_steps = 10;
+      out.push_back(d);
+      return out;
+    }
+  };
+  VirtualClock clock;
+  ScriptExecutor exec;
+  ControlConfig cfg;
+  cfg.world_size = 2;
+  ControlPlane cp(cfg, clock, exec, std::make_shared<CfgPolicy>());
+  std::vector<RequestResult> results;
+  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  RequestSpec guided = spec(3);
+  guided.shape.guidance_scale = 4.0;
+  const uint64_t ok = cp.submit(guided);
+  cp.poll();
+  exec.drain(cp);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].id, ok);
+  EXPECT_EQ(results[0].state, RequestState::kDone) << results[0].reason;
+  int denoise = 0;
+  for (const auto& sent : exec.sent) {
+    if (static_cast<TaskKind>(sent.d.kind) != TaskKind::kDenoise) continue;
+    ++denoise;
+    EXPECT_EQ(sent.d.layout.cfg, 2);
+    EXPECT_EQ(sent.workers, (std::vector<int>{0, 1}));
+  }
+  EXPECT_EQ(denoise, 3);
+  for (const auto& st : results[0].stages) {
+    if (st.kind == TaskKind::kDenoise) EXPECT_EQ(st.layout.cfg, 2);
+  }
+  // Without guidance there is one pass per step: the decision is refused and the request fails, saying why.
+  cp.submit(spec(3));
+  cp.poll();
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[1].state, RequestState::kFailed);
+  EXPECT_NE(results[1].reason.find("cfg 2 (CFG-parallel)"), std::string::npos) << results[1].reason;
+  EXPECT_NE(results[1].reason.find("no guidance"), std::string::npos) << results[1].reason;
+}
+
 TEST(ControlPlane, StaticKeepsItsGroupForLife) {
   Fixture f(4, "static:2");
   for (int i = 0; i < 5; ++i) f.cp->submit(spec(3, 64, 64, 10 + i));
@@ -442,7 +494,10 @@ TEST(CheckRequest, NamesTheField) {
   s.num_frames = 9;
   checkRequest(s, lim);
   EXPECT_EQ(s.tokens, 3 * 4 * 8);
-  EXPECT_EQ(maxUlyssesDegree(24), 8);
-  EXPECT_EQ(maxUlyssesDegree(12), 4);
-  EXPECT_EQ(maxUlyssesDegree(40), 8);
+  // Ulysses splits heads, unevenly where it must (floor or ceil of heads / ulysses each): up to the heads
+  EXPECT_EQ(maxUlyssesDegree(24), 24);
+  EXPECT_EQ(maxUlyssesDegree(12), 12);
+  EXPECT_EQ(maxUlyssesDegree(40), 40);
+  EXPECT_EQ(maxUlyssesDegree(100), kMaxRanks);
+  EXPECT_EQ(maxUlyssesDegree(0), 1);
 }

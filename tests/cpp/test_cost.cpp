@@ -187,8 +187,109 @@ TEST(CostAnalytic, RefusesBadQueries) {
   EXPECT_NE(errorOf([&] { cm->seconds(Stage::kDenoiseStep, q); }).find("degree"), std::string::npos);
   EXPECT_NE(errorOf([&] { cm->seconds(Stage::kDenoiseStep, query(m, 1024, 1024, 1, 16)); }).find("h20x8"),
             std::string::npos);
-  EXPECT_NE(errorOf([&] { cm->seconds(Stage::kDenoiseStep, query(m, 1024, 1024, 1, 5)); }).find("heads"),
+  // Ulysses may split the heads unevenly (5 of 24 is fine) but not past them
+  EXPECT_GT(cm->seconds(Stage::kDenoiseStep, query(m, 1024, 1024, 1, 5)), 0);
+  const ModelArch& tiny = modelArch("tiny-wan");  // 4 heads
+  auto ct = makeAnalyticCostModel(tiny, cluster("cpu", 8));
+  EXPECT_NE(errorOf([&] { ct->seconds(Stage::kDenoiseStep, query(tiny, 32, 48, 9, 5)); }).find("heads"),
             std::string::npos);
+  // CFG-parallel: 1 or 2, with guidance only, ulysses x ring x cfg == degree
+  StageQuery c = query(m, 1024, 1024, 1, 2, 1, 4.0);
+  c.layout.cfg = 3;
+  c.degree = 6;
+  EXPECT_NE(errorOf([&] { cm->seconds(Stage::kDenoiseStep, c); }).find("cfg"), std::string::npos);
+  c.layout.cfg = 2;
+  c.degree = 2;  // 2 x 1 x 2 != 2
+  EXPECT_NE(errorOf([&] { cm->seconds(Stage::kDenoiseStep, c); }).find("degree"), std::string::npos);
+  c.degree = 4;
+  EXPECT_GT(cm->seconds(Stage::kDenoiseStep, c), 0);
+  c.shape.guidance_scale = 1.0;
+  EXPECT_NE(errorOf([&] { cm->seconds(Stage::kDenoiseStep, c); }).find("guidance"), std::string::npos);
+}
+
+// Ulysses that does not divide the heads gives some members one head more; the pass waits for them.
+TEST(CostAnalytic, UnevenUlyssesCostsLikeItsLargestMember) {
+  const ModelArch& m = modelArch("qwen-image");  // 24 heads
+  auto cm = makeAnalyticCostModel(m, cluster("h20x8"));
+  auto step = [&](int32_t u) { return cm->seconds(Stage::kDenoiseStep, query(m, 1536, 1536, 1, u, 1, 4.0)); };
+  EXPECT_GT(step(4), step(5));  // 5 heads at most instead of 6, and fewer tokens per rank
+  EXPECT_GT(step(5), step(6));
+  // 7 ranks: the largest member has 4 heads, as with 6: only the token-parallel parts shrink by 6/7
+  EXPECT_LT(step(7), step(6));
+  EXPECT_GT(step(7), step(6) * 6.0 / 7.0 * 1.01);
+  EXPECT_LT(step(8), step(7));  // 3 heads each, even
+}
+
+// CFG-parallel: each half runs one pass on degree / 2 ranks, at once, then one exchange of the prediction.
+TEST(CostAnalytic, CfgParallelIsOnePassPerHalfPlusAnExchange) {
+  const ModelArch& m = modelArch("qwen-image");
+  const Cluster cl = cluster("h20x8");
+  auto cm = makeAnalyticCostModel(m, cl);
+  const int64_t tokens = m.tokens(1024, 1024, 1);
+  const double exchange = cl.hw.collective_latency_s + tokens * 64 * 4.0 / cl.hw.link_bw;  // float32 velocity
+  for (int32_t u : {1, 2, 4}) {
+    StageQuery cfg1 = query(m, 1024, 1024, 1, u, 1, 4.0);  // both passes in turn on u ranks
+    StageQuery cfg2 = query(m, 1024, 1024, 1, u, 1, 4.0);  // one pass per half of 2u ranks
+    cfg2.layout.cfg = 2;
+    cfg2.degree = 2 * u;
+    const double two_passes = cm->seconds(Stage::kDenoiseStep, cfg1);
+    EXPECT_NEAR(cm->seconds(Stage::kDenoiseStep, cfg2), two_passes / 2 + exchange, 1e-12 * two_passes) << u;
+  }
+  // On two nodes the halves sit one on each: each half's pass stays inside its node, the exchange crosses.
+  auto c16 = makeAnalyticCostModel(m, cluster("h20x16"));
+  StageQuery inside = query(m, 1024, 1024, 1, 8, 1, 4.0, 1);
+  StageQuery across = query(m, 1024, 1024, 1, 8, 1, 4.0, 2);
+  across.layout.cfg = 2;
+  across.degree = 16;
+  const Hardware& hw = cluster("h20x16").hw;
+  EXPECT_NEAR(
+      c16->seconds(Stage::kDenoiseStep, across),
+      c16->seconds(Stage::kDenoiseStep, inside) / 2 + hw.inter_node_latency_s + tokens * 64 * 4.0 / hw.inter_node_bw,
+      1e-9);
+}
+
+// When communication dominates (a small image; more so with slow collectives) CFG-parallel on 2 ranks is much
+// faster than Ulysses 2 with the passes in turn; for a long video the two are close (compute scales either way).
+TEST(CostAnalytic, CfgParallelWinsWhenCommunicationDominates) {
+  const ModelArch& m = modelArch("qwen-image");
+  Cluster slow = cluster("h20x8");
+  slow.hw.collective_latency_s = 1e-3;  // a high-latency interconnect
+  for (const Cluster& cl : {cluster("h20x8"), slow}) {
+    auto cm = makeAnalyticCostModel(m, cl);
+    StageQuery u2 = query(m, 512, 512, 1, 2, 1, 4.0);
+    StageQuery c2 = query(m, 512, 512, 1, 1, 1, 4.0);
+    c2.layout.cfg = 2;
+    c2.degree = 2;
+    const double one = cm->seconds(Stage::kDenoiseStep, query(m, 512, 512, 1, 1, 1, 4.0));
+    const double t_u2 = cm->seconds(Stage::kDenoiseStep, u2);
+    const double t_c2 = cm->seconds(Stage::kDenoiseStep, c2);
+    EXPECT_LT(t_c2, 0.7 * t_u2) << cl.hw.collective_latency_s;
+    EXPECT_LT(t_c2, 0.6 * one) << "two ranks almost halve the step";
+  }
+  const ModelArch& w = modelArch("wan2.2");
+  auto cw = makeAnalyticCostModel(w, cluster("h20x8"));
+  StageQuery u2 = query(w, 720, 1280, 81, 2, 1, 4.0);
+  StageQuery c2 = query(w, 720, 1280, 81, 1, 1, 4.0);
+  c2.layout.cfg = 2;
+  c2.degree = 2;
+  EXPECT_NEAR(cw->seconds(Stage::kDenoiseStep, c2) / cw->seconds(Stage::kDenoiseStep, u2), 1.0, 0.05);
+}
+
+// The migration moves the sampler's history too: Wan's UniPC keeps two earlier outputs and a sample.
+TEST(CostAnalytic, MigrationCountsTheSamplerHistory) {
+  const ModelArch& w = modelArch("wan2.2");
+  EXPECT_EQ(w.sampler_history_latents, 3);
+  EXPECT_EQ(modelArch("qwen-image").sampler_history_latents, 0);
+  const Cluster cl = cluster("h20x8");
+  StageQuery q = query(w, 720, 1280, 81, 1, 1, 4.0);
+  q.degree = 2;
+  q.num_new = 1;
+  const double with = makeAnalyticCostModel(w, cl)->seconds(Stage::kMigrate, q);
+  ModelArch none = w;
+  none.sampler_history_latents = 0;
+  const double without = makeAnalyticCostModel(none, cl)->seconds(Stage::kMigrate, q);
+  const double latent = 16.0 * 21 * 90 * 160 * 4;  // float32 [16, 21, 90, 160]
+  EXPECT_NEAR(with - without, 3 * latent / cl.hw.link_bw, 1e-12);
 }
 
 Profile tinyProfile() {
@@ -269,6 +370,42 @@ TEST(CostProfile, OutOfRangeAndUnmeasuredLayoutsNameTheShape) {
   EXPECT_NE(msg.find("guidance off"), std::string::npos) << msg;
   // encode on a degree never measured: the nearest measured degree (only core contention differs)
   EXPECT_NEAR(cm->seconds(Stage::kEncode, tinyQuery(54, 4)), 0.05, 1e-12);
+}
+
+TEST(CostProfile, CfgParallelEntriesAreTheirOwnLayout) {
+  Profile p = tinyProfile();
+  ProfileEntry e;
+  e.stage = Stage::kDenoiseStep;
+  e.degree = 2;
+  e.cfg = 2;
+  e.guidance = true;
+  e.tokens = 18;
+  e.seconds = 0.004;
+  p.entries.push_back(e);
+  e.tokens = 150;
+  e.seconds = 0.040;
+  p.entries.push_back(e);
+  auto cm = makeProfiledCostModel(p);
+  StageQuery q = tinyQuery(18, 1);
+  q.degree = 2;
+  q.layout.cfg = 2;
+  EXPECT_DOUBLE_EQ(cm->seconds(Stage::kDenoiseStep, q), 0.004);
+  EXPECT_DOUBLE_EQ(cm->seconds(Stage::kDenoiseStep, tinyQuery(18, 2)), 0.010) << "Ulysses 2 is another curve";
+  q.layout.ulysses = 2;
+  q.degree = 4;
+  std::string msg = errorOf([&] { cm->seconds(Stage::kDenoiseStep, q); });
+  EXPECT_NE(msg.find("x cfg 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("never measured"), std::string::npos) << msg;
+  // refused: cfg 2 without guidance, a degree that is not ulysses x ring x cfg, cfg 3
+  Profile bad = p;
+  bad.entries.back().guidance = false;
+  EXPECT_NE(errorOf([&] { makeProfiledCostModel(bad); }).find("guidance"), std::string::npos);
+  bad = p;
+  bad.entries.back().degree = 1;
+  EXPECT_NE(errorOf([&] { makeProfiledCostModel(bad); }).find("x cfg 2 != degree 1"), std::string::npos);
+  bad = p;
+  bad.entries.back().cfg = 3;
+  EXPECT_NE(errorOf([&] { makeProfiledCostModel(bad); }).find("cfg must be 1 or 2"), std::string::npos);
 }
 
 TEST(CostProfile, RefusesBadProfiles) {

@@ -33,10 +33,16 @@ RequestRecord record(uint64_t id, std::vector<double> step_s, int steps_left, do
   r.max_degree = kMaxRanks;
   r.cost.known = true;
   r.cost.max_ulysses = 8;
-  for (int k = 0; k < kNumDegrees; ++k) {
-    r.cost.step_s[k] = k < static_cast<int>(step_s.size()) ? step_s[k] : kInf;
-    r.cost.layout[k].ulysses = 1 << k;
-  }
+  r.cost.step_s.fill(kInf);  // degrees that are not powers of two: not allowed
+  for (int k = 0; k < static_cast<int>(step_s.size()); ++k) r.cost.step_s[1 << k] = step_s[k];
+  for (int d = 1; d <= kMaxRanks; ++d) r.cost.layout[d] = plainLayout(d, 8);
+  return r;
+}
+
+// A request whose step takes t1 / d on every degree d up to `top` (any degree, not only powers of two).
+RequestRecord scalingRecord(uint64_t id, double t1, int steps_left, int top = kMaxRanks, double arrival_s = 0) {
+  RequestRecord r = record(id, {}, steps_left, arrival_s);
+  for (int d = 1; d <= top; ++d) r.cost.step_s[d] = t1 / d;
   return r;
 }
 
@@ -239,19 +245,28 @@ TEST(Policies, GroupsStayInsideANodeAndLayoutsFollowTheTopology) {
   shape.width = 1280;
   shape.num_frames = 121;
   shape.num_steps = 40;
-  shape.guidance_scale = 4.0;
   shape.tokens = cost::modelArch("wan2.2").tokens(720, 1280, 121);
-  for (LayoutFamily fam : {LayoutFamily::kAuto, LayoutFamily::kUsp, LayoutFamily::kSwift, LayoutFamily::kTorus}) {
-    RequestCost c = predictCosts(*cm, shape, 16, 8, fam);
-    ASSERT_TRUE(c.known);
-    EXPECT_EQ(c.layoutFor(16).degree(), 16);
-    EXPECT_LE(c.layoutFor(16).ulysses, c.max_ulysses);
-    if (fam == LayoutFamily::kUsp) EXPECT_EQ(c.layoutFor(16).placement, 1) << "Ulysses inside the node";
-    if (fam == LayoutFamily::kSwift) EXPECT_EQ(c.layoutFor(16).placement, 2) << "Ring inside the node";
-    if (fam == LayoutFamily::kTorus) EXPECT_EQ(c.layoutFor(16).mode, 1);
-    // auto is the fastest of all of them
-    RequestCost a = predictCosts(*cm, shape, 16, 8, LayoutFamily::kAuto);
-    EXPECT_LE(a.stepSeconds(16), c.stepSeconds(16) * (1 + 1e-12));
+  for (double guidance : {1.0, 4.0}) {
+    shape.guidance_scale = guidance;
+    for (LayoutFamily fam : {LayoutFamily::kAuto, LayoutFamily::kUsp, LayoutFamily::kSwift, LayoutFamily::kTorus}) {
+      RequestCost c = predictCosts(*cm, shape, 16, 8, fam);
+      ASSERT_TRUE(c.known);
+      const Layout& l = c.layoutFor(16);
+      EXPECT_EQ(l.degree(), 16);
+      EXPECT_LE(l.ulysses, c.max_ulysses);
+      if (guidance == 1.0) EXPECT_EQ(l.cfg, 1) << "no guidance: one pass, nothing to split";
+      if (l.cfg == 1) {  // the group's pass spans both nodes
+        if (fam == LayoutFamily::kUsp) EXPECT_EQ(l.placement, 1) << "Ulysses inside the node";
+        if (fam == LayoutFamily::kSwift) EXPECT_EQ(l.placement, 2) << "Ring inside the node";
+      } else {  // CFG-parallel: a half per node, each half's pass inside its node (the family's one-node layout)
+        EXPECT_EQ(l.passDegree(), 8);
+        if (fam == LayoutFamily::kUsp || fam == LayoutFamily::kSwift) EXPECT_EQ(l.ulysses, 8);
+      }
+      if (fam == LayoutFamily::kTorus) EXPECT_EQ(l.mode, 1);
+      // auto is the fastest of all of them
+      RequestCost a = predictCosts(*cm, shape, 16, 8, LayoutFamily::kAuto);
+      EXPECT_LE(a.stepSeconds(16), c.stepSeconds(16) * (1 + 1e-12));
+    }
   }
   // A 4-rank group on a 16-rank cluster with node 0 half busy goes to node 1 whole.
   View view(16, {0, 1, 2, 8, 9, 10, 11, 12, 13, 14, 15});
@@ -264,6 +279,197 @@ TEST(Policies, GroupsStayInsideANodeAndLayoutsFollowTheTopology) {
   ASSERT_EQ(ds.size(), 1u);
   ASSERT_EQ(ds[0].ranks.size(), 4u);
   for (int w : ds[0].ranks) EXPECT_GE(w, 8) << "one node, best fit";
+}
+
+TEST(Policies, DegreesNeedNotBePowersOfTwo) {
+  // A lone request that scales takes the whole world, whatever its size (6: not 4; 3: not 2).
+  for (const char* name : kDynamic) {
+    for (int world : {3, 5, 6, 7}) {
+      View view(world, allRanks(world));
+      view.add(scalingRecord(1, 10.0, 40));
+      auto ds = makePolicy(name)->schedule(view.build());
+      ASSERT_EQ(ds.size(), 1u) << name;
+      EXPECT_EQ(ds[0].ranks, allRanks(world)) << name << " world " << world;
+      EXPECT_EQ(ds[0].layout.degree(), world) << name;
+    }
+  }
+  // Five free ranks (three busy with a decode): five, not four.
+  View five(8, {0, 1, 2, 3, 4});
+  five.add(scalingRecord(1, 10.0, 40));
+  auto ds = makePolicy("fcfs")->schedule(five.build());
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].ranks.size(), 5u);
+  // Two requests on 6 ranks: the one with far more work left gets the spare ranks, 5 against 1 ...
+  View two(6, allRanks(6));
+  two.add(scalingRecord(1, 10.0, 40, kMaxRanks, 0.0));
+  two.add(scalingRecord(2, 0.1, 2, kMaxRanks, 1.0));
+  auto by = byId(makePolicy("srtf")->schedule(two.build()));
+  ASSERT_EQ(by.size(), 2u);
+  EXPECT_EQ(by[1].ranks.size(), 5u);
+  EXPECT_EQ(by[2].ranks.size(), 1u);
+  // ... and equal work splits 3 and 3.
+  View even(6, allRanks(6));
+  even.add(scalingRecord(1, 10.0, 40, kMaxRanks, 0.0));
+  even.add(scalingRecord(2, 10.0, 40, kMaxRanks, 1.0));
+  by = byId(makePolicy("fcfs")->schedule(even.build()));
+  ASSERT_EQ(by.size(), 2u);
+  EXPECT_EQ(by[1].ranks.size(), 3u);
+  EXPECT_EQ(by[2].ranks.size(), 3u);
+  // A degree without a prediction (a profile never measured it) is skipped: 6 free, 5 and 6 unpriced -> 4.
+  View gaps(6, allRanks(6));
+  RequestRecord g = scalingRecord(1, 10.0, 40, 4);
+  gaps.add(g);
+  ds = makePolicy("fcfs")->schedule(gaps.build());
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].ranks.size(), 4u);
+  // EDF's base degree is the smallest that meets the deadline, 3 here: 10 steps of 9 s on one rank, 46 s left,
+  // margin 1.5 (spare ranks off: min_gain 0.99).
+  View dl(8, allRanks(8), 100 * kSec);
+  RequestRecord& r = dl.add(scalingRecord(1, 9.0, 10, kMaxRanks, 90.0));
+  r.deadline_ns = 146 * kSec;
+  PolicyOptions o;
+  o.order = PolicyOrder::kDeadline;
+  o.min_gain = 0.99;
+  ds = makePlanningPolicy(o)->schedule(dl.build());
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].ranks.size(), 3u);
+}
+
+TEST(Policies, AnalyticModelOnWorldsThatAreNotPowersOfTwo) {
+  // A long Wan 2.2 video alone on 6 and on 3 H20s takes every rank, with a layout of that degree (Ulysses may
+  // split the 40 heads unevenly, e.g. 6 ways).
+  const cost::ModelArch& wan = cost::modelArch("wan2.2");
+  for (int world : {3, 6}) {
+    auto cl = cost::cluster("h20x8", world);
+    auto cm = cost::makeAnalyticCostModel(wan, cl);
+    RequestRecord r = record(1, {}, 40);
+    r.shape.height = 720;
+    r.shape.width = 1280;
+    r.shape.num_frames = 81;
+    r.shape.guidance_scale = 4.0;
+    r.shape.tokens = wan.tokens(720, 1280, 81);
+    r.cost = predictCosts(*cm, r.shape, world, 8, LayoutFamily::kAuto);
+    for (int d = 2; d <= world; ++d) EXPECT_LT(r.cost.stepSeconds(d), r.cost.stepSeconds(d - 1)) << d;
+    EXPECT_FALSE(std::isfinite(r.cost.stepSeconds(world + 1)));
+    for (const char* name : {"fcfs", "srtf", "edf", "priority"}) {
+      View view(world, allRanks(world));
+      view.v.cost = cm.get();
+      view.add(r);
+      auto ds = makePolicy(name)->schedule(view.build());
+      ASSERT_EQ(ds.size(), 1u);
+      EXPECT_EQ(ds[0].ranks, allRanks(world)) << name << " world " << world;
+      EXPECT_EQ(ds[0].layout.degree(), world) << name;
+      EXPECT_LE(ds[0].layout.ulysses, wan.heads);
+    }
+  }
+  // bestLayout factorises degrees that are not powers of two: 12 = 6 x 2, 4 x 3, 3 x 4, ... (here on two
+  // nodes of 6); every choice has Ulysses within the heads and the right degree.
+  auto cl = cost::cluster("h20x16", 12);
+  auto cm = cost::makeAnalyticCostModel(wan, cl);
+  RequestShape s;
+  s.height = 720;
+  s.width = 1280;
+  s.num_frames = 81;
+  s.num_steps = 40;
+  s.guidance_scale = 4.0;
+  s.tokens = wan.tokens(720, 1280, 81);
+  for (int d : {5, 6, 7, 9, 10, 12}) {
+    double t = 0;
+    Layout l = bestLayout(*cm, s, d, d > 8 ? 2 : 1, wan.heads, LayoutFamily::kAuto, &t);
+    EXPECT_EQ(l.degree(), d);
+    EXPECT_TRUE(std::isfinite(t)) << d;
+  }
+}
+
+TEST(Policies, CfgParallelWhereTheCostModelSaysItIsCheaper) {
+  // A 512 px Qwen-Image image on a high-latency cluster: a second rank barely helps as Ulysses (two passes,
+  // each with all-to-alls), but halves the step as CFG-parallel (one pass per rank, one exchange).
+  const cost::ModelArch& qwen = cost::modelArch("qwen-image");
+  cost::Cluster slow = cost::cluster("h20x8", 2);
+  slow.hw.collective_latency_s = 1e-3;
+  auto cm = cost::makeAnalyticCostModel(qwen, slow);
+  auto request = [&](double guidance) {
+    RequestRecord r = record(1, {}, 20);
+    r.shape.height = r.shape.width = 512;
+    r.shape.num_frames = 1;
+    r.shape.guidance_scale = guidance;
+    r.shape.tokens = qwen.tokens(512, 512, 1);
+    r.cost = predictCosts(*cm, r.shape, 2, 8, LayoutFamily::kAuto);
+    return r;
+  };
+  RequestRecord guided = request(4.0);
+  EXPECT_EQ(guided.cost.layoutFor(2).cfg, 2);
+  EXPECT_EQ(guided.cost.layoutFor(1).cfg, 1);
+  for (const char* name : {"fcfs", "srtf", "edf", "priority", "static:2"}) {
+    View view(2, allRanks(2));
+    view.v.cost = cm.get();
+    view.add(guided);
+    auto ds = makePolicy(name)->schedule(view.build());
+    ASSERT_EQ(ds.size(), 1u) << name;
+    EXPECT_EQ(ds[0].ranks.size(), 2u) << name;
+    EXPECT_EQ(ds[0].layout.cfg, 2) << name;
+    EXPECT_EQ(ds[0].layout.passDegree(), 1) << name;
+  }
+  // The same image without guidance: one pass, never CFG-parallel; the second rank does not pay.
+  RequestRecord plain = request(1.0);
+  for (int d = 1; d <= 2; ++d) EXPECT_EQ(plain.cost.layoutFor(d).cfg, 1);
+  for (const char* name : kDynamic) {
+    View view(2, allRanks(2));
+    view.v.cost = cm.get();
+    view.add(plain);
+    auto ds = makePolicy(name)->schedule(view.build());
+    ASSERT_EQ(ds.size(), 1u) << name;
+    EXPECT_EQ(ds[0].layout.cfg, 1) << name;
+  }
+  // A profile that measured CFG-parallel slower than Ulysses 2 (say its exchange is slow here): Ulysses 2.
+  // The layout families restrict the per-pass layout, CFG-parallel or not (torus: mode 1 on the pass).
+  cost::Profile p;
+  p.model = "qwen-image";
+  p.world_size = 2;
+  auto add = [&](cost::Stage stage, int degree, int u, int r, int cfg, int mode, double s) {
+    for (int64_t tokens : {256, 4096}) {
+      cost::ProfileEntry e;
+      e.stage = stage;
+      e.tokens = tokens;
+      e.degree = degree;
+      e.ulysses = u;
+      e.ring = r;
+      e.cfg = cfg;
+      e.mode = mode;
+      e.guidance = true;
+      e.num_new = stage == cost::Stage::kMigrate ? 1 : 0;
+      e.seconds = s * tokens / 256;
+      p.entries.push_back(e);
+    }
+  };
+  add(cost::Stage::kEncode, 1, 1, 1, 1, 0, 0.1);
+  add(cost::Stage::kDecode, 1, 1, 1, 1, 0, 0.1);
+  add(cost::Stage::kMigrate, 2, 1, 1, 1, 0, 0.001);
+  add(cost::Stage::kDenoiseStep, 1, 1, 1, 1, 0, 1.0);
+  add(cost::Stage::kDenoiseStep, 2, 2, 1, 1, 0, 0.55);
+  add(cost::Stage::kDenoiseStep, 2, 1, 1, 2, 0, 0.6);
+  add(cost::Stage::kDenoiseStep, 2, 1, 1, 2, 1, 0.5);  // a Torus-mode pass (one axis: plain), faster
+  auto prof = cost::makeProfiledCostModel(p);
+  RequestShape shape = guided.shape;
+  double s = 0;
+  Layout l = bestLayout(*prof, shape, 2, 1, qwen.heads, LayoutFamily::kUsp, &s);
+  EXPECT_EQ(l.cfg, 1);
+  EXPECT_EQ(l.ulysses, 2);
+  EXPECT_DOUBLE_EQ(s, 0.55 * 4);
+  l = bestLayout(*prof, shape, 2, 1, qwen.heads, LayoutFamily::kTorus, &s);
+  EXPECT_EQ(l.cfg, 2);
+  EXPECT_EQ(l.mode, 1);
+  for (const char* name : {"fcfs", "edf", "fcfs:layout=usp", "static:2"}) {
+    RequestRecord r = guided;
+    r.cost = predictCosts(*prof, shape, 2, 8, makePolicy(name)->layouts());
+    View view(2, allRanks(2));
+    view.v.cost = prof.get();
+    view.add(r);
+    auto ds = makePolicy(name)->schedule(view.build());
+    ASSERT_EQ(ds.size(), 1u) << name;
+    EXPECT_EQ(ds[0].layout.cfg, 1) << name << ": Ulysses 2 was measured faster than CFG-parallel";
+    EXPECT_EQ(ds[0].layout.ulysses, 2) << name;
+  }
 }
 
 TEST(Policies, NamesAndOptions) {

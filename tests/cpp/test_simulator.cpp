@@ -72,6 +72,16 @@ TEST(Simulator, StaticGroupsQueueWhileFcfsSpreads) {
   EXPECT_NEAR(r1.busy_rank_s, 0.020, 1e-6);
 }
 
+TEST(Simulator, ALoneRequestTakesEveryRankOfAWorldOfSix) {
+  // perfect scaling (1 ms a step on one rank): on all six ranks, 12 steps take 2 ms
+  auto cost = std::make_shared<FixedCost>(0.0, 0.016, 0.0, 0.0, 1.0);
+  Simulator sim(cost, gpus(6), makePolicy("fcfs"));
+  SimResult res = sim.run({image(0, 0, 12)});
+  ASSERT_EQ(res.requests.size(), 1u);
+  EXPECT_NEAR(res.requests[0].finish_s, 0.002, 1e-6);
+  EXPECT_NEAR(res.busy_rank_s, 6 * 0.002, 1e-6);
+}
+
 TEST(Simulator, SharedCoresSlowConcurrentTasks) {
   auto cost = std::make_shared<FixedCost>(0.0, 0.016, 0.0, 0.0);
   SimOptions opt;

@@ -128,3 +128,42 @@ def case_migrate_without_state(ctx, name: str) -> dict:
     got = gm.migrate(state, group, 1)
     out["digest"] = gm.state_digest(got)
     return out
+
+
+def case_cfg_refused(ctx, name: str) -> dict:
+    """CFG-parallel steps that must be refused on every member alike, before any collective: no guidance, a
+    group whose size is not the spec's degree (odd), a spec whose degree does not match the group; then a good
+    CFG-parallel step on the same ranks still works (nobody was left in a collective)."""
+    import gfdit
+    import gfdit.models as gm
+
+    torch.set_num_threads(1)
+    m = model(name)
+    out: dict = {"rank": ctx.rank, "errors": []}
+    shape = m.latent_shape()
+    plain = m.initial_state(
+        m.encode("no guidance", guidance_scale=1.0),
+        m.init_latent(3, shape),
+        grid=tuple(shape[2:]),
+        guidance_scale=1.0,
+    )
+    guided = start(m, "guided", 3)
+    cases = [
+        (plain, [0, 1, 2, 3], gfdit.ParallelSpec(ulysses=2, cfg=2)),  # one pass per step
+        (guided, [0, 1, 2], gfdit.ParallelSpec(cfg=2)),  # odd group; the spec needs 2
+        (guided, [0, 1, 2, 3], gfdit.ParallelSpec(cfg=2)),  # the spec needs 2 members, the group has 4
+    ]
+    for state, ranks, spec in cases:
+        if ctx.rank not in ranks:
+            out["errors"].append(None)
+            continue
+        try:
+            m.denoise_step(state, 0, group=gfdit.new_group(ranks), spec=spec)
+            out["errors"].append("accepted")
+        except gfdit.InvalidUsage as exc:
+            out["errors"].append(str(exc))
+    state = m.denoise_step(
+        guided, 0, group=gfdit.new_group([0, 1, 2, 3]), spec=gfdit.ParallelSpec(ulysses=2, cfg=2)
+    )
+    out["digest"] = gm.state_digest(state)
+    return out

@@ -94,6 +94,13 @@ def test_estimate_defaults_and_shape() -> None:
     assert inter > intra
     with pytest.raises(gfdit.InvalidUsage, match="mode"):
         cost.estimate("qwen-image", mode="ring")
+    # CFG-parallel on two ranks (a guidance pass each) beats Ulysses 2 with the passes in turn on a small image
+    cfg2 = cost.estimate("qwen-image", "h20", height=512, width=512, cfg=2)["step_s"]
+    assert cfg2 < 0.7 * small2
+    with pytest.raises(gfdit.InvalidUsage, match="cfg"):
+        cost.estimate("qwen-image", cfg=3)
+    with pytest.raises(gfdit.InvalidUsage, match="guidance"):
+        cost.estimate("qwen-image", cfg=2, guidance_scale=1.0)
 
 
 def test_cost_model_analytic_and_profiled(tmp_path: Path) -> None:
@@ -160,6 +167,7 @@ def test_load_profile_good(tmp_path: Path) -> None:
     assert p.model == "tiny-wan" and p.world_size == 4 and p.num_cores == 2
     assert p.dispatch_s == pytest.approx(2.5e-5)
     assert len(p.entries) == 6 and p.entries[0].stage == C.Stage.STEP and p.entries[0].guidance
+    assert all(e.cfg == 1 for e in p.entries)  # written before CFG-parallel: no cfg field, cfg 1
     pm = C.profiled(p)
     # Exact at measured points, linear between (tokens 18 -> 32x48x9, 120 -> 64x96x17).
     assert pm.seconds(C.Stage.STEP, 64, 96, 17, guidance_scale=4.0, degree=2, ulysses=2) == pytest.approx(
@@ -171,6 +179,15 @@ def test_load_profile_good(tmp_path: Path) -> None:
         pm.seconds(C.Stage.STEP, 128, 128, 33, guidance_scale=4.0, degree=2, ulysses=2)
     with pytest.raises(gfdit.InvalidUsage, match="degree 4"):
         pm.seconds(C.Stage.STEP, 32, 48, 9, guidance_scale=4.0, degree=4, ulysses=4)
+    # A CFG-parallel entry is a layout of its own.
+    data = _profile_dict()
+    data["entries"].append({**data["entries"][0], "degree": 2, "ulysses": 1, "cfg": 2, "seconds": 0.003})
+    data["entries"].append({**data["entries"][1], "degree": 2, "ulysses": 1, "cfg": 2, "seconds": 0.007})
+    pc = C.profiled(cost.load_profile(_write_profile(tmp_path, data)))
+    assert pc.seconds(C.Stage.STEP, 64, 96, 17, guidance_scale=4.0, degree=2, cfg=2) == pytest.approx(0.007)
+    assert pc.seconds(C.Stage.STEP, 64, 96, 17, guidance_scale=4.0, degree=2, ulysses=2) == pytest.approx(
+        0.010
+    )
     # A Profile built in Python works the same.
     q = C.Profile()
     q.model = "tiny-qwen-image"
@@ -194,6 +211,12 @@ def test_load_profile_good(tmp_path: Path) -> None:
         (lambda d: d["entries"][0].update(ulysses=4), r"entry 0: ulysses 4 x ring 1 != degree 2"),
         (lambda d: d["entries"][5].update(num_new=-1), r"entry 5: num_new"),
         (lambda d: d["entries"][0].update(mode="ring"), r"entry 0: mode"),
+        (lambda d: d["entries"][0].update(cfg=3), r"entry 0: cfg must be 1 or 2"),
+        (lambda d: d["entries"][0].update(cfg=2), r"entry 0: ulysses 2 x ring 1 x cfg 2 != degree 2"),
+        (
+            lambda d: d["entries"][0].update(cfg=2, ulysses=1, guidance=False),
+            r"entry 0: cfg 2 .* needs guidance",
+        ),
     ],
 )
 def test_load_profile_bad(tmp_path: Path, edit, match: str) -> None:
@@ -287,7 +310,8 @@ def test_cli_readable_and_torus(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["cost", "--model", "flux"], "valid models: qwen-image"),
         (["cost", "--hardware", "b200"], "valid hardware: h20"),
-        (["cost", "--model", "qwen-image", "--ulysses", "5"], "does not divide"),
+        (["cost", "--model", "qwen-image", "--ulysses", "25"], "exceeds the 24 heads"),
+        (["cost", "--cfg", "2", "--guidance-scale", "1"], "needs guidance"),
     ],
 )
 def test_cli_refuses(argv: list[str], match: str, capsys: pytest.CaptureFixture[str]) -> None:

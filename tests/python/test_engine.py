@@ -310,3 +310,58 @@ def test_python_policy_sees_holders_shapes_and_the_cost_model():
     assert all(tokens == 2 * 2 * 3 for _, _, _, tokens, _, _ in seen)  # (5-1)/4+1 frames x 32/16 x 48/16
     later = [ranks for _, step, ranks, *_ in seen if step > 0]
     assert later and all(len(ranks) == 1 for ranks in later)  # the holder of its state after step 0
+
+
+class PlannedLayouts(Policy):
+    """Request i (in submit order) runs step k on plans[i][k] = (ranks, Layout), one step per decision."""
+
+    def __init__(self, plans: list[list[tuple[list[int], Layout]]]) -> None:
+        super().__init__()
+        self.plans = list(plans)
+        self.of: dict[int, list[tuple[list[int], Layout]]] = {}
+
+    def name(self) -> str:
+        return "planned-layouts"
+
+    def schedule(self, view):
+        free = set(view.free_ranks)
+        out = []
+        for r in view.ready:
+            if r.id not in self.of:
+                self.of[r.id] = self.plans.pop(0)
+            plan = self.of[r.id]
+            ranks, layout = plan[min(r.step, len(plan) - 1)]
+            if set(ranks) <= free:
+                out.append(Decision(r.id, ranks, layout, 1))
+                free -= set(ranks)
+        return out
+
+
+def test_cfg_parallel_decisions_give_the_one_rank_output():
+    """A Python policy runs steps CFG-parallel (Layout cfg=2: the conditional pass on the first half of the
+    ranks, the unconditional on the second, NOTE [CFG-parallel]); the output equals the same request on one
+    rank. A CFG-parallel decision for a request without guidance is refused and fails that request only."""
+    from gfdit.engine import layout_of
+
+    one = [([0], Layout())]
+    cfg = [
+        ([0, 1], Layout(cfg=2)),  # one rank per guidance pass
+        ([1, 0, 3, 2], layout_of(gfdit.ParallelSpec(ulysses=2, cfg=2))),  # Ulysses 2 per pass: a migration
+        ([2], Layout()),  # both passes in turn on one rank
+        ([3, 2], Layout(cfg=2)),
+    ]
+    req = dict(prompt="a kite over the dunes", num_frames=5, seed=21, guidance_scale=4.0)
+    policy = PlannedLayouts([one, cfg, cfg, one])
+    with Engine(model="tiny-wan", world_size=4, policy=policy, timeout_s=30.0) as eng:
+        ref = eng.submit(Request(**req)).result(timeout=180)
+        out = eng.submit(Request(**req)).result(timeout=180)
+        plain = eng.submit(Request(**{**req, "guidance_scale": 1.0, "seed": 22}))
+        with pytest.raises(gfdit.RequestFailed, match="no guidance"):
+            plain.result(timeout=120)
+        after = eng.submit(Request(**{**req, "seed": 23})).result(timeout=120)  # the engine goes on
+        assert after.state == "DONE"
+    _assert_gone(eng)
+    steps = [(s.ranks, s.cfg, s.ulysses) for s in out.timeline if s.kind == "denoise"]
+    assert steps == [([0, 1], 2, 1), ([1, 0, 3, 2], 2, 2), ([2], 1, 1), ([3, 2], 2, 1)]
+    assert any(s.kind == "migrate" for s in out.timeline)
+    assert _rel(out.output, ref.output) <= 1e-4

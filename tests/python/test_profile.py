@@ -32,6 +32,15 @@ def test_layouts_cover_degrees_and_modes():
     assert {s.degree for s in profile.layouts_for(4, 2)} == {1, 2}  # degree 4 does not divide 2 heads
     assert {s.degree for s in profile.layouts_for(3, 4)} == {1}
     assert profile.layouts_for(1, 4) == [profile.LayoutSpec(1, 1)]
+    # with guidance also CFG-parallel: each per-pass layout on two halves, where twice its degree fits
+    cfg = {(s.ulysses, s.ring, s.mode) for s in profile.layouts_for(4, 4, guidance=True) if s.cfg == 2}
+    assert cfg == {(1, 1, "usp"), (2, 1, "usp"), (1, 2, "usp")}
+    assert all(s.degree == 2 * s.ulysses * s.ring for s in profile.layouts_for(4, 4, True) if s.cfg == 2)
+    assert [s for s in profile.layouts_for(2, 4, guidance=True) if s.cfg == 2] == [
+        profile.LayoutSpec(1, 1, cfg=2)
+    ]
+    assert all(s.cfg == 1 for s in profile.layouts_for(3, 4, guidance=True))
+    assert str(profile.LayoutSpec(2, 1, cfg=2)) == "usp 2x1 cfg2"
 
 
 def test_parse_shapes():
@@ -83,6 +92,7 @@ def test_reduced_profile_run(tmp_path, capsys):
         "ulysses",
         "ring",
         "mode",
+        "cfg",
         "guidance",
         "num_new",
         "seconds",
@@ -97,11 +107,12 @@ def test_reduced_profile_run(tmp_path, capsys):
     for stage in ("encode", "step", "decode", "migrate"):
         assert {e["tokens"] for e in entries if e["stage"] == stage} == tokens, stage
     steps = {
-        (e["tokens"], e["degree"], e["ulysses"], e["ring"], e["mode"])
+        (e["tokens"], e["degree"], e["ulysses"], e["ring"], e["mode"], e["cfg"])
         for e in entries
         if e["stage"] == "step"
     }
-    assert steps == {(t, d, u, r, "usp") for t in tokens for d, u, r in ((1, 1, 1), (2, 2, 1), (2, 1, 2))}
+    layouts = ((1, 1, 1, 1), (2, 2, 1, 1), (2, 1, 2, 1), (2, 1, 1, 2))  # the last: CFG-parallel
+    assert steps == {(t, d, u, r, "usp", c) for t in tokens for d, u, r, c in layouts}
     assert all(e["samples"] == 2 for e in entries if e["stage"] == "step")  # --steps 2 x --repeats 1
     assert {(e["degree"], e["num_new"]) for e in entries if e["stage"] == "migrate"} == {(2, 1)}
     assert {e["degree"] for e in entries if e["stage"] == "decode"} == {1}

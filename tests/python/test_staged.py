@@ -8,7 +8,11 @@ World of 4 (spawned ranks): a whole trajectory whose steps run on [0], [0, 1] (U
 (USP 2x2) and [3] (the state migrated with gfdit.models.migrate where a group grows) matches the plain
 single-process trajectory within 1e-4 relative (float32), for both models; one Torus trajectory; every
 member of a step's group holds the bit-identical state after it; a migration whose source holds nothing
-is refused on every member.
+is refused on every member. CFG-parallel steps (spec cfg=2: the conditional and unconditional passes on the
+two halves of the group, NOTE [CFG-parallel]) on [0, 1] (one rank per pass), [0, 1, 2, 3] (Ulysses 2 in
+each half) and [3, 2], with a migration and a plain step between them, match the sequential guidance on one
+rank, for both models and with Wan's multistep UniPC sampler; CFG-parallel without guidance, on an odd group
+or with a spec whose degree is not the group's is refused on every member.
 """
 
 from __future__ import annotations
@@ -95,6 +99,29 @@ def test_state_round_trip_and_bad_steps(name):
     assert gm.unpack_state(*gm.pack_state(no_cfg)).negative_prompt_embeds is None
 
 
+def test_cfg_spec_checks_and_local_refusal():
+    import gfdit
+
+    spec = gfdit.ParallelSpec(ulysses=2, ring=2, mode="torus", cfg=2)
+    assert spec.degree == 8 and spec.pass_degree == 4
+    assert spec.per_pass() == gfdit.ParallelSpec(ulysses=2, ring=2, mode="torus")
+    assert gfdit.ParallelSpec(ulysses=2).per_pass() == gfdit.ParallelSpec(ulysses=2)
+    for bad in (0, 3, True, 2.0, None):
+        with pytest.raises(gfdit.InvalidUsage, match="cfg must be 1 or 2"):
+            gfdit.ParallelSpec(cfg=bad)
+    m = sh.model("tiny-qwen-image")
+    with pytest.raises(gfdit.InvalidUsage, match="needs gfdit.init"):
+        m.denoise_step(sh.start(m, PROMPT, 1), 0, spec=gfdit.ParallelSpec(cfg=2))
+    # the engine's mapping between runtime layouts and specs keeps cfg
+    from gfdit.engine import layout_of, spec_of
+
+    layout = layout_of(spec)
+    assert (layout.ulysses, layout.ring, layout.mode, layout.cfg, layout.degree()) == (2, 2, 1, 2, 8)
+    assert spec_of(layout) == gfdit.ParallelSpec(ulysses=2, ring=2, mode="torus", placement="auto", cfg=2)
+    with pytest.raises(gfdit.InvalidUsage, match="cfg must be 1 or 2"):
+        gfdit.Layout(cfg=3)
+
+
 def test_unknown_names_and_missing_paths_refused(tmp_path):
     import gfdit
     import gfdit.models as gm
@@ -147,6 +174,16 @@ TORUS = [
 ]
 
 
+# CFG-parallel steps: one rank per pass, Ulysses 2 per pass (two ranks join: a migration), a plain step on
+# one rank, then a pair in another order (a migration to rank 2).
+CFG = [
+    ([0, 1], _u(1, 1) | {"cfg": 2}),
+    ([1, 0, 3, 2], _u(2, 1) | {"cfg": 2}),
+    ([3], None),
+    ([3, 2], _u(1, 1) | {"cfg": 2}),
+]
+
+
 def _check_trajectory(world, name: str, seed: int, plan: list) -> None:
     reports = world.run(sh.case_trajectory, name, PROMPT, seed, plan, timeout=150)
     errors = [r["error"] for r in reports if r["error"]]
@@ -173,6 +210,25 @@ def test_trajectory_with_switching_groups_matches_one_rank(world, name):
 @pytest.mark.timeout(300)
 def test_torus_trajectory_matches_one_rank(world):
     _check_trajectory(world, "tiny-wan", 12, TORUS)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", [*NAMES, "tiny-wan@unipc"])
+def test_cfg_parallel_trajectory_matches_sequential_guidance(world, name):
+    _check_trajectory(world, name, 13, CFG)
+
+
+@pytest.mark.timeout(120)
+def test_cfg_parallel_refusals_on_every_member(world):
+    results = world.run(sh.case_cfg_refused, "tiny-wan", timeout=90)
+    wants = ("needs guidance", "has 3", "has 4")
+    for res in results:
+        for k, (err, want) in enumerate(zip(res["errors"], wants)):
+            if res["rank"] == 3 and k == 1:
+                assert err is None  # not in the odd group
+                continue
+            assert err is not None and want in err, (res["rank"], k, err)
+    assert len({res["digest"] for res in results}) == 1
 
 
 @pytest.mark.timeout(120)

@@ -1,4 +1,5 @@
-"""The parallel layout of one attention call: ``ulysses x ring`` members, the algorithm and the placement."""
+"""The parallel layout of a step: ``ulysses x ring`` members per attention call (the algorithm and the
+placement), and CFG-parallel (``cfg``: the two guidance passes on two halves of the group)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ class ParallelSpec:
     (member index = ring_idx * ulysses + ulysses_idx), "ring-low" the reverse, "auto" puts Ring on the axis
     whose members share a node and Ulysses on the axis that crosses nodes (see ``resolve_placement``).
     torus_chunks: head groups of the Torus pipeline (None: as many as the per-member heads allow, at most 4).
+    cfg: 1 (a step with guidance runs its conditional and unconditional passes one after the other on the
+    whole group) or 2 (CFG-parallel: the first half of the group runs the conditional pass and the second half
+    the unconditional one, each half with the ``ulysses x ring`` layout of ``per_pass()``; staged models'
+    ``denoise_step`` do this). One attention call or transformer pass always uses a cfg-1 spec.
     """
 
     ulysses: int = 1
@@ -29,12 +34,15 @@ class ParallelSpec:
     mode: str = "usp"
     placement: str = "auto"
     torus_chunks: int | None = None
+    cfg: int = 1
 
     def __post_init__(self) -> None:
         for name in ("ulysses", "ring"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidUsage(f"gfdit: ParallelSpec.{name} must be a positive integer, got {v!r}")
+        if isinstance(self.cfg, bool) or not isinstance(self.cfg, int) or self.cfg not in (1, 2):
+            raise InvalidUsage(f"gfdit: ParallelSpec.cfg must be 1 or 2, got {self.cfg!r}")
         if self.mode not in MODES:
             raise InvalidUsage(f"gfdit: ParallelSpec.mode {self.mode!r} is not one of {', '.join(MODES)}")
         if self.placement not in PLACEMENTS:
@@ -53,8 +61,17 @@ class ParallelSpec:
 
     @property
     def degree(self) -> int:
-        """Members the spec needs: ulysses * ring."""
+        """Members the spec needs: ulysses * ring * cfg."""
+        return self.ulysses * self.ring * self.cfg
+
+    @property
+    def pass_degree(self) -> int:
+        """Members one transformer pass (one attention call) spans: ulysses * ring."""
         return self.ulysses * self.ring
+
+    def per_pass(self) -> ParallelSpec:
+        """The spec of one pass: this one with cfg 1 (itself when cfg is 1)."""
+        return self if self.cfg == 1 else dataclasses.replace(self, cfg=1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,8 @@ AutoencoderKLQwenImage.
 
 Follows diffusers' QwenImagePipeline: the prompt goes through the chat template, the encoder's last hidden
 states drop the template's prefix tokens; true CFG runs the conditional and negative passes one after the
-other (their text lengths differ, so they do not batch without a mask) and rescales the combined
+other (their text lengths differ, so they do not batch without a mask), or with ``spec.cfg == 2`` on the
+two halves of the group at once (NOTE [CFG-parallel] in gfdit.models.staged), and rescales the combined
 prediction to the conditional one's norm per token; the schedule is the folder's scheduler (flow-matching
 Euler as Qwen-Image ships it; UniPC with flow sigmas works too, gfdit.models.samplers) set with sigmas
 ``linspace(1, 1/N, N)`` and the dynamic shift ``mu`` from the image's token count. The state's latent is float32 and
@@ -264,12 +265,12 @@ class QwenImageStagedModel(StagedModel):
         _, h, w = state.grid
         img_shapes = [[(1, h // 2, w // 2)]]
 
-        def velocity(embeds: torch.Tensor) -> torch.Tensor:
+        def velocity(embeds: torch.Tensor, g: comm.Group | None, s: ParallelSpec | None) -> torch.Tensor:
             out = self.parallel_call(
                 model,
                 self.parallel,
-                group,
-                spec,
+                g,
+                s,
                 hidden_states=x,
                 timestep=timestep,
                 guidance=None,
@@ -280,9 +281,9 @@ class QwenImageStagedModel(StagedModel):
             return out.float().cpu()
 
         with torch.no_grad():
-            v = velocity(state.prompt_embeds)
-            if state.do_cfg:
-                v_neg = velocity(state.negative_prompt_embeds)  # type: ignore[arg-type]
+            # the passes in turn, or CFG-parallel on the two halves of the group (NOTE [CFG-parallel])
+            v, v_neg = self.guided_predictions(state, group, spec, velocity)
+            if v_neg is not None:
                 comb = v_neg + state.guidance_scale * (v - v_neg)
                 v = comb * (torch.norm(v, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
         return self.sampler.step(state, v)

@@ -31,6 +31,20 @@ holds the bit-identical state: the parallel transformer returns the same gathere
 and the guidance and the sampler's update are the same local arithmetic on it. Hence shrinking a group
 moves nothing, and growing one is ``migrate(state, group, src)``: a fixed-size int64 header that says the
 shapes (history included; absent history costs nothing), then the tensors, from one holder to the group.
+
+NOTE [CFG-parallel]
+With ``spec.cfg == 2`` the two guidance passes of a step run at once on the two halves of the group: the
+first half of the members (group order) runs the conditional pass and the second half the unconditional
+(negative) one, each half as a sub-group with ``spec.per_pass()`` (ulysses x ring = half the group); each
+member of a half gets its pass's whole output (NOTE [parallel call] in gfdit.models.core). Then one
+exchange: member i of the first half and member i of the second half all_gather their predictions (a
+2-member group, the conditional one first), so every member holds both, bit-identical across the group
+(each half's output is the same on all its members). The pairs are disjoint: each member sends and receives
+one latent-sized float32 tensor. The guidance formula and the sampler's update are then the same local
+arithmetic as with cfg 1, so NOTE [portable denoise state] holds. Refused with gfdit.InvalidUsage before any
+collective, alike on every member (they all pass the same state, group and spec): cfg 2 without guidance
+(one pass per step, nothing to split), a group whose size is not ``spec.degree`` (odd sizes included) or
+that does not include the caller, and cfg 2 without a gfdit world.
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -185,7 +200,8 @@ class StagedModel(abc.ABC):
     ) -> DenoiseState:
         """Runs step ``step_idx`` (must be ``state.step_idx``) on ``group`` with ``spec``; returns the next
         state (the input is not modified). Every member of the group calls it with the same state and gets
-        the same result. group None: the gfdit world if initialised, else a plain local call."""
+        the same result. group None: the gfdit world if initialised, else a plain local call. spec.cfg 2:
+        the guidance passes on the two halves of the group at once (NOTE [CFG-parallel])."""
 
     @abc.abstractmethod
     def vae_latent(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
@@ -313,6 +329,50 @@ class StagedModel(abc.ABC):
             )
         if state.done:
             raise InvalidUsage(f"gfdit.models: the state has finished all {state.num_steps} steps")
+
+    @staticmethod
+    def guided_predictions(
+        state: DenoiseState,
+        group: comm.Group | None,
+        spec: ParallelSpec | None,
+        velocity: Callable[[torch.Tensor, comm.Group | None, ParallelSpec | None], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(conditional, unconditional) predictions of one step on every member of ``group`` (unconditional
+        None without guidance). ``velocity(embeds, group, spec)`` runs one transformer pass and returns its
+        whole output (float32, CPU). spec.cfg 1: the passes in turn on the whole group; 2: one per half of the
+        group at once, then one exchange (NOTE [CFG-parallel])."""
+        if spec is None or spec.cfg == 1:
+            cond = velocity(state.prompt_embeds, group, spec)
+            if not state.do_cfg:
+                return cond, None
+            return cond, velocity(state.negative_prompt_embeds, group, spec)  # type: ignore[arg-type]
+        if not state.do_cfg:
+            raise InvalidUsage(
+                f"gfdit.models: spec cfg=2 (CFG-parallel) needs guidance, but the state has guidance_scale "
+                f"{state.guidance_scale} (one pass per step: nothing to run in parallel)"
+            )
+        if not comm.is_initialized():
+            raise InvalidUsage("gfdit.models: spec cfg=2 (CFG-parallel) needs gfdit.init and a group")
+        world = comm.get_world()
+        g = world._group(group)
+        ranks = list(g.ranks)
+        if len(ranks) != spec.degree:
+            raise InvalidUsage(
+                f"gfdit.models: spec cfg=2 x ulysses={spec.ulysses} x ring={spec.ring} = {spec.degree} "
+                f"members, but the group {ranks} has {len(ranks)}"
+            )
+        me = g.rank()
+        if me < 0:
+            raise InvalidUsage(f"gfdit.models: rank {world.rank} is not a member of the group {ranks}")
+        half = len(ranks) // 2
+        conditional = me < half
+        sub = world.new_group(ranks[:half] if conditional else ranks[half:])
+        embeds = state.prompt_embeds if conditional else state.negative_prompt_embeds
+        mine = velocity(embeds, sub, spec.per_pass()).float().contiguous()  # type: ignore[arg-type]
+        pair = world.new_group([ranks[me % half], ranks[half + me % half]])
+        both = torch.empty((2 * mine.shape[0], *mine.shape[1:]), dtype=mine.dtype)
+        world.all_gather_into_tensor(both, mine, group=pair)
+        return both[: mine.shape[0]], both[mine.shape[0] :]
 
     @staticmethod
     def parallel_call(

@@ -2,7 +2,8 @@
 
 Follows diffusers' WanPipeline: prompts are cleaned, tokenised to ``max_sequence_length`` and encoded, the
 embeddings past each prompt's length are zeroed; guidance runs the conditional and unconditional passes
-one after the other (``noise_uncond + g (noise_cond - noise_uncond)``); the latent is float32
+one after the other, or with ``spec.cfg == 2`` on the two halves of the group at once (NOTE [CFG-parallel]
+in gfdit.models.staged), and combines them (``noise_uncond + g (noise_cond - noise_uncond)``); the latent is float32
 [1, C, (F-1)/4 + 1, H/8, W/8]; decode un-normalises with the VAE's latents_mean/std.
 
 Scheduler: the folder's own (gfdit.models.samplers): Wan folders ship UniPCMultistepScheduler with flow
@@ -230,12 +231,12 @@ class WanStagedModel(StagedModel):
         else:
             timestep = t.expand(1).to(dev)
 
-        def velocity(embeds: torch.Tensor) -> torch.Tensor:
+        def velocity(embeds: torch.Tensor, g: comm.Group | None, s: ParallelSpec | None) -> torch.Tensor:
             out = self.parallel_call(
                 model,
                 wrapper,
-                group,
-                spec,
+                g,
+                s,
                 hidden_states=x,
                 timestep=timestep,
                 encoder_hidden_states=embeds.to(dev, dtype),
@@ -243,9 +244,9 @@ class WanStagedModel(StagedModel):
             return out.float().cpu()
 
         with torch.no_grad():
-            v = velocity(state.prompt_embeds)
-            if state.do_cfg:
-                v_uncond = velocity(state.negative_prompt_embeds)  # type: ignore[arg-type]
+            # the passes in turn, or CFG-parallel on the two halves of the group (NOTE [CFG-parallel])
+            v, v_uncond = self.guided_predictions(state, group, spec, velocity)
+            if v_uncond is not None:
                 v = v_uncond + state.guidance_scale * (v - v_uncond)
         return self.sampler.step(state, v)
 

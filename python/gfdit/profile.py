@@ -88,22 +88,22 @@ class Phase:
 
 
 def layouts_for(world_size: int, heads: int, guidance: bool = False) -> list[LayoutSpec]:
-    """Every layout to measure: degrees that divide both the world size and the heads; for each, Ulysses
-    only, Ring only, every Ulysses x Ring mix, and Torus on the mixes whose Ulysses part divides the heads.
-    With guidance also CFG-parallel: each of those per-pass layouts on both halves of twice its degree, where
-    that degree divides the world size."""
+    """Every layout to measure: every degree up to the world size; for each, Ulysses only (where the heads allow
+    one per member: uneven splits are fine), Ring only, every Ulysses x Ring mix, and Torus on the mixes. With
+    guidance also CFG-parallel: each of those per-pass layouts on both halves of twice its degree, where that
+    fits the world."""
     passes = [LayoutSpec(1, 1)]
     for d in range(2, world_size + 1):
-        if world_size % d or heads % d:
-            continue
-        passes += [LayoutSpec(d, 1), LayoutSpec(1, d)]
+        if d <= heads:
+            passes.append(LayoutSpec(d, 1))
+        passes.append(LayoutSpec(1, d))
         for u in range(2, d):
-            if d % u == 0 and heads % u == 0:
+            if d % u == 0 and u <= heads:
                 passes.append(LayoutSpec(u, d // u))
                 passes.append(LayoutSpec(u, d // u, "torus"))
     out = list(passes)
     if guidance:
-        out += [dataclasses.replace(p, cfg=2) for p in passes if world_size % (2 * p.degree) == 0]
+        out += [dataclasses.replace(p, cfg=2) for p in passes if 2 * p.degree <= world_size]
     return out
 
 

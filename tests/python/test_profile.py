@@ -23,14 +23,17 @@ def test_layouts_cover_degrees_and_modes():
         (1, 1, "usp"),
         (2, 1, "usp"),
         (1, 2, "usp"),
+        (3, 1, "usp"),  # 4 heads on 3 members: an uneven split
+        (1, 3, "usp"),
         (4, 1, "usp"),
         (1, 4, "usp"),
         (2, 2, "usp"),
         (2, 2, "torus"),
     }
     assert {s.degree for s in profile.layouts_for(2, 4)} == {1, 2}
-    assert {s.degree for s in profile.layouts_for(4, 2)} == {1, 2}  # degree 4 does not divide 2 heads
-    assert {s.degree for s in profile.layouts_for(3, 4)} == {1}
+    # every degree up to the world; Ulysses at most one head per member
+    assert {(s.ulysses, s.ring) for s in profile.layouts_for(4, 2) if s.degree == 4} == {(1, 4), (2, 2)}
+    assert {s.degree for s in profile.layouts_for(3, 4)} == {1, 2, 3}
     assert profile.layouts_for(1, 4) == [profile.LayoutSpec(1, 1)]
     # with guidance also CFG-parallel: each per-pass layout on two halves, where twice its degree fits
     cfg = {(s.ulysses, s.ring, s.mode) for s in profile.layouts_for(4, 4, guidance=True) if s.cfg == 2}
@@ -39,7 +42,7 @@ def test_layouts_cover_degrees_and_modes():
     assert [s for s in profile.layouts_for(2, 4, guidance=True) if s.cfg == 2] == [
         profile.LayoutSpec(1, 1, cfg=2)
     ]
-    assert all(s.cfg == 1 for s in profile.layouts_for(3, 4, guidance=True))
+    assert {s.degree for s in profile.layouts_for(3, 4, guidance=True) if s.cfg == 2} == {2}
     assert str(profile.LayoutSpec(2, 1, cfg=2)) == "usp 2x1 cfg2"
 
 

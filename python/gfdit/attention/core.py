@@ -667,6 +667,12 @@ def attention(
         raise InvalidUsage(
             f"gfdit.attention: spec must be a gfdit.attention.ParallelSpec, got {type(spec).__name__}"
         )
+    if spec.cfg != 1:
+        raise InvalidUsage(
+            f"gfdit.attention: spec cfg={spec.cfg}: one attention call is one pass; CFG-parallel splits a "
+            "denoising step's two guidance passes across the group (StagedModel.denoise_step); pass "
+            "spec.per_pass() here"
+        )
     if spec.degree != n:
         raise InvalidUsage(
             f"gfdit.attention: spec ulysses={spec.ulysses} x ring={spec.ring} = {spec.degree} "

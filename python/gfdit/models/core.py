@@ -134,6 +134,12 @@ class ParallelTransformer(torch.nn.Module):
             spec = ParallelSpec(ulysses=n, ring=1, mode="usp", placement="ulysses-low")
         if not isinstance(spec, ParallelSpec):
             raise InvalidUsage(f"gfdit.models: spec must be a gfdit.ParallelSpec, got {type(spec).__name__}")
+        if spec.cfg != 1:
+            raise InvalidUsage(
+                f"gfdit.models: spec cfg={spec.cfg}: one transformer call is one pass; CFG-parallel splits a "
+                "denoising step's two guidance passes across the group (StagedModel.denoise_step); pass "
+                "spec.per_pass() here"
+            )
         if spec.degree != n:
             raise InvalidUsage(
                 f"gfdit.models: spec ulysses={spec.ulysses} x ring={spec.ring} = "

@@ -1,0 +1,108 @@
+// The seam between the edge protocol and the memory it moves bytes in: a Transport.
+//
+// NOTE [transports]
+// The protocol engine (protocol.h) decides *what* moves: sequence numbers, descriptor slots, staging rounds,
+// reductions in member order. It talks to the peers through the host region (descriptors, signals and acks
+// in POSIX shared memory, NOTE [edge sequence numbers]) whatever the tensors are. A Transport decides *how*
+// the bytes move and where they live: the staging ring and the heap of a collective's data are the
+// transport's. The engine calls a transport in protocol order:
+//
+//   sender                                      receiver
+//   stage(slot, src, prior)   (slot's earlier    consume(dst, peer bytes, peer, seq)
+//                              receivers done)   reduce(out, contributions, arrivals) + consumed(peer, seq)
+//   publish(peer, seq)        (bytes complete)
+//   awaitConsumed(peer, seq)  (zero-copy: before the collective ends)
+//
+// A host transport (CpuTransport: memcpy / streaming stores) finishes each operation before it returns,
+// so publish, consumed and awaitConsumed have nothing to do: the host handshake (signal after the copy,
+// ack after the read) already orders everything. A device transport enqueues each operation on the
+// collective's stream and returns at once; the host handshake then only says where the bytes are and that
+// the peer has *enqueued* its side, so the transport adds the device-side half of the same handshake:
+// publish stores `ready = seq` into the receiver's memory after the staging copy (release, system scope),
+// consume waits for `ready >= seq` before it reads and stores `consumed = seq` into the sender's memory
+// after it (release), and stage waits for `consumed >= seq` of every earlier message that used the slot
+// before it overwrites it. The numbers are the edge's message numbers, so the device words only grow, as the
+// host ones do. Device waits are bounded (a stuck peer is reported by checkErrors, not a hung stream).
+//
+// Both ends of a collective use the same kind of transport: the kind is part of the descriptor's op code,
+// so a rank that passes host tensors to a peer that passes device tensors fails the mismatch check.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "copy.h"
+#include "gfdit/types.h"
+
+namespace gfdit {
+
+/// Which transport moves a collective's bytes (carried in the descriptor's op code).
+enum class TransportKind : uint32_t { kCpu = 0, kCuda = 1 };
+
+/// Name of a transport kind ("cpu", "cuda").
+const char* transportKindName(TransportKind kind);
+
+/// A message whose receiver must be done reading a staging slot before it is written again.
+struct SlotUse {
+  int peer = -1;
+  uint64_t seq = 0;
+};
+
+/// How the protocol engine moves bytes; see NOTE [transports].
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual TransportKind kind() const = 0;
+
+  // ---- memory: the staging ring and the heap of this transport, and the peers' as mapped here ----
+
+  /// Start of this rank's data area; descriptors carry offsets from it (MessageDesc::region_offset).
+  virtual uint8_t* base() const = 0;
+  /// Start of a peer's data area as mapped into this process.
+  virtual uint8_t* peerBase(int peer) const = 0;
+  /// Bytes of one staging slot and number of slots.
+  virtual size_t slotBytes() const = 0;
+  virtual size_t numSlots() const = 0;
+  /// Start of staging slot k (in this rank's data area).
+  virtual uint8_t* slot(size_t k) const = 0;
+  /// Whether [p, p + bytes) lies in this rank's heap (such bytes are sent without staging).
+  virtual bool inHeap(const void* p, size_t bytes) const = 0;
+
+  // ---- a collective ----
+
+  /// Before the engine's first operation of a collective; `stream` is the device stream it enqueues on
+  /// (nullptr for host transports). Reports errors a device found since the last collective.
+  virtual void begin(void* stream) = 0;
+  /// After the last operation of a collective.
+  virtual void end() = 0;
+
+  /// Copies within this rank (an own block of a collective).
+  virtual void copyLocal(const BufferView& dst, size_t dst_off, const BufferView& src, size_t src_off,
+                         size_t bytes) = 0;
+  /// Writes `bytes` of src (from src_off) into `slot`, after every message in `prior` was read.
+  virtual void stage(uint8_t* slot, const BufferView& src, size_t src_off, size_t bytes, const SlotUse* prior,
+                     int num_prior) = 0;
+  /// The bytes of message `seq` to `peer` (staged, or in the heap) are complete.
+  virtual void publish(int peer, uint64_t seq) = 0;
+  /// Copies `bytes` of the peer's message `seq` (src, in the peer's data area) into dst at dst_off, then
+  /// marks the message read.
+  virtual void consume(const BufferView& dst, size_t dst_off, const BufferView& src, size_t src_off, size_t bytes,
+                       int peer, uint64_t seq) = 0;
+  /// out[0, count) = the n contributions reduced (contribs[j]: member j's elements), after the messages in
+  /// `arrivals` are complete. Starts from contribs[first] (out may be that very block: in place) and applies
+  /// the others in member order; with `acc` through the accumulator type (float32 for 16-bit floats), which
+  /// also allows any `out`. Every rank that reduces the same block must pass the same `first` and `acc`, so
+  /// that the bits agree. The engine marks fully reduced messages with `consumed`.
+  virtual void reduce(uint8_t* out, const uint8_t* const* contribs, int n, int first, size_t count, DType dtype,
+                      ReduceOp op, bool acc, const SlotUse* arrivals, int num_arrivals) = 0;
+  /// The receiver is done with message `seq` from `peer` (reductions; consume marks its own).
+  virtual void consumed(int peer, uint64_t seq) = 0;
+  /// The sender does not finish the collective before `peer` read message `seq` (zero-copy sends).
+  virtual void awaitConsumed(int peer, uint64_t seq) = 0;
+
+  /// A description for errors and build_info ("cpu memcpy/stream", "cuda sm<=64K,ce").
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace gfdit

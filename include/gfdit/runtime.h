@@ -13,6 +13,9 @@
 #include "gfdit/types.h"
 
 namespace gfdit {
+namespace core {
+class SharedMemory;
+}
 namespace runtime {
 
 /// What a worker is asked to do.
@@ -151,7 +154,7 @@ class QueueSet {
   ~QueueSet();
 
   /// The region's name, for attach().
-  const std::string& name() const { return name_; }
+  const std::string& name() const;
   /// Removes the name (all processes mapped it): nothing is left in /dev/shm afterwards.
   void unlinkName();
   int numWorkers() const { return num_workers_; }
@@ -176,11 +179,9 @@ class QueueSet {
   bool tryPopCompletion(int worker, Completion& c);
 
  private:
-  QueueSet() = default;
-  std::string name_;
-  bool owner_ = false;
-  void* base_ = nullptr;
-  size_t bytes_ = 0;
+  QueueSet();
+  uint8_t* base() const;
+  std::unique_ptr<core::SharedMemory> shm_;
   int num_workers_ = 0;
   std::vector<MessageRing> dispatch_;
   std::vector<MessageRing> completion_;
@@ -203,13 +204,12 @@ class MappedOutput {
   /// Maps `ref`'s object and unlinks its name.
   static std::shared_ptr<MappedOutput> open(const OutputRef& ref);
   ~MappedOutput();
-  const void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
+  const void* data() const;
+  size_t bytes() const;
 
  private:
-  MappedOutput() = default;
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
+  MappedOutput();
+  std::unique_ptr<core::SharedMemory> shm_;
 };
 /// Unlinks the shm object of `ref` without mapping it (an output nobody will read).
 void discardOutput(const OutputRef& ref);

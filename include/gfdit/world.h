@@ -35,7 +35,14 @@ struct WorldOptions {
   int spin_us = -1;
   /// Prefix of the store keys, so several worlds can share a store.
   std::string key_prefix = "gfdit";
+  /// The CUDA device of this rank's device transport (collectives on device pointers with a stream), or -1
+  /// for host memory only. Needs the CUDA library (gfdit::cuda; call gfdit::cuda::enable() once, which the
+  /// Python module does).
+  int device = -1;
 };
+
+/// Whether a device transport is available to World::create (the CUDA library enabled it).
+bool hasDeviceTransport();
 
 /// Counters of what a world did (for tests and benchmarks).
 struct WorldStats {
@@ -82,37 +89,52 @@ class World {
   /// aborting its workers' collectives to recover from a failure). The word must outlive the world.
   void watchAbort(const uint64_t* word);
 
-  /// Allocates `bytes` from this rank's symmetric heap (256-byte aligned); throws when full.
-  void* heapAlloc(size_t bytes);
-  /// Returns a block from heapAlloc.
-  void heapFree(void* ptr);
-  /// Whether [ptr, ptr+bytes) lies in this rank's heap.
-  bool inHeap(const void* ptr, size_t bytes) const;
-  /// Offset of ptr from the start of the heap (same offset names the symmetric block on every rank).
-  size_t heapOffset(const void* ptr) const;
-  /// Bytes of the heap in use.
-  size_t heapUsed() const;
+  /// The device of this world's device transport, or -1.
+  int device() const;
+  /// Reports an error a device transport found asynchronously (a bounded device-side wait that expired).
+  void checkDevice();
 
+  // Heaps: one per transport (host memory, and device memory with a device transport). `device` selects it.
+  /// Allocates `bytes` from this rank's heap (256-byte aligned); throws when full. Offsets may differ between
+  /// ranks (each allocates on its own); see symmetricAlloc for one offset on every member.
+  void* heapAlloc(size_t bytes, bool device = false);
+  /// Allocates `bytes` at the same heap offset on every member of `group`, or throws InvalidUsage on every
+  /// member when their heaps have no common room. Collective over the group (NOTE [symmetric allocation]).
+  void* symmetricAlloc(const Group& group, size_t bytes, bool device = false);
+  /// Returns a block from heapAlloc or symmetricAlloc.
+  void heapFree(void* ptr);
+  /// Whether [ptr, ptr+bytes) lies in one of this rank's heaps.
+  bool inHeap(const void* ptr, size_t bytes) const;
+  /// Offset of ptr from the start of its heap (a symmetric block has the same offset on every member).
+  size_t heapOffset(const void* ptr) const;
+  /// Bytes of a heap in use.
+  size_t heapUsed(bool device = false) const;
+
+  // Collectives. `stream` nullptr: host pointers, done when the call returns. A stream (cudaStream_t):
+  // device pointers, enqueued on the stream through the device transport; the call returns once the peers'
+  // hosts have met it, before the device finishes (NOTE [transports]).
   /// out[i] = member i's `in` (bytes_per_rank each), in group order.
-  void allGather(const Group& group, const void* in, void* out, size_t bytes_per_rank);
+  void allGather(const Group& group, const void* in, void* out, size_t bytes_per_rank, void* stream = nullptr);
   /// General all-gather: member i's `in` lands in outs[i]; views may be strided and sizes may differ.
-  void allGatherV(const Group& group, const BufferView& in, const BufferView* outs);
+  void allGatherV(const Group& group, const BufferView& in, const BufferView* outs, void* stream = nullptr);
   /// Block i of `in` goes to member i; block j of `out` comes from member j.
-  void allToAll(const Group& group, const void* in, void* out, size_t bytes_per_rank);
+  void allToAll(const Group& group, const void* in, void* out, size_t bytes_per_rank, void* stream = nullptr);
   /// General all-to-all: ins[i] goes to member i, outs[j] comes from member j; views may be strided.
-  void allToAllV(const Group& group, const BufferView* ins, const BufferView* outs);
-  /// out = op over members of block selfIdx of `in` (count_per_rank elements each).
-  void reduceScatter(const Group& group, const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op);
+  void allToAllV(const Group& group, const BufferView* ins, const BufferView* outs, void* stream = nullptr);
+  /// out = op over members of block selfIdx of `in` (count_per_rank elements each). `out` is this rank's own
+  /// block of `in` (in place) or does not overlap `in`.
+  void reduceScatter(const Group& group, const void* in, void* out, size_t count_per_rank, DType dtype, ReduceOp op,
+                     void* stream = nullptr);
   /// data = op over members of data, identical bits on every member.
-  void allReduce(const Group& group, void* data, size_t count, DType dtype, ReduceOp op);
+  void allReduce(const Group& group, void* data, size_t count, DType dtype, ReduceOp op, void* stream = nullptr);
   /// data of global rank root is copied to every member.
-  void broadcast(const Group& group, void* data, size_t bytes, int root_rank);
+  void broadcast(const Group& group, void* data, size_t bytes, int root_rank, void* stream = nullptr);
   /// Point-to-point send to global rank dst (matched by one recv there).
-  void send(const void* data, size_t bytes, int dst_rank);
+  void send(const void* data, size_t bytes, int dst_rank, void* stream = nullptr);
   /// Point-to-point receive from global rank src.
-  void recv(void* data, size_t bytes, int src_rank);
-  /// Returns once every member has entered the barrier.
-  void barrier(const Group& group);
+  void recv(void* data, size_t bytes, int src_rank, void* stream = nullptr);
+  /// Returns once every member has entered the barrier (with a stream: the streams meet too).
+  void barrier(const Group& group, void* stream = nullptr);
 
   /// One-sided: copies `bytes` from src into the peer's heap at `remote_heap_offset`, then signals the
   /// peer. The caller makes sure the destination is free (as with NVSHMEM put-with-signal).

@@ -221,6 +221,23 @@ class World:
         raw = torch.frombuffer(block, dtype=torch.uint8)  # holds `block`, which frees on release
         return raw[:nbytes].view(dtype).view(shape)
 
+    def symmetric_empty(
+        self, shape: Sequence[int] | int, dtype: torch.dtype = torch.float32, group: Group | None = None
+    ) -> torch.Tensor:
+        """A heap tensor at the same heap offset on every member of ``group`` (None: the world), so that
+        one-sided puts (``put_with_signal``) can address the peers' copies by the local offset. Collective over
+        the group; raises the same ``InvalidUsage`` on every member when their heaps have no common room."""
+        g = self._group(group)
+        if isinstance(shape, int):
+            shape = (shape,)
+        shape = tuple(int(s) for s in shape)
+        if dtype not in _DTYPES:
+            raise InvalidUsage(f"gfdit: unsupported dtype {dtype}")
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        block = self._w.symmetric_alloc(g._g, max(nbytes, 1))
+        raw = torch.frombuffer(block, dtype=torch.uint8)  # holds `block`, which frees on release
+        return raw[:nbytes].view(dtype).view(shape)
+
     def is_heap_tensor(self, t: torch.Tensor) -> bool:
         """Whether t's bytes lie in this rank's symmetric heap."""
         return _nbytes(t) > 0 and self._w.in_heap(t.data_ptr(), _nbytes(t))

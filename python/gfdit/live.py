@@ -210,8 +210,10 @@ class ActivityRecorder:
     def snapshot(self, engine: Any) -> dict:
         """The JSON of GET /v1/timeline (see ``add_live_routes``)."""
         states = engine.requests()  # id -> state, every request submitted and not finished
-        now = self._clock()
         with self._lock:
+            # read under the lock: the sampler stamps what it saw with a time it read before taking the lock,
+            # so a time read here is never earlier than any stamp (since_s <= 0)
+            now = self._clock()
             self._prune(now)
             spans = [self._span_json(s, now) for s in self._spans]
             finished = list(self._finished)

@@ -30,12 +30,7 @@
 // every rank only ever waits on words of its own region, and one futex doorbell per region suffices to
 // block (NOTE [doorbell]).
 //
-// NOTE [doorbell]
-// Anyone who stores a signal or ack into region r then increments r's doorbell and, if r has announced
-// a blocked waiter, wakes it. A waiter reads the doorbell, tries to make progress, and blocks only while
-// the doorbell still holds the value it read: an update between the read and the block changes the
-// doorbell and the block returns at once. All doorbell and waiter-count accesses are sequentially
-// consistent (Dekker's pattern: "increment doorbell, read waiters" vs "increment waiters, read doorbell").
+// The doorbell every rank blocks on is NOTE [doorbell] in src/core/doorbell.h.
 #pragma once
 
 #include <cstddef>
@@ -55,7 +50,7 @@ namespace gfdit {
 namespace edge {
 
 constexpr uint64_t kRegionMagic = 0x6766646974524547ull;  // "gfditREG"
-constexpr uint32_t kLayoutVersion = 2;
+constexpr uint32_t kLayoutVersion = 3;
 constexpr size_t kCacheLine = 64;
 constexpr size_t kHeapAlign = 256;
 constexpr size_t kFailReasonBytes = 512;  // RegionHeader::fail_reason, NUL-terminated
@@ -109,6 +104,8 @@ struct alignas(kCacheLine) RegionHeader {
   alignas(kCacheLine) uint64_t failed;       // 1 once this rank's world broke (release/acquire), see
                                              // NOTE [failure broadcast]
   char fail_reason[kFailReasonBytes];        // why, written before `failed`
+  alignas(kCacheLine) uint64_t heartbeat;    // incremented by the owner every few ms (NOTE [liveness])
+  uint64_t pid_ns;                           // the owner's pid namespace (its pid means something only there)
 };
 
 // Signal operations. The name says the memory ordering; host code uses the GCC atomic builtins on

@@ -28,12 +28,15 @@
 // so a rank that passes host tensors to a peer that passes device tensors fails the mismatch check.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "copy.h"
 #include "gfdit/types.h"
+#include "heap.h"
 
 namespace gfdit {
 
@@ -66,8 +69,17 @@ class Transport {
   virtual size_t numSlots() const = 0;
   /// Start of staging slot k (in this rank's data area).
   virtual uint8_t* slot(size_t k) const = 0;
+  /// This rank's heap: its start and its allocator (offsets from heapBase(); the World allocates in it and
+  /// keeps symmetric allocations at the same offset on every member, NOTE [symmetric allocation]).
+  virtual uint8_t* heapBase() const = 0;
+  virtual core::HeapAllocator& heap() = 0;
   /// Whether [p, p + bytes) lies in this rank's heap (such bytes are sent without staging).
-  virtual bool inHeap(const void* p, size_t bytes) const = 0;
+  bool inHeap(const void* p, size_t bytes) {
+    auto* b = static_cast<const uint8_t*>(p);
+    return b >= heapBase() && b + bytes <= heapBase() + heap().capacity();
+  }
+  /// A buffer of at least `bytes` in this transport's memory, valid until the next call (one-shot results).
+  virtual uint8_t* scratch(size_t bytes) = 0;
 
   // ---- a collective ----
 
@@ -104,5 +116,24 @@ class Transport {
   /// A description for errors and build_info ("cpu memcpy/stream", "cuda sm<=64K,ce").
   virtual std::string describe() const = 0;
 };
+
+class Store;
+
+/// What a device transport is made from (World::create passes its rendezvous and options).
+struct DeviceTransportArgs {
+  int rank = 0;
+  int world_size = 1;
+  int device = 0;
+  Store* store = nullptr;
+  std::string key_prefix;  ///< the world's store prefix; the transport appends its own keys
+  std::chrono::milliseconds timeout{0};
+  size_t heap_bytes = 0;
+};
+
+/// Makes the device transport of a world.
+using DeviceTransportFactory = std::unique_ptr<Transport> (*)(const DeviceTransportArgs& args);
+/// Registers the factory World::create uses when WorldOptions::device >= 0 (the CUDA library does, in
+/// gfdit::cuda::enable()).
+void registerDeviceTransport(DeviceTransportFactory factory);
 
 }  // namespace gfdit

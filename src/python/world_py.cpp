@@ -40,12 +40,25 @@ struct HeapBlock {
   std::shared_ptr<World> world;
   void* ptr = nullptr;
   size_t bytes = 0;
+  bool device = false;  // in the device heap: no buffer protocol, __cuda_array_interface__ instead
   ~HeapBlock() {
     if (ptr != nullptr) world->heapFree(ptr);
   }
 };
 
 void* asPtr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+// 0: host memory, done on return; else a cudaStream_t the collective is enqueued on (NOTE [transports]).
+void* asStream(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+std::shared_ptr<HeapBlock> makeBlock(const std::shared_ptr<World>& w, void* ptr, size_t bytes, bool device) {
+  auto b = std::make_shared<HeapBlock>();
+  b->world = w;
+  b->ptr = ptr;
+  b->bytes = bytes;
+  b->device = device;
+  return b;
+}
 
 std::vector<BufferView> toViews(const std::vector<std::tuple<uintptr_t, size_t, size_t, size_t>>& specs) {
   std::vector<BufferView> views;
@@ -59,6 +72,8 @@ std::vector<BufferView> toViews(const std::vector<std::tuple<uintptr_t, size_t, 
 }  // namespace
 
 void register_world(py::module_& m) {
+  m.def("has_device_transport", &hasDeviceTransport,
+        "Whether worlds can have a device transport (a CUDA build, enabled).");
   py::enum_<DType>(m, "DType")
       .value("float32", DType::kFloat32)
       .value("float16", DType::kFloat16)
@@ -91,7 +106,20 @@ void register_world(py::module_& m) {
   py::class_<HeapBlock, std::shared_ptr<HeapBlock>>(m, "HeapBlock", py::buffer_protocol())
       .def_readonly("bytes", &HeapBlock::bytes)
       .def_property_readonly("address", [](const HeapBlock& b) { return reinterpret_cast<uintptr_t>(b.ptr); })
+      .def_readonly("device", &HeapBlock::device)
+      .def_property_readonly("__cuda_array_interface__",
+                             [](const HeapBlock& b) -> py::object {
+                               if (!b.device) throw py::attribute_error("a host heap block");
+                               py::dict d;
+                               d["shape"] = py::make_tuple(b.bytes);
+                               d["typestr"] = "|u1";
+                               d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(b.ptr), false);
+                               d["version"] = 3;
+                               d["strides"] = py::none();
+                               return std::move(d);
+                             })
       .def_buffer([](HeapBlock& b) {
+        GFDIT_CHECK(!b.device) << "gfdit: a device heap block has no host buffer (use __cuda_array_interface__)";
         return py::buffer_info(b.ptr, 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(b.bytes)}, {1});
       });
@@ -108,7 +136,7 @@ void register_world(py::module_& m) {
       .def_static(
           "create",
           [](int rank, int world_size, py::object store, double timeout_s, size_t heap_bytes, size_t slot_bytes,
-             size_t num_slots, int spin_us, const std::string& key_prefix) {
+             size_t num_slots, int spin_us, const std::string& key_prefix, int device) {
             WorldOptions o;
             GFDIT_CHECK(timeout_s > 0) << "timeout must be positive, got " << timeout_s;
             o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5));
@@ -117,6 +145,7 @@ void register_world(py::module_& m) {
             o.num_slots = num_slots;
             o.spin_us = spin_us;
             o.key_prefix = key_prefix;
+            o.device = device;
             PyStore s(std::move(store));
             std::unique_ptr<World> w;
             {
@@ -126,7 +155,11 @@ void register_world(py::module_& m) {
             return std::shared_ptr<World>(std::move(w));
           },
           py::arg("rank"), py::arg("world_size"), py::arg("store"), py::arg("timeout_s"), py::arg("heap_bytes"),
-          py::arg("slot_bytes") = 0, py::arg("num_slots") = 0, py::arg("spin_us") = -1, py::arg("key_prefix") = "gfdit")
+          py::arg("slot_bytes") = 0, py::arg("num_slots") = 0, py::arg("spin_us") = -1, py::arg("key_prefix") = "gfdit",
+          py::arg("device") = -1)
+      .def_property_readonly("device", &World::device, "The CUDA device of the device transport, or -1.")
+      .def("check", &World::checkDevice, py::call_guard<py::gil_scoped_release>(),
+           "Raises an error a device transport found asynchronously (a device-side wait that expired).")
       .def_property_readonly("rank", &World::rank)
       .def_property_readonly("size", &World::size)
       .def_property_readonly("timeout_s",
@@ -153,75 +186,101 @@ void register_world(py::module_& m) {
           },
           "A group of the given ranks: local, no communication.")
       .def("world_group", &World::worldGroup)
-      .def("heap_alloc",
-           [](const std::shared_ptr<World>& w, size_t bytes) {
-             auto b = std::make_shared<HeapBlock>();
-             b->world = w;
-             b->ptr = w->heapAlloc(bytes);
-             b->bytes = bytes;
-             return b;
-           })
+      .def(
+          "heap_alloc",
+          [](const std::shared_ptr<World>& w, size_t bytes, bool device) {
+            return makeBlock(w, w->heapAlloc(bytes, device), bytes, device);
+          },
+          py::arg("bytes"), py::arg("device") = false)
+      .def(
+          "symmetric_alloc",
+          [](const std::shared_ptr<World>& w, const Group& g, size_t bytes, bool device) {
+            void* p = nullptr;
+            {
+              py::gil_scoped_release nogil;
+              p = w->symmetricAlloc(g, bytes, device);
+            }
+            return makeBlock(w, p, bytes, device);
+          },
+          py::arg("group"), py::arg("bytes"), py::arg("device") = false,
+          "A heap block at the same offset on every member of the group (collective; NOTE [symmetric allocation]).")
       .def("in_heap", [](const World& w, uintptr_t p, size_t n) { return w.inHeap(asPtr(p), n); })
       .def("heap_offset", [](const World& w, uintptr_t p) { return w.heapOffset(asPtr(p)); })
-      .def("heap_used", &World::heapUsed)
+      .def("heap_used", &World::heapUsed, py::arg("device") = false)
       .def(
           "all_gather",
-          [](World& w, const Group& g, uintptr_t in, uintptr_t out, size_t bytes) {
-            w.allGather(g, asPtr(in), asPtr(out), bytes);
+          [](World& w, const Group& g, uintptr_t in, uintptr_t out, size_t bytes, uintptr_t stream) {
+            w.allGather(g, asPtr(in), asPtr(out), bytes, asStream(stream));
           },
+          py::arg("group"), py::arg("inp"), py::arg("out"), py::arg("bytes"), py::arg("stream") = 0,
           py::call_guard<py::gil_scoped_release>())
       .def(
           "all_gather_v",
           [](World& w, const Group& g, std::tuple<uintptr_t, size_t, size_t, size_t> in,
-             const std::vector<std::tuple<uintptr_t, size_t, size_t, size_t>>& outs) {
+             const std::vector<std::tuple<uintptr_t, size_t, size_t, size_t>>& outs, uintptr_t stream) {
             GFDIT_CHECK(static_cast<int>(outs.size()) == g.size()) << "one output view per member";
             auto iv = toViews({in});
             auto ov = toViews(outs);
-            w.allGatherV(g, iv[0], ov.data());
+            w.allGatherV(g, iv[0], ov.data(), asStream(stream));
           },
+          py::arg("group"), py::arg("inp"), py::arg("outs"), py::arg("stream") = 0,
           py::call_guard<py::gil_scoped_release>())
       .def(
           "all_to_all",
-          [](World& w, const Group& g, uintptr_t in, uintptr_t out, size_t bytes) {
-            w.allToAll(g, asPtr(in), asPtr(out), bytes);
+          [](World& w, const Group& g, uintptr_t in, uintptr_t out, size_t bytes, uintptr_t stream) {
+            w.allToAll(g, asPtr(in), asPtr(out), bytes, asStream(stream));
           },
+          py::arg("group"), py::arg("inp"), py::arg("out"), py::arg("bytes"), py::arg("stream") = 0,
           py::call_guard<py::gil_scoped_release>())
       .def(
           "all_to_all_v",
           [](World& w, const Group& g, const std::vector<std::tuple<uintptr_t, size_t, size_t, size_t>>& ins,
-             const std::vector<std::tuple<uintptr_t, size_t, size_t, size_t>>& outs) {
+             const std::vector<std::tuple<uintptr_t, size_t, size_t, size_t>>& outs, uintptr_t stream) {
             GFDIT_CHECK(static_cast<int>(ins.size()) == g.size() && static_cast<int>(outs.size()) == g.size())
                 << "one input and one output view per member";
             auto iv = toViews(ins);
             auto ov = toViews(outs);
-            w.allToAllV(g, iv.data(), ov.data());
+            w.allToAllV(g, iv.data(), ov.data(), asStream(stream));
           },
+          py::arg("group"), py::arg("ins"), py::arg("outs"), py::arg("stream") = 0,
           py::call_guard<py::gil_scoped_release>())
       .def(
           "reduce_scatter",
-          [](World& w, const Group& g, uintptr_t in, uintptr_t out, size_t count, DType dt, ReduceOp op) {
-            w.reduceScatter(g, asPtr(in), asPtr(out), count, dt, op);
-          },
-          py::call_guard<py::gil_scoped_release>())
+          [](World& w, const Group& g, uintptr_t in, uintptr_t out, size_t count, DType dt, ReduceOp op,
+             uintptr_t stream) { w.reduceScatter(g, asPtr(in), asPtr(out), count, dt, op, asStream(stream)); },
+          py::arg("group"), py::arg("inp"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>())
       .def(
           "all_reduce",
-          [](World& w, const Group& g, uintptr_t data, size_t count, DType dt, ReduceOp op) {
-            w.allReduce(g, asPtr(data), count, dt, op);
+          [](World& w, const Group& g, uintptr_t data, size_t count, DType dt, ReduceOp op, uintptr_t stream) {
+            w.allReduce(g, asPtr(data), count, dt, op, asStream(stream));
           },
+          py::arg("group"), py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("stream") = 0,
           py::call_guard<py::gil_scoped_release>())
       .def(
           "broadcast",
-          [](World& w, const Group& g, uintptr_t data, size_t bytes, int root) {
-            w.broadcast(g, asPtr(data), bytes, root);
+          [](World& w, const Group& g, uintptr_t data, size_t bytes, int root, uintptr_t stream) {
+            w.broadcast(g, asPtr(data), bytes, root, asStream(stream));
           },
+          py::arg("group"), py::arg("data"), py::arg("bytes"), py::arg("root"), py::arg("stream") = 0,
           py::call_guard<py::gil_scoped_release>())
       .def(
-          "send", [](World& w, uintptr_t data, size_t bytes, int dst) { w.send(asPtr(data), bytes, dst); },
+          "send",
+          [](World& w, uintptr_t data, size_t bytes, int dst, uintptr_t stream) {
+            w.send(asPtr(data), bytes, dst, asStream(stream));
+          },
+          py::arg("data"), py::arg("bytes"), py::arg("dst"), py::arg("stream") = 0,
           py::call_guard<py::gil_scoped_release>())
       .def(
-          "recv", [](World& w, uintptr_t data, size_t bytes, int src) { w.recv(asPtr(data), bytes, src); },
+          "recv",
+          [](World& w, uintptr_t data, size_t bytes, int src, uintptr_t stream) {
+            w.recv(asPtr(data), bytes, src, asStream(stream));
+          },
+          py::arg("data"), py::arg("bytes"), py::arg("src"), py::arg("stream") = 0,
           py::call_guard<py::gil_scoped_release>())
-      .def("barrier", &World::barrier, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "barrier", [](World& w, const Group& g, uintptr_t stream) { w.barrier(g, asStream(stream)); },
+          py::arg("group"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>())
       .def(
           "put_with_signal",
           [](World& w, int peer, uintptr_t src, size_t bytes, size_t offset) {

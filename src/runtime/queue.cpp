@@ -22,23 +22,16 @@
 // the bell if it posted a quiet completion since it last rang, so the control plane never sleeps on news
 // from an idle worker. Failures and every other kind always ring.
 #include <dirent.h>
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <sched.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <random>
-#include <sstream>
 
+#include "doorbell.h"
 #include "gfdit/error.h"
 #include "gfdit/runtime.h"
+#include "shm.h"
 
 namespace gfdit {
 namespace runtime {
@@ -50,12 +43,6 @@ constexpr size_t kLine = 64;
 constexpr uint32_t kPadFrame = 0xffffffffu;
 
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 struct FrameHeader {
   uint32_t bytes;  // payload bytes, or kPadFrame
@@ -70,23 +57,11 @@ int64_t nowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-void ringDoorbell(Doorbell* bell) {
-  __atomic_fetch_add(&bell->value, 1u, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&bell->waiters, __ATOMIC_SEQ_CST) != 0) {
-    syscall(SYS_futex, &bell->value, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-  }
-}
+// The runtime's doorbells are the same futex doorbells as the world's (NOTE [doorbell] in src/core/doorbell.h).
+void ringDoorbell(Doorbell* bell) { core::ringBell(&bell->value, &bell->waiters); }
 
 void waitDoorbell(Doorbell* bell, uint32_t seen, int64_t until_ns) {
-  int64_t now = nowNs();
-  if (now >= until_ns) return;
-  __atomic_fetch_add(&bell->waiters, 1u, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&bell->value, __ATOMIC_SEQ_CST) == seen) {
-    int64_t left = until_ns - now;
-    timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
-    syscall(SYS_futex, &bell->value, FUTEX_WAIT, seen, &ts, nullptr, 0);
-  }
-  __atomic_fetch_sub(&bell->waiters, 1u, __ATOMIC_SEQ_CST);
+  core::blockOnBell(&bell->value, &bell->waiters, seen, std::chrono::nanoseconds(until_ns - nowNs()));
 }
 
 struct MessageRing::Header {
@@ -195,12 +170,12 @@ bool waitFor(Doorbell* bell, std::chrono::microseconds timeout, F attempt) {
   int64_t spin_end = start + 20000;
   int64_t yield_end = start + 1000000;
   while (true) {
-    uint32_t seen = __atomic_load_n(&bell->value, __ATOMIC_SEQ_CST);
+    uint32_t seen = core::readBell(&bell->value);
     if (attempt()) return true;
     int64_t now = nowNs();
     if (now >= deadline) return false;
     if (now < spin_end) {
-      cpuRelax();
+      core::cpuRelax();
       continue;
     }
     if (now < yield_end) {
@@ -236,17 +211,14 @@ struct SetHeader {
   alignas(64) Doorbell control_bell;
 };
 
-std::string randomName() {
-  std::random_device rd;
-  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()));
-  std::ostringstream os;
-  os << "/gfdit-q-" << std::hex << gen() << gen();
-  return os.str();
-}
-
 size_t headerBytes() { return alignUp(sizeof(SetHeader), 4096); }
 
 }  // namespace
+
+QueueSet::QueueSet() = default;
+QueueSet::~QueueSet() = default;
+uint8_t* QueueSet::base() const { return shm_->data(); }
+const std::string& QueueSet::name() const { return shm_->name(); }
 
 std::unique_ptr<QueueSet> QueueSet::create(int num_workers, uint32_t ring_bytes) {
   GFDIT_CHECK(num_workers >= 1 && num_workers <= kMaxRanks) << "workers: " << num_workers;
@@ -254,30 +226,14 @@ std::unique_ptr<QueueSet> QueueSet::create(int num_workers, uint32_t ring_bytes)
   size_t rf = alignUp(MessageRing::footprint(ring_bytes), 4096);
   size_t total = headerBytes() + rf * 2 * num_workers;
   std::unique_ptr<QueueSet> set(new QueueSet());
-  int fd = -1;
-  for (int i = 0; i < 16 && fd < 0; ++i) {
-    set->name_ = randomName();
-    fd = ::shm_open(set->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0 && errno != EEXIST) GFDIT_THROW(kSystemError) << "shm_open: " << std::strerror(errno);
-  }
-  GFDIT_CHECK_CODE(kSystemError, fd >= 0) << "could not create the queue region";
-  set->owner_ = true;
-  if (::ftruncate(fd, static_cast<off_t>(total)) != 0) {
-    ::close(fd);
-    GFDIT_THROW(kSystemError) << "ftruncate: " << std::strerror(errno);
-  }
-  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) GFDIT_THROW(kSystemError) << "mmap: " << std::strerror(errno);
-  set->base_ = p;
-  set->bytes_ = total;
+  set->shm_ = std::make_unique<core::SharedMemory>(core::SharedMemory::createUnique("gfdit-q", total));
   set->num_workers_ = num_workers;
-  auto* h = static_cast<SetHeader*>(p);
+  auto* h = reinterpret_cast<SetHeader*>(set->base());
   h->num_workers = num_workers;
   h->ring_bytes = ring_bytes;
   h->total_bytes = total;
   h->ring_footprint = rf;
-  auto* base = static_cast<uint8_t*>(p) + headerBytes();
+  auto* base = set->base() + headerBytes();
   for (int w = 0; w < num_workers; ++w) {
     set->dispatch_.push_back(MessageRing::create(base + rf * (2 * w), ring_bytes, nullptr));
     set->completion_.push_back(MessageRing::create(base + rf * (2 * w + 1), ring_bytes, &h->control_bell));
@@ -287,25 +243,13 @@ std::unique_ptr<QueueSet> QueueSet::create(int num_workers, uint32_t ring_bytes)
 }
 
 std::unique_ptr<QueueSet> QueueSet::attach(const std::string& name) {
-  int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd < 0) GFDIT_THROW(kSystemError) << "attach to queues '" << name << "': " << std::strerror(errno);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    GFDIT_THROW(kSystemError) << "fstat: " << std::strerror(errno);
-  }
-  size_t total = static_cast<size_t>(st.st_size);
-  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) GFDIT_THROW(kSystemError) << "mmap: " << std::strerror(errno);
   std::unique_ptr<QueueSet> set(new QueueSet());
-  set->name_ = name;
-  set->base_ = p;
-  set->bytes_ = total;
-  auto* h = static_cast<SetHeader*>(p);
-  GFDIT_CHECK(__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kSetMagic) << "'" << name << "' is not a queue set";
+  set->shm_ = std::make_unique<core::SharedMemory>(core::SharedMemory::open(name));
+  auto* h = reinterpret_cast<SetHeader*>(set->base());
+  GFDIT_CHECK(set->shm_->size() >= headerBytes() && __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kSetMagic)
+      << "'" << name << "' is not a queue set";
   set->num_workers_ = h->num_workers;
-  auto* base = static_cast<uint8_t*>(p) + headerBytes();
+  auto* base = set->base() + headerBytes();
   for (int w = 0; w < h->num_workers; ++w) {
     set->dispatch_.push_back(MessageRing::attach(base + h->ring_footprint * (2 * w), nullptr));
     set->completion_.push_back(MessageRing::attach(base + h->ring_footprint * (2 * w + 1), &h->control_bell));
@@ -313,9 +257,9 @@ std::unique_ptr<QueueSet> QueueSet::attach(const std::string& name) {
   return set;
 }
 
-Doorbell* QueueSet::controlBell() { return &static_cast<SetHeader*>(base_)->control_bell; }
+Doorbell* QueueSet::controlBell() { return &reinterpret_cast<SetHeader*>(base())->control_bell; }
 
-uint64_t* QueueSet::abortWord() { return &static_cast<SetHeader*>(base_)->abort_epoch; }
+uint64_t* QueueSet::abortWord() { return &reinterpret_cast<SetHeader*>(base())->abort_epoch; }
 
 void QueueSet::requestAbort() { __atomic_fetch_add(abortWord(), uint64_t{1}, __ATOMIC_SEQ_CST); }
 
@@ -350,17 +294,7 @@ bool QueueSet::tryPopCompletion(int worker, Completion& c) {
   return true;
 }
 
-void QueueSet::unlinkName() {
-  if (owner_ && !name_.empty()) {
-    ::shm_unlink(name_.c_str());
-    owner_ = false;
-  }
-}
-
-QueueSet::~QueueSet() {
-  unlinkName();
-  if (base_ != nullptr) ::munmap(base_, bytes_);
-}
+void QueueSet::unlinkName() { shm_->unlink(); }
 
 // ---- outputs (NOTE [outputs] in runtime.h) ----
 
@@ -371,55 +305,30 @@ std::string outputPrefix(const std::string& queue_name) {
 
 void writeOutput(const std::string& name, const void* data, size_t bytes, OutputRef& ref) {
   GFDIT_CHECK(!name.empty() && name[0] == '/' && name.size() < sizeof(ref.name)) << "output name '" << name << "'";
-  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) GFDIT_THROW(kSystemError) << "shm_open(" << name << "): " << std::strerror(errno);
-  if (bytes > 0) {
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      ::close(fd);
-      ::shm_unlink(name.c_str());
-      GFDIT_THROW(kSystemError) << "ftruncate: " << std::strerror(errno);
-    }
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      ::close(fd);
-      ::shm_unlink(name.c_str());
-      GFDIT_THROW(kSystemError) << "mmap: " << std::strerror(errno);
-    }
-    std::memcpy(p, data, bytes);
-    ::munmap(p, bytes);
-  }
-  ::close(fd);
+  auto out = core::SharedMemory::createNamed(name, bytes);
+  if (bytes > 0) std::memcpy(out.data(), data, bytes);
+  out.keepName();  // the engine maps it and removes the name (NOTE [outputs])
   std::memset(ref.name, 0, sizeof(ref.name));
   std::memcpy(ref.name, name.data(), name.size());
   ref.bytes = bytes;
 }
 
+MappedOutput::MappedOutput() = default;
+MappedOutput::~MappedOutput() = default;
+const void* MappedOutput::data() const { return shm_->data(); }
+size_t MappedOutput::bytes() const { return shm_->size(); }
+
 std::shared_ptr<MappedOutput> MappedOutput::open(const OutputRef& ref) {
   std::string name(ref.name, strnlen(ref.name, sizeof(ref.name)));
-  int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd < 0) GFDIT_THROW(kSystemError) << "output " << name << ": " << std::strerror(errno);
-  ::shm_unlink(name.c_str());  // mapped below: the name is no longer needed (NOTE [outputs])
   std::shared_ptr<MappedOutput> out(new MappedOutput());
-  out->bytes_ = ref.bytes;
-  if (ref.bytes > 0) {
-    void* p = ::mmap(nullptr, ref.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      ::close(fd);
-      GFDIT_THROW(kSystemError) << "mmap output " << name << ": " << std::strerror(errno);
-    }
-    out->data_ = p;
-  }
-  ::close(fd);
+  out->shm_ = std::make_unique<core::SharedMemory>(core::SharedMemory::open(name, ref.bytes));
+  core::unlinkShm(name);  // mapped: the name is no longer needed (NOTE [outputs])
   return out;
-}
-
-MappedOutput::~MappedOutput() {
-  if (data_ != nullptr) ::munmap(data_, bytes_);
 }
 
 void discardOutput(const OutputRef& ref) {
   std::string name(ref.name, strnlen(ref.name, sizeof(ref.name)));
-  if (!name.empty()) ::shm_unlink(name.c_str());
+  if (!name.empty()) core::unlinkShm(name);
 }
 
 int unlinkOutputs(const std::string& prefix) {
@@ -431,7 +340,7 @@ int unlinkOutputs(const std::string& prefix) {
   while (dirent* e = ::readdir(dir)) {
     if (std::strncmp(e->d_name, want.c_str(), want.size()) == 0) {
       std::string name = "/" + std::string(e->d_name);
-      if (::shm_unlink(name.c_str()) == 0) ++n;
+      if (core::unlinkShm(name)) ++n;
     }
   }
   ::closedir(dir);

@@ -329,6 +329,49 @@ TEST_P(Collectives, ProdNaNWrapAndAliasing) {
       "");
 }
 
+TEST_P(Collectives, SymmetricAllocAgreesAfterHeapsDiverged) {
+  EXPECT_EQ(runRanks(
+                GetParam(),
+                [](World& w) {
+                  Group g = w.worldGroup();
+                  int n = w.size(), me = w.rank();
+                  // Each rank allocates a different amount first (as receivers of migrations do): first fit
+                  // now gives different offsets on different ranks.
+                  std::vector<void*> skew;
+                  for (int i = 0; i <= me; ++i) skew.push_back(w.heapAlloc(1000 + 3000 * me));
+                  for (int round = 0; round < 3; ++round) {
+                    void* p = w.symmetricAlloc(g, 50000);
+                    int64_t off = static_cast<int64_t>(w.heapOffset(p));
+                    std::vector<int64_t> all(n);
+                    w.allGather(g, &off, all.data(), sizeof(off));
+                    for (int r = 0; r < n; ++r) RANK_CHECK_MSG(all[r] == off, "rank " << r << " at " << all[r]);
+                    // One-sided puts can address the peer's copy by the local offset now.
+                    if (n > 1) {
+                      int peer = (me + 1) % n;
+                      int64_t v = 1000 * me + round;
+                      w.putWithSignal(peer, &v, sizeof(v), static_cast<size_t>(off));
+                      w.waitSignal((me + n - 1) % n);
+                      RANK_CHECK(*static_cast<int64_t*>(p) == 1000 * ((me + n - 1) % n) + round);
+                      w.barrier(g);
+                    }
+                    if (round == 1) w.heapFree(p);  // keep some, free some: the heaps stay different
+                  }
+                  // No common room: the same error on every member, and the world stays usable.
+                  bool refused = false;
+                  try {
+                    w.symmetricAlloc(g, w.options().heap_bytes);
+                  } catch (const Error& e) {
+                    refused = e.code() == ErrorCode::kInvalidUsage &&
+                              std::string(e.what()).find("on every member") != std::string::npos;
+                  }
+                  RANK_CHECK(refused);
+                  w.barrier(g);
+                  for (void* p : skew) w.heapFree(p);
+                },
+                smallSlots()),
+            "");
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3, 4));
 
 TEST(Collectives, SubgroupsInAnyOrder) {

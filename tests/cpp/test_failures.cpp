@@ -221,3 +221,29 @@ TEST(Failures, PeersOfABrokenRankFailQuotingItsError) {
                 shortTimeout(20000)),
             "");
 }
+
+TEST(Failures, HeartbeatsTellADeadPeerWherePidsCannot) {
+  // As across pid namespaces (containers): only the heartbeat in the peer's region says it is gone.
+  setenv("GFDIT_PID_LIVENESS", "0", 1);
+  setenv("GFDIT_HEARTBEAT_STALE_S", "0.5", 1);
+  std::string result = runRanks(
+      2,
+      [](World& w) {
+        if (w.rank() == 1) _exit(0);  // its heartbeat thread ends with it
+        std::vector<int> x(100, 1);
+        auto start = std::chrono::steady_clock::now();
+        try {
+          w.allReduce(w.worldGroup(), x.data(), 100, DType::kInt32, ReduceOp::kSum);
+          RANK_CHECK(false);
+        } catch (const Error& e) {
+          double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          RANK_CHECK_MSG(e.code() == ErrorCode::kRemoteError, e.what());
+          RANK_CHECK_MSG(contains(e.what(), "rank 1") && contains(e.what(), "heartbeat"), e.what());
+          RANK_CHECK_MSG(waited >= 0.4 && waited < 5.0, waited);
+        }
+      },
+      shortTimeout(30000));
+  unsetenv("GFDIT_PID_LIVENESS");
+  unsetenv("GFDIT_HEARTBEAT_STALE_S");
+  EXPECT_EQ(result, "");
+}

@@ -119,7 +119,8 @@ def run_case(ctx, case: dict) -> dict | None:
         }
     if case.get("node_ids") is not None:
         kwargs["topology"] = ga.Topology(tuple(case["node_ids"]))
-    # A heap block held on member 0 only: the Torus workspace lands at different offsets (fallback path).
+    # A heap block held on member 0 only (as after a migration that allocated on some members): the heaps differ,
+    # and the Torus workspace must still land at one offset on every member (NOTE [symmetric allocation]).
     skew = gfdit.empty((4096,)) if case.get("skew_heap") and me == 0 else None
     if case.get("cached"):
         kwargs["seq_splits"] = splits

@@ -19,15 +19,15 @@ issues the same sequence; the calling thread only computes and waits on futures)
         put_out(c)                           # chunk c's output rows back to their owners (one-sided)
     wait_out(all)                            # every peer's output chunks have landed
 
-Workspace: one symmetric-heap block per call (``gfdit.empty``) of the same size on every member (sized
-for the largest chunk of any member), so that a member's local offset names the same place on every peer
-(``put_with_signal`` addresses the peer's heap by the local tensor's offset). It holds a receive area for
-every (chunk, source) pair, so nothing is overwritten within a call and no credits are needed. The
-offsets are all_gathered once per call, before any put: that all_gather is also the start barrier that
-keeps a fast member from writing call N+1's data while a slow one still reads call N (so Torus keeps one
-collective per call of its own even when the call's plan is cached, NOTE [attention plan cache]). If the
-offsets differ on some member (its heap history differs, or its heap is full), every member falls back
-to USP for that call, which gives the same result.
+Workspace: one heap block per call at the same offset on every member (``World.symmetric_empty``, NOTE
+[symmetric allocation]), sized for the largest chunk of any member, so that a member's local offset names the
+same place on every peer (``put_with_signal`` addresses the peer's heap by the local tensor's offset). It
+holds a receive area for every (chunk, source) pair, so nothing is overwritten within a call and no credits
+are needed. The allocation's exchange (one all_gather when the heaps agree, more rounds after a migration
+made them differ) is also the start barrier that keeps a fast member from writing call N+1's data while a
+slow one still reads call N (so Torus keeps one collective per call of its own even when the call's plan is
+cached, NOTE [attention plan cache]). Only when some member's heap has no room for it does every member run
+USP for that call (with a warning), which gives the same result.
 
 Put counting: ``wait_signal(peer, n)`` counts every put from ``peer``, whatever it carried. A peer's puts
 to this member come in the fixed order fwd0, fwd1, out0, fwd2, out1, ..., out(C-1) (``_put_order``),
@@ -49,7 +49,7 @@ from gfdit import comm
 from gfdit._C import InvalidUsage
 from gfdit.attention.core import _Call, _comm_executor, _joint_partials_merge, ring_attention
 from gfdit.attention.local import PartialMerger
-from gfdit.attention.spec import GridLayout, ParallelSpec
+from gfdit.attention.spec import ParallelSpec
 
 _PAD = 256  # spare elements at the end of the workspace: empty puts still need a non-empty heap view
 
@@ -122,7 +122,7 @@ def torus(
     call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: tuple | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     world, lay, group = call.world, call.layout, call.group
-    u, r, placement = lay.ulysses, lay.ring, lay.placement
+    u = lay.ulysses
     b, h, d = call.b, call.h, call.d
     dtype = q.dtype
     num_c = chunks_for(call.spec, h)
@@ -139,26 +139,18 @@ def torus(
     out_chunk = u * b * s_max * hc_max * d  # output area of one chunk: u slots of B * S_max * hc * D
     total = num_c * (fwd_chunk + out_chunk) + _PAD
 
-    ws = None
-    offset = -1
+    # One workspace at the same heap offset on every member (NOTE [symmetric allocation]); the allocation's
+    # exchange is also the call's start barrier. Only a heap too full for it on some member makes every member
+    # run USP instead (they all see the same outcome).
     try:
-        ws = world.empty((total,), dtype=dtype)
-        offset = int(world._w.heap_offset(ws.data_ptr()))
-    except InvalidUsage:
-        ws = None
-    offs = torch.empty(group.size(), dtype=torch.int64)
-    world.all_gather_into_tensor(offs, torch.tensor([offset], dtype=torch.int64), group=group)
-    offs_l = offs.tolist()
-    uls, _ = GridLayout.groups(u, r, placement)
-    usable = all(o >= 0 for o in offs_l) and all(len({offs_l[m] for m in g}) == 1 for g in uls)
-    if not usable:
+        ws = world.symmetric_empty((total,), dtype=dtype, group=group)
+    except InvalidUsage as exc:
         warnings.warn(
-            "gfdit.attention: torus workspace is not at the same heap offset on every Ulysses peer "
-            f"(offsets {offs_l}); using USP for this call",
+            f"gfdit.attention: no room for the torus workspace ({total} elements) in every member's heap "
+            f"({exc}); using USP for this call",
             RuntimeWarning,
             stacklevel=3,
         )
-        ws = None
         from gfdit.attention.core import _usp
 
         return _usp(call, q, k, v, joint)

@@ -1,0 +1,172 @@
+// src/core: shared-memory objects, doorbells, heartbeats, the heap allocator.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "doorbell.h"
+#include "gfdit/error.h"
+#include "heap.h"
+#include "liveness.h"
+#include "shm.h"
+
+using namespace gfdit;
+
+namespace {
+
+bool shmExists(const std::string& name) {
+  struct stat st;
+  return ::stat(("/dev/shm" + name).c_str(), &st) == 0;
+}
+
+}  // namespace
+
+TEST(Core, SharedMemoryIsZeroedMappedTwiceAndUnlinked) {
+  std::string name;
+  {
+    auto a = core::SharedMemory::createUnique("gfdit-test", 8192);
+    name = a.name();
+    ASSERT_EQ(a.size(), 8192u);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a.data()[i], 0);
+    a.data()[100] = 42;
+    auto b = core::SharedMemory::open(name);  // the whole size from fstat
+    EXPECT_EQ(b.size(), 8192u);
+    EXPECT_EQ(b.data()[100], 42);
+    EXPECT_TRUE(shmExists(name));
+    a.unlink();
+    EXPECT_FALSE(shmExists(name));
+    EXPECT_EQ(b.data()[100], 42);  // the mappings stay
+    EXPECT_THROW(core::SharedMemory::open(name), Error);
+  }
+  {
+    auto c = core::SharedMemory::createUnique("gfdit-test", 4096);
+    name = c.name();
+    EXPECT_THROW(core::SharedMemory::createNamed(name, 4096), Error);  // O_EXCL
+  }
+  EXPECT_FALSE(shmExists(name));  // the creator removes a name it still owns
+}
+
+TEST(Core, DoorbellWakesABlockedWaiterAcrossProcesses) {
+  auto m = core::SharedMemory::createUnique("gfdit-test", 4096);
+  auto* words = reinterpret_cast<uint32_t*>(m.data());
+  uint32_t seen = core::readBell(&words[0]);
+  pid_t child = fork();
+  if (child == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    core::ringBell(&words[0], &words[16]);
+    _exit(0);
+  }
+  auto start = std::chrono::steady_clock::now();
+  while (core::readBell(&words[0]) == seen) {
+    core::waitBell(&words[0], &words[16], seen, core::Backoff{}, std::chrono::seconds(5));
+  }
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(waited, 4.0);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(words[16], 0u);  // the waiter count is back to zero
+}
+
+TEST(Core, HeartbeatTicksAndAStoppedOneGoesStale) {
+  uint64_t word = 0;
+  {
+    core::Heartbeat beat(&word);
+    core::PeerLiveness peer(&word, ::getpid(), 0, std::chrono::milliseconds(300));
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (__atomic_load_n(&word, __ATOMIC_ACQUIRE) < 3 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_GE(word, 3u);
+    EXPECT_TRUE(peer.alive(std::chrono::steady_clock::now()));
+  }
+  uint64_t stopped = word;  // the heartbeat's thread has ended
+  core::PeerLiveness peer(&word, ::getpid(), 0, std::chrono::milliseconds(50));
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(peer.alive(t0));
+  EXPECT_FALSE(peer.alive(t0 + std::chrono::milliseconds(200)));
+  EXPECT_NE(std::string(peer.reason()).find("heartbeat"), std::string::npos) << peer.reason();
+  EXPECT_EQ(word, stopped);
+}
+
+TEST(Core, PidLivenessOnlyInTheOwnNamespace) {
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_FALSE(core::processAlive(child));
+  EXPECT_TRUE(core::processAlive(::getpid()));
+  uint64_t word = 0;
+  auto now = std::chrono::steady_clock::now();
+  // Same namespace: the exited pid is death at once.
+  core::PeerLiveness here(&word, child, core::pidNamespace(), std::chrono::seconds(60));
+  EXPECT_FALSE(here.alive(now));
+  // Another namespace (or unknown): the pid means nothing, only the heartbeat counts.
+  core::PeerLiveness there(&word, child, core::pidNamespace() + 1, std::chrono::seconds(60));
+  EXPECT_TRUE(there.alive(now));
+}
+
+TEST(Core, HeapAllocatorFirstFitPlacementAndCoalescing) {
+  core::HeapAllocator h(4096, 256);
+  EXPECT_EQ(h.rounded(1), 256u);
+  size_t a = h.alloc(100), b = h.alloc(300), c = h.alloc(256);
+  EXPECT_EQ(a, 0u);
+  EXPECT_EQ(b, 256u);
+  EXPECT_EQ(c, 768u);
+  EXPECT_EQ(h.used(), 1024u);
+  EXPECT_TRUE(h.free(b));
+  EXPECT_FALSE(h.free(b));
+  EXPECT_EQ(h.firstFitFrom(0, 256), 256u);
+  EXPECT_EQ(h.firstFitFrom(300, 256), 512u);   // aligned up past 300: the rest of the hole at 256
+  EXPECT_EQ(h.firstFitFrom(300, 512), 1024u);  // too little of that hole is left after 300
+  EXPECT_EQ(h.firstFitFrom(0, 1024), 1024u);
+  EXPECT_FALSE(h.allocAt(0, 10));    // taken
+  EXPECT_FALSE(h.allocAt(100, 10));  // unaligned
+  EXPECT_TRUE(h.allocAt(2048, 512));
+  EXPECT_EQ(h.firstFitFrom(1024, 2048), core::HeapAllocator::kNone);
+  EXPECT_EQ(h.alloc(4096), core::HeapAllocator::kNone);
+  EXPECT_TRUE(h.free(a));
+  EXPECT_TRUE(h.free(c));
+  EXPECT_TRUE(h.free(2048));
+  EXPECT_EQ(h.used(), 0u);
+  EXPECT_EQ(h.alloc(4096), 0u);  // every hole merged back into one block
+  // Random alloc / placement / free against a map of 256-byte units: blocks never overlap, used() adds up.
+  core::HeapAllocator r(1 << 16, 256);
+  std::vector<int> owner((1 << 16) / 256, -1);
+  std::vector<std::pair<size_t, size_t>> live;  // offset, rounded bytes
+  size_t used = 0;
+  std::mt19937 rng(3);
+  auto take = [&](size_t off, size_t bytes, int id) {
+    for (size_t u = off / 256; u < (off + bytes) / 256; ++u) {
+      ASSERT_EQ(owner[u], -1) << "unit " << u << " handed out twice";
+      owner[u] = id;
+    }
+    live.emplace_back(off, bytes);
+    used += bytes;
+  };
+  for (int i = 0; i < 4000; ++i) {
+    int op = static_cast<int>(rng() % 3);
+    size_t bytes = 1 + rng() % 3000;
+    if (op == 0) {
+      size_t off = r.alloc(bytes);
+      if (off != core::HeapAllocator::kNone) take(off, r.rounded(bytes), i);
+    } else if (op == 1) {
+      size_t off = r.firstFitFrom(rng() % (1 << 16), bytes);
+      if (off != core::HeapAllocator::kNone) {
+        ASSERT_TRUE(r.allocAt(off, bytes));
+        take(off, r.rounded(bytes), i);
+      }
+    } else if (!live.empty()) {
+      size_t k = rng() % live.size();
+      ASSERT_TRUE(r.free(live[k].first));
+      for (size_t u = live[k].first / 256; u < (live[k].first + live[k].second) / 256; ++u) owner[u] = -1;
+      used -= live[k].second;
+      live.erase(live.begin() + static_cast<long>(k));
+    }
+    ASSERT_EQ(r.used(), used);
+  }
+}

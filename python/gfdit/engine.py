@@ -83,6 +83,7 @@ class Request:
     num_frames: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
+    guidance_scale_2: float | None = None  # Wan 2.2's low-noise expert (WanPipeline's guidance_scale_2)
     seed: int = 0
     deadline_s: float | None = None  # seconds after submit
     priority: int = 0  # larger is more urgent (policies that use priorities)
@@ -320,6 +321,11 @@ class Engine:
         g = d["guidance_scale"] if r.guidance_scale is None else r.guidance_scale
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g):
             raise InvalidUsage(f"gfdit.Request: guidance_scale must be a finite number, got {g!r}")
+        g2 = r.guidance_scale_2
+        if g2 is not None and (
+            isinstance(g2, bool) or not isinstance(g2, (int, float)) or not math.isfinite(g2)
+        ):
+            raise InvalidUsage(f"gfdit.Request: guidance_scale_2 must be a finite number, got {g2!r}")
         if isinstance(r.seed, bool) or not isinstance(r.seed, int) or not -(2**63) <= r.seed < 2**64:
             raise InvalidUsage(f"gfdit.Request: seed must be a 64-bit integer, got {r.seed!r}")
         if (
@@ -355,6 +361,7 @@ class Engine:
                 "negative_prompt": r.negative_prompt,
                 **fields,
                 "guidance_scale": float(g),
+                **({} if g2 is None else {"guidance_scale_2": float(g2)}),
                 "seed": r.seed,
             }
         ).encode()

@@ -50,6 +50,7 @@ _PARAM_OF = (
     ("width", "size"),
     ("pixels", "size"),
     ("tokens", "size"),
+    ("guidance_scale_2", "guidance_scale_2"),
     ("guidance_scale", "guidance_scale"),
     ("prompt", "prompt"),
     ("seed", "seed"),
@@ -101,6 +102,7 @@ def _request_models() -> tuple[type, type]:
         negative_prompt: StrictStr | None = None
         num_inference_steps: StrictInt | None = None
         guidance_scale: StrictFloat | None = None
+        guidance_scale_2: StrictFloat | None = None
         seed: StrictInt | None = None
         slo_ms: StrictFloat | None = None
         priority: StrictInt = 0
@@ -614,6 +616,10 @@ def create_app(
             )
         if b.guidance_scale is not None and not (math.isfinite(b.guidance_scale) and b.guidance_scale >= 0):
             raise APIError(400, "guidance_scale must be a finite number >= 0", param="guidance_scale")
+        if b.guidance_scale_2 is not None and not (
+            math.isfinite(b.guidance_scale_2) and b.guidance_scale_2 >= 0
+        ):
+            raise APIError(400, "guidance_scale_2 must be a finite number >= 0", param="guidance_scale_2")
         if b.slo_ms is not None and not (math.isfinite(b.slo_ms) and b.slo_ms > 0):
             raise APIError(400, "slo_ms must be a positive number", param="slo_ms")
         if b.seed is not None and not 0 <= b.seed < 2**63:
@@ -631,6 +637,7 @@ def create_app(
             num_frames=num_frames,
             num_inference_steps=b.num_inference_steps,
             guidance_scale=b.guidance_scale,
+            guidance_scale_2=b.guidance_scale_2,
             seed=seed % 2**63,
             deadline_s=None if b.slo_ms is None else b.slo_ms / 1000.0,
             priority=b.priority,

@@ -244,6 +244,12 @@ class Worker:
             num_inference_steps=req.get("num_inference_steps"),
             guidance_scale=req.get("guidance_scale"),
             grid=tuple(shape[2:]),
+            # only when asked: a StagedModel of one's own need not know the keyword
+            **(
+                {"guidance_scale_2": req["guidance_scale_2"]}
+                if req.get("guidance_scale_2") is not None
+                else {}
+            ),
         )
         self.steps[rid] = 0
 

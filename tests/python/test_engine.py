@@ -188,6 +188,7 @@ def test_bad_requests_are_refused_at_submit_naming_the_field():
             (dict(height=100000, width=100000), "pixels"),
             (dict(guidance_scale=float("inf")), "guidance_scale"),
             (dict(guidance_scale=float("nan")), "guidance_scale"),
+            (dict(guidance_scale_2=float("inf")), "guidance_scale_2"),
             (dict(num_frames=9), "num_frames"),  # an image model
             (dict(height=40), "height"),
             (dict(width=-16), "width"),
@@ -214,6 +215,13 @@ def test_bad_requests_are_refused_at_submit_naming_the_field():
             eng.submit(Request(prompt="frames not 4k+1", num_frames=8))
         with pytest.raises(gfdit.InvalidUsage, match="num_frames"):
             eng.submit(Request(prompt="over the configured limit", num_frames=13))
+        # a second expert's scale on a model with one expert: the request fails, the engine serves on
+        with pytest.raises(gfdit.RequestFailed, match="two experts"):
+            eng.submit(Request(prompt="one expert", guidance_scale_2=3.0)).result(timeout=120)
+        assert (
+            eng.submit(Request(prompt="still serving", num_inference_steps=2)).result(timeout=120).state
+            == "DONE"
+        )
     with pytest.raises(gfdit.InvalidUsage, match="limit"):
         Engine(model="tiny-wan", world_size=1, limits={"max_widgets": 3})
 

@@ -13,6 +13,7 @@ rank run. A folder whose scheduler is not supported is refused with an error nam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -217,12 +218,39 @@ def test_wan22_two_experts_equal_wan_pipeline(tmp_path):
     ).frames[0]
     got = m.generate(PROMPT, seed=3, negative_prompt=NEGATIVE, **opts)
     err = (got.permute(1, 0, 2, 3) - want.float()).abs().max().item()
+    # Wan 2.2's own scales: 4.0 for the high-noise expert, 3.0 for the low-noise one (guidance_scale_2).
+    want2 = pipe(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        generator=torch.Generator().manual_seed(3),
+        output_type="pt",
+        max_sequence_length=m.defaults.max_sequence_length,
+        guidance_scale_2=3.0,
+        **opts,
+    ).frames[0]
+    got2 = m.generate(PROMPT, seed=3, negative_prompt=NEGATIVE, guidance_scale_2=3.0, **opts)
+    err2 = (got2.permute(1, 0, 2, 3) - want2.float()).abs().max().item()
+    assert (want2 - want).abs().max().item() > 100 * PIXEL_TOL  # the second scale matters here
+    # It travels with the state (a migration delivers it), and a model with one expert refuses it.
+    cond = m.encode(PROMPT, NEGATIVE, guidance_scale=4.0)
+    st = m.initial_state(cond, m.init_latent(3, m.latent_shape()), guidance_scale=4.0, guidance_scale_2=3.0)
+    assert gm.unpack_state(*gm.pack_state(st)).guidance_scale_2 == 3.0
+    assert (
+        gm.unpack_state(*gm.pack_state(dataclasses.replace(st, guidance_scale_2=None))).guidance_scale_2
+        is None
+    )
+    import gfdit
+
+    with pytest.raises(gfdit.InvalidUsage, match="two experts"):
+        base.initial_state(
+            cond, base.init_latent(3, base.latent_shape()), guidance_scale=4.0, guidance_scale_2=3.0
+        )
     # The same with the experts swapped differs: the test sees which expert ran where.
     m.transformer, m.transformer_2 = m.transformer_2, m.transformer
     m.parallel, m.parallel_2 = m.parallel_2, m.parallel
     swapped = m.generate(PROMPT, seed=3, negative_prompt=NEGATIVE, **opts)
-    print(f"wan2.2 two experts: max |pixel difference| {err:.3g}")
-    assert err <= PIXEL_TOL
+    print(f"wan2.2 two experts: max |pixel difference| {err:.3g}, with guidance_scale_2 {err2:.3g}")
+    assert err <= PIXEL_TOL and err2 <= PIXEL_TOL
     assert (swapped.permute(1, 0, 2, 3) - want.float()).abs().max().item() > 100 * PIXEL_TOL
 
 

@@ -215,6 +215,7 @@ class QwenImageStagedModel(StagedModel):
         num_inference_steps: int | None = None,
         guidance_scale: float | None = None,
         grid: tuple[int, int, int] | None = None,
+        guidance_scale_2: float | None = None,
     ) -> DenoiseState:
         if grid is None and latent.dim() == 3:
             raise InvalidUsage(
@@ -229,6 +230,7 @@ class QwenImageStagedModel(StagedModel):
             num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale,
             grid=grid,
+            guidance_scale_2=guidance_scale_2,  # refused: one transformer
         )
 
     def schedule(

@@ -111,6 +111,7 @@ class DenoiseState:
     last_sample: torch.Tensor | None = None
     lower_order_nums: int = 0
     this_order: int = 0
+    guidance_scale_2: float | None = None
 
     @property
     def num_steps(self) -> int:
@@ -245,9 +246,12 @@ class StagedModel(abc.ABC):
         num_inference_steps: int | None = None,
         guidance_scale: float | None = None,
         grid: tuple[int, int, int] | None = None,
+        guidance_scale_2: float | None = None,
     ) -> DenoiseState:
         """The state before step 0. latent: from ``init_latent`` (its grid is derived from the shape unless
-        given). Guidance > 1 needs a negative embedding in the conditioning."""
+        given). Guidance > 1 needs a negative embedding in the conditioning. guidance_scale_2: the scale of
+        the steps a second expert runs (Wan 2.2's low-noise transformer_2, as WanPipeline's
+        ``guidance_scale_2``; None: guidance_scale); only for models with two experts."""
         steps = self.defaults.num_inference_steps if num_inference_steps is None else num_inference_steps
         scale = self.defaults.guidance_scale if guidance_scale is None else float(guidance_scale)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -256,6 +260,11 @@ class StagedModel(abc.ABC):
             raise InvalidUsage(
                 f"gfdit.models: guidance_scale {scale} > 1 needs negative_prompt_embeds; "
                 "encode with the same guidance_scale"
+            )
+        if guidance_scale_2 is not None and not self.two_experts:
+            raise InvalidUsage(
+                f"gfdit.models: guidance_scale_2 is for models with two experts (Wan 2.2's transformer_2 and "
+                f"boundary_ratio); {self.name} has one"
             )
         grid = self._grid_of(latent) if grid is None else tuple(int(x) for x in grid)
         sigmas, timesteps = self.schedule(steps, grid)
@@ -269,7 +278,11 @@ class StagedModel(abc.ABC):
             step_idx=0,
             guidance_scale=scale,
             grid=grid,
+            guidance_scale_2=None if guidance_scale_2 is None else float(guidance_scale_2),
         )
+
+    #: Whether some steps run a second expert (Wan 2.2 A14B); see initial_state's guidance_scale_2.
+    two_experts: bool = False
 
     def _grid_of(self, latent: torch.Tensor) -> tuple[int, int, int]:
         if latent.dim() != 5:
@@ -297,6 +310,7 @@ class StagedModel(abc.ABC):
         num_frames: int | None = None,
         num_inference_steps: int | None = None,
         guidance_scale: float | None = None,
+        guidance_scale_2: float | None = None,
         group: comm.Group | None = None,
         spec: ParallelSpec | None = None,
     ) -> torch.Tensor:
@@ -309,6 +323,7 @@ class StagedModel(abc.ABC):
             grid=tuple(shape[2:]),
             num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale,
+            guidance_scale_2=guidance_scale_2,
         )
         for k in range(state.num_steps):
             state = self.denoise_step(state, k, group=group, spec=spec)
@@ -394,7 +409,8 @@ class StagedModel(abc.ABC):
 # ----------------------------------------------------------------------------------- packing and migration
 # NOTE [state header]
 # int64[HEADER_LEN]: MAGIC, VERSION, status (0 ok; 1 the source had no state), step_idx, guidance_scale
-# (float64 bits), grid f, h, w, lower_order_nums, this_order, zeros up to _TENSORS_AT, then per tensor of
+# (float64 bits), grid f, h, w, lower_order_nums, this_order, has guidance_scale_2, its float64 bits, zeros up
+# to _TENSORS_AT (a header of an older gfdit has zeros there: no guidance_scale_2), then per tensor of
 # STATE_TENSORS: dtype code (-1: None), ndim, 6 dims. The payload is the tensors' bytes, contiguous, in
 # STATE_TENSORS order; a None tensor (no negative prompt, no sampler history) has no bytes.
 STATE_TENSORS = (
@@ -443,6 +459,8 @@ def pack_state(state: DenoiseState, with_payload: bool = True) -> tuple[torch.Te
     header = torch.zeros(HEADER_LEN, dtype=torch.int64)
     head = [MAGIC, VERSION, 0, state.step_idx, _f64_bits(state.guidance_scale), *state.grid]
     head += [int(state.lower_order_nums), int(state.this_order)]
+    g2 = state.guidance_scale_2
+    head += [0, 0] if g2 is None else [1, _f64_bits(g2)]
     head += [0] * (_TENSORS_AT - len(head))
     parts = []
     for name in STATE_TENSORS:
@@ -486,6 +504,7 @@ def _scalars(header: torch.Tensor) -> dict[str, Any]:
         "grid": (int(h[5]), int(h[6]), int(h[7])),
         "lower_order_nums": int(h[8]),
         "this_order": int(h[9]),
+        "guidance_scale_2": _bits_f64(h[11]) if h[10] else None,
     }
 
 

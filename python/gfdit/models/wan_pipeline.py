@@ -12,7 +12,8 @@ sample) travels in the state with the latent (NOTE [portable denoise state]), so
 WanPipeline's for the same folder whatever groups ran the steps; FlowMatchEulerDiscreteScheduler and
 DPMSolverMultistepScheduler work too, and any other scheduler is refused. Wan 2.2 A14B's two experts
 (``transformer`` above, ``transformer_2`` below ``boundary_ratio * 1000``) are supported, with one guidance
-scale for both; Wan 2.2 TI2V's ``expand_timesteps`` passes one timestep per token.
+scale for both unless ``guidance_scale_2`` gives the low-noise expert its own (as WanPipeline); Wan 2.2
+TI2V's ``expand_timesteps`` passes one timestep per token.
 """
 
 from __future__ import annotations
@@ -202,6 +203,10 @@ class WanStagedModel(StagedModel):
         return self.sampler.schedule(num_inference_steps)
 
     # -- denoise -----------------------------------------------------------------------------------------
+    @property
+    def two_experts(self) -> bool:  # type: ignore[override]
+        return self.transformer_2 is not None and self.boundary_ratio is not None
+
     def _expert(self, t: float) -> tuple[torch.nn.Module, torch.nn.Module]:
         if self.transformer_2 is None or self.boundary_ratio is None:
             return self.transformer, self.parallel
@@ -243,11 +248,15 @@ class WanStagedModel(StagedModel):
             )
             return out.float().cpu()
 
+        # WanPipeline: the low-noise expert's steps use guidance_scale_2 when it is given
+        scale = state.guidance_scale
+        if model is self.transformer_2 and state.guidance_scale_2 is not None:
+            scale = state.guidance_scale_2
         with torch.no_grad():
             # the passes in turn, or CFG-parallel on the two halves of the group (NOTE [CFG-parallel])
             v, v_uncond = self.guided_predictions(state, group, spec, velocity)
             if v_uncond is not None:
-                v = v_uncond + state.guidance_scale * (v - v_uncond)
+                v = v_uncond + scale * (v - v_uncond)
         return self.sampler.step(state, v)
 
     # -- decode ------------------------------------------------------------------------------------------

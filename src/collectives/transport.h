@@ -100,6 +100,11 @@ class Transport {
   virtual void consumed(int peer, uint64_t seq) = 0;
   /// The sender does not finish the collective before `peer` read message `seq` (zero-copy sends).
   virtual void awaitConsumed(int peer, uint64_t seq) = 0;
+  /// The engine is about to wait for its peers: a transport that holds back its last operation to fuse it
+  /// with what follows (the CUDA transport fuses a staging copy with its publishes) enqueues it now, so a
+  /// peer's device is not kept waiting while this host sleeps. end() flushes too; host transports hold
+  /// nothing.
+  virtual void flush() {}
 
   /// A description for errors and build_info ("cpu memcpy/stream", "cuda sm<=64K,ce").
   virtual std::string describe() const = 0;

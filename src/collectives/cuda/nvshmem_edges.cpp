@@ -29,7 +29,7 @@ class NvshmemEdgesImpl final : public NvshmemEdges {
 
   ~NvshmemEdgesImpl() override {
     if (signals_ != nullptr) nvshmem_free(signals_);
-    if (initialised_) nvshmem_finalize();
+    if (initialised_) nvshmemx_hostlib_finalize();
     if (local_ != nullptr) cudaFree(local_);
     if (record_ != nullptr) cudaFreeHost(record_);
     cudaGetLastError();
@@ -48,8 +48,10 @@ class NvshmemEdgesImpl final : public NvshmemEdges {
     nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
     GFDIT_CHECK_CODE(kSystemError, nvshmemx_set_attr_uniqueid_args(rank_, size_, &id, &attr) == 0)
         << "gfdit: nvshmemx_set_attr_uniqueid_args failed";
-    GFDIT_CHECK_CODE(kSystemError, nvshmemx_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr) == 0)
-        << "gfdit: nvshmemx_init_attr failed";
+    // The host library's own initialisation: nothing here calls NVSHMEM from device code, so the device
+    // library (libnvshmem_device.a, which needs relocatable device code) is not linked.
+    GFDIT_CHECK_CODE(kSystemError, nvshmemx_hostlib_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr) == 0)
+        << "gfdit: nvshmemx_hostlib_init_attr failed";
     initialised_ = true;
     GFDIT_CHECK_CODE(kSystemError, nvshmem_my_pe() == rank_ && nvshmem_n_pes() == size_)
         << "gfdit: NVSHMEM gave PE " << nvshmem_my_pe() << " of " << nvshmem_n_pes() << " to rank " << rank_ << " of "

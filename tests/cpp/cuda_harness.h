@@ -23,23 +23,42 @@
 namespace gfdit {
 namespace testing {
 
-// The number of CUDA devices, asked once in a child process.
-inline int cudaDevicesInChild() {
+// The number of CUDA devices, asked once in a child process; `why` says why there are none.
+inline int cudaDevicesInChild(std::string* why = nullptr) {
   static int cached = -1;
-  if (cached >= 0) return cached;
-  pid_t pid = fork();
-  if (pid == 0) {
-    int n = cuda::deviceCount();
-    _exit(n > 100 ? 100 : n);
+  static std::string reason;
+  if (cached < 0) {
+    int fds[2];
+    if (pipe(fds) != 0) return 0;
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      int n = cuda::deviceCount();
+      std::string status = n > 0 ? "" : cuda::deviceStatus();
+      if (!status.empty() && write(fds[1], status.data(), status.size()) < 0) n = 0;
+      _exit(n > 100 ? 100 : n);
+    }
+    close(fds[1]);
+    char buf[512];
+    ssize_t got;
+    while ((got = read(fds[0], buf, sizeof(buf))) > 0) reason.append(buf, static_cast<size_t>(got));
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cached = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
   }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  cached = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+  if (why != nullptr) *why = reason;
   return cached;
 }
 
-#define GFDIT_REQUIRE_CUDA_DEVICE() \
-  if (::gfdit::testing::cudaDevicesInChild() == 0) GTEST_SKIP() << "no CUDA device"
+// Skips a test without a device, saying why (a driver too old for this runtime reads differently from none).
+#define GFDIT_REQUIRE_CUDA_DEVICE()                               \
+  do {                                                            \
+    std::string gfdit_why_;                                       \
+    if (::gfdit::testing::cudaDevicesInChild(&gfdit_why_) == 0) { \
+      GTEST_SKIP() << "no CUDA device (" << gfdit_why_ << ")";    \
+    }                                                             \
+  } while (0)
 
 // Every rank sets `name/rank`, then waits for every other rank's.
 inline void storeBarrier(Store& store, const std::string& name, int rank, int n) {

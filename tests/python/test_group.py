@@ -172,6 +172,17 @@ def test_build_info():
     assert isinstance(info["cuda"], bool)
     assert isinstance(info["nvshmem"], bool)
     assert isinstance(info["version"], str) and info["version"]
+    assert isinstance(info["tma"], bool) and isinstance(info["tma_active"], bool)
+    assert info["cpu_copy_paths"] and set(info["cpu_copy_paths"]) <= {"memcpy", "stream"}
+    assert "cpu" in info["copy_tables"]
+    if info["cuda"]:
+        assert info["cuda_architectures"]
+        assert "cuda-ipc" in info["backends"]
+        assert set(info["cuda_copy_paths"]) <= {"sm", "tma", "ce"}
+        assert info["copy_tables"]["cuda_default"] == "65536:sm,16777216:tma,inf:ce"
+        if not info["tma_active"]:
+            assert "tma" not in info["cuda_copy_paths"]
+        assert (info["nvshmem_version"] is not None) == info["nvshmem"]
 
 
 @pytest.mark.timeout(60)

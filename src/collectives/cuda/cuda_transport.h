@@ -79,6 +79,9 @@ namespace cuda {
 /// Number of CUDA devices visible (0 without a driver or GPU). Initialises CUDA in this process: call it
 /// in the process that will use CUDA, never in a parent before fork.
 int deviceCount();
+/// Why deviceCount() is 0 ("" when there are devices): CUDA's message, e.g. a driver older than this
+/// runtime (which needs the driver of its CUDA major version) or no driver at all.
+std::string deviceStatus();
 /// CUDA runtime version as 1000 * major + 10 * minor (0 if unknown).
 int runtimeVersion();
 

@@ -28,6 +28,16 @@ int deviceCount() {
   return n;
 }
 
+std::string deviceStatus() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+  }
+  return n > 0 ? "" : "no CUDA device";
+}
+
 int runtimeVersion() {
   int v = 0;
   if (cudaRuntimeGetVersion(&v) != cudaSuccess) return 0;

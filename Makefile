@@ -56,11 +56,10 @@ cpp: system-deps venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake --build $(CPP_BUILD) -j $(JOBS)
 
 # NVSHMEM for edges that cross nodes (optional, about 180 MB, so not part of the default set-up): puts the wheel in
-# the venv, where cmake/nvshmem.cmake finds it, and rebuilds with it compiled in.
+# the venv, where cmake/nvshmem.cmake finds it (a find that failed is retried at every configure), and rebuilds.
 NVSHMEM_DEPS := nvidia-nvshmem-cu13==3.8.0
 nvshmem: venv
 	$(PIP) install -q $(NVSHMEM_DEPS)
-	rm -f $(CPP_BUILD)/CMakeCache.txt
 	$(MAKE) build
 
 test: build test-cpp test-python

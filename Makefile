@@ -18,7 +18,7 @@ TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3
 SERVE_DEPS := fastapi==0.163.2 uvicorn==0.54.0 pillow==13.0.0 prometheus-client==0.26.0 av==18.1.0 httpx==0.28.1 tqdm==4.70.1 openai==3.51.0
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
-.PHONY: serve build venv system-deps python-package cpp test test-cpp test-python bench experiments lint format clean
+.PHONY: serve build venv system-deps python-package cpp nvshmem test test-cpp test-python bench experiments lint format clean
 
 build: python-package cpp
 
@@ -54,6 +54,13 @@ cpp: system-deps venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake -S . -B $(CPP_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	  -Dpybind11_DIR=$$($(PY) -m pybind11 --cmakedir) >/dev/null
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cmake --build $(CPP_BUILD) -j $(JOBS)
+
+# NVSHMEM for edges that cross nodes (optional, about 180 MB, so not part of the default set-up): puts the wheel in
+# the venv, where cmake/nvshmem.cmake finds it (a find that failed is retried at every configure), and rebuilds.
+NVSHMEM_DEPS := nvidia-nvshmem-cu13==3.8.0
+nvshmem: venv
+	$(PIP) install -q $(NVSHMEM_DEPS)
+	$(MAKE) build
 
 test: build test-cpp test-python
 

@@ -68,6 +68,9 @@ const char* copyPathName(CopyPath path) {
   switch (path) {
     case CopyPath::kCpuMemcpy: return "memcpy";
     case CopyPath::kCpuStreaming: return "stream";
+    case CopyPath::kCudaSm: return "sm";
+    case CopyPath::kCudaCe: return "ce";
+    case CopyPath::kCudaTma: return "tma";
   }
   return "unknown";
 }
@@ -83,21 +86,57 @@ CopySelector CopySelector::parse(const std::string& spec) {
     auto colon = item.find(':');
     GFDIT_CHECK(colon != std::string::npos) << "copy table entry '" << item << "' is not BOUND:PATH";
     std::string bound = item.substr(0, colon), name = item.substr(colon + 1);
-    size_t b = bound == "inf" ? std::numeric_limits<size_t>::max() : std::stoull(bound);
+    size_t b = 0;
+    if (bound == "inf") {
+      b = std::numeric_limits<size_t>::max();
+    } else {
+      GFDIT_CHECK(!bound.empty() && bound.find_first_not_of("0123456789") == std::string::npos)
+          << "copy table bound '" << bound << "' is not a number of bytes or inf";
+      b = std::stoull(bound);
+    }
     CopyPath path;
     if (name == "memcpy") {
       path = CopyPath::kCpuMemcpy;
     } else if (name == "stream") {
       path = CopyPath::kCpuStreaming;
+    } else if (name == "sm") {
+      path = CopyPath::kCudaSm;
+    } else if (name == "ce") {
+      path = CopyPath::kCudaCe;
+    } else if (name == "tma") {
+      path = CopyPath::kCudaTma;
     } else {
-      GFDIT_THROW(kInvalidUsage) << "unknown copy path '" << name << "' (memcpy, stream)";
+      GFDIT_THROW(kInvalidUsage) << "unknown copy path '" << name << "' (memcpy, stream; sm, ce, tma)";
     }
-    GFDIT_CHECK(sel.table_.empty() || b > sel.table_.back().first) << "copy table bounds must ascend";
     sel.table_.emplace_back(b, path);
   }
-  GFDIT_CHECK(!sel.table_.empty()) << "empty copy table";
+  return fromEntries(std::move(sel.table_));
+}
+
+CopySelector CopySelector::fromEntries(std::vector<std::pair<size_t, CopyPath>> entries) {
+  GFDIT_CHECK(!entries.empty()) << "empty copy table";
+  for (size_t i = 1; i < entries.size(); ++i) {
+    GFDIT_CHECK(entries[i].first > entries[i - 1].first) << "copy table bounds must ascend";
+    GFDIT_CHECK(isDevicePath(entries[i].second) == isDevicePath(entries[0].second))
+        << "a copy table may not mix host paths (memcpy, stream) and device paths (sm, ce, tma)";
+  }
+  CopySelector sel;
+  sel.table_ = std::move(entries);
   sel.table_.back().first = std::numeric_limits<size_t>::max();
   return sel;
+}
+
+CopySelector CopySelector::replaced(CopyPath from, CopyPath to) const {
+  std::vector<std::pair<size_t, CopyPath>> out;
+  for (auto e : table_) {
+    if (e.second == from) e.second = to;
+    if (!out.empty() && out.back().second == e.second) {
+      out.back().first = e.first;  // the previous entry now reaches this bound too
+    } else {
+      out.push_back(e);
+    }
+  }
+  return fromEntries(std::move(out));
 }
 
 void CopySelector::copy(void* dst, const void* src, size_t bytes) const {
@@ -105,7 +144,12 @@ void CopySelector::copy(void* dst, const void* src, size_t bytes) const {
   switch (pick(bytes)) {
     case CopyPath::kCpuMemcpy: std::memcpy(dst, src, bytes); return;
     case CopyPath::kCpuStreaming: streamingCopy(dst, src, bytes); return;
+    case CopyPath::kCudaSm:
+    case CopyPath::kCudaCe:
+    case CopyPath::kCudaTma: break;
   }
+  GFDIT_THROW(kInvalidUsage) << "copy path '" << copyPathName(pick(bytes))
+                             << "' runs on a CUDA device; a host copy needs a table of memcpy/stream";
 }
 
 std::string CopySelector::toString() const {

@@ -24,6 +24,7 @@ class CpuTransport final : public Transport {
   size_t numSlots() const override { return num_slots_; }
   uint8_t* slot(size_t k) const override { return base() + staging_offset_ + k * slot_bytes_; }
   uint8_t* heapBase() const override { return base() + heap_offset_; }
+  size_t heapCapacity() const override { return heap_bytes_; }
   core::HeapAllocator& heap() override { return heap_; }
   uint8_t* scratch(size_t bytes) override;
 

@@ -143,6 +143,21 @@ GFDIT_HOST_DEVICE inline uint64_t loadRelaxed(const uint64_t* word) {
 #endif
 }
 
+#if defined(__CUDACC__)
+// Device-only forms used by the CUDA transport (src/collectives/cuda/); a host-only build does not see them.
+
+/// Orders every earlier memory access of this thread, and what it observed, before every later one at
+/// system scope (fence.sc.sys): other processes and devices see the earlier writes first.
+__device__ inline void fenceSystem() { asm volatile("fence.sc.sys;" ::: "memory"); }
+
+/// Nanoseconds of the GPU's global timer (%globaltimer): the clock of bounded device waits.
+__device__ inline uint64_t globalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
 /// Packs what a receiver checks about a message: collective kind, dtype, reduce op.
 GFDIT_HOST_DEVICE inline uint32_t opCode(uint32_t kind, uint32_t dtype, uint32_t reduce_op) {
   return (kind << 16) | (dtype << 8) | reduce_op;

@@ -92,6 +92,12 @@ void Engine::fail(ErrorCode code, const std::string& message) {
   broken_ = true;
   broken_reason_ = message;
   broadcastFailure(message);
+  if (on_failure_) {
+    try {
+      on_failure_();
+    } catch (...) {  // the first error is the one to report
+    }
+  }
   throw Error(code, message);
 }
 
@@ -624,6 +630,7 @@ void Engine::run(const Group& g) {
       checkPeersAlive(g);
       last_liveness = now;
     }
+    plan.transport->flush();  // nothing held back while this rank sleeps (a peer's device may wait for it)
     waitDoorbell(bell, std::chrono::milliseconds(50));
   }
   // Zero-copy sends: the peers acknowledged on the host; a device transport also waits for their reads.

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -136,6 +137,8 @@ class Engine {
   [[noreturn]] void fail(ErrorCode code, const std::string& message);
   /// Throws if the runtime asked the collectives to abort.
   void checkAbort();
+  /// Runs when the world breaks, before the error is thrown (a device transport stops its pending work).
+  void setOnFailure(std::function<void()> f) { on_failure_ = std::move(f); }
 
   /// Starts a collective of `kind` on a group of n on transport t (begun on `stream`): the plan to fill.
   Plan& start(Kind kind, int n, Transport& t, void* stream, DType dtype = DType::kFloat32,
@@ -210,6 +213,7 @@ class Engine {
   std::atomic<uint32_t> message_tag_{0};  // see NOTE [message tags]
   const uint64_t* abort_word_ = nullptr;
   uint64_t abort_base_ = 0;
+  std::function<void()> on_failure_;
   WorldStats stats_;
 };
 

@@ -72,11 +72,12 @@ class Transport {
   /// This rank's heap: its start and its allocator (offsets from heapBase(); the World allocates in it and
   /// keeps symmetric allocations at the same offset on every member, NOTE [symmetric allocation]).
   virtual uint8_t* heapBase() const = 0;
+  virtual size_t heapCapacity() const = 0;
   virtual core::HeapAllocator& heap() = 0;
   /// Whether [p, p + bytes) lies in this rank's heap (such bytes are sent without staging).
-  bool inHeap(const void* p, size_t bytes) {
+  bool inHeap(const void* p, size_t bytes) const {
     auto* b = static_cast<const uint8_t*>(p);
-    return b >= heapBase() && b + bytes <= heapBase() + heap().capacity();
+    return b >= heapBase() && b + bytes <= heapBase() + heapCapacity();
   }
   /// A buffer of at least `bytes` in this transport's memory, valid until the next call (one-shot results).
   virtual uint8_t* scratch(size_t bytes) = 0;
@@ -112,6 +113,18 @@ class Transport {
   virtual void consumed(int peer, uint64_t seq) = 0;
   /// The sender does not finish the collective before `peer` read message `seq` (zero-copy sends).
   virtual void awaitConsumed(int peer, uint64_t seq) = 0;
+  /// The engine is about to wait for its peers: a transport that holds back its last operation to fuse it
+  /// with what follows (the CUDA transport fuses a staging copy with its publishes) enqueues it now, so a
+  /// peer's device is not kept waiting while this host sleeps. end() flushes too; host transports hold
+  /// nothing.
+  virtual void flush() {}
+
+  /// Throws what the transport found asynchronously (a device wait that timed out), else nothing.
+  virtual void checkErrors() {}
+  /// Stops this transport's pending work after the world broke, so that peers waiting on it fail too.
+  virtual void abort() {}
+  /// Changes the bound on the transport's own waits.
+  virtual void setTimeout(std::chrono::milliseconds) {}
 
   /// A description for errors and build_info ("cpu memcpy/stream", "cuda sm<=64K,ce").
   virtual std::string describe() const = 0;

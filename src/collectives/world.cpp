@@ -218,6 +218,8 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
     args.timeout = options.timeout;
     args.heap_bytes = heap_bytes;
     impl->device = g_device_factory.load()(args);
+    Transport* device = impl->device.get();
+    impl->engine->setOnFailure([device] { device->abort(); });
   }
   return std::unique_ptr<World>(new World(std::move(impl)));
 }
@@ -232,6 +234,7 @@ void World::setTimeout(std::chrono::milliseconds timeout) {
   GFDIT_CHECK(timeout.count() > 0) << "timeout must be positive";
   impl_->options.timeout = timeout;
   impl_->engine->setTimeout(timeout);
+  if (impl_->device != nullptr) impl_->device->setTimeout(timeout);
 }
 Group World::newGroup(const int* ranks, int num_ranks) const {
   return Group::create(ranks, num_ranks, impl_->size, impl_->rank);
@@ -246,8 +249,7 @@ int World::device() const { return impl_->device != nullptr ? impl_->options.dev
 void World::checkDevice() {
   if (impl_->device == nullptr) return;
   std::lock_guard<std::mutex> lock(impl_->engine->mutex());
-  impl_->device->begin(nullptr);  // reports what the device found, and does nothing else
-  impl_->device->end();
+  impl_->device->checkErrors();
 }
 
 // ---- heaps ----
@@ -437,8 +439,8 @@ void World::allReduce(const Group& group, void* data, size_t count, DType dtype,
   m.engine->checkUsable();
   checkMember(group, m.size, m.rank);
   int n = group.size(), me = group.selfIdx();
-  if (n == 1) return;
   Transport& t = m.transport(stream);
+  if (n == 1) return;
   size_t esize = dtypeSize(dtype);
   size_t bytes = count * esize;
   auto* base = static_cast<uint8_t*>(data);
@@ -511,8 +513,9 @@ void World::broadcast(const Group& group, void* data, size_t bytes, int root_ran
   int root = group.indexOf(root_rank);
   GFDIT_CHECK(root >= 0) << "gfdit: broadcast root " << root_rank << " is not in group " << group.toString();
   int n = group.size(), me = group.selfIdx();
+  Transport& t = m.transport(stream);
   if (n == 1) return;
-  Collective c(*m.engine, protocol::kBroadcast, n, m.transport(stream), stream);
+  Collective c(*m.engine, protocol::kBroadcast, n, t, stream);
   Plan& plan = c.plan;
   if (me == root) {
     plan.shared_send = true;
@@ -568,8 +571,9 @@ void World::barrier(const Group& group, void* stream) {
   m.engine->checkUsable();
   checkMember(group, m.size, m.rank);
   int n = group.size(), me = group.selfIdx();
+  Transport& t = m.transport(stream);
   if (n == 1) return;
-  Collective c(*m.engine, protocol::kBarrier, n, m.transport(stream), stream);
+  Collective c(*m.engine, protocol::kBarrier, n, t, stream);
   c.plan.shared_send = true;
   for (int j = 0; j < n; ++j) {
     if (j == me) continue;

@@ -1,6 +1,10 @@
 // gfdit._C: the C++ core, bound thinly.
 #include "bindings.h"
 
+#ifdef GFDIT_WITH_CUDA
+#include "gfdit/cuda.h"
+#endif
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gfdit C++ core: group-free collectives";
   gfdit::python::register_errors(m);
@@ -8,4 +12,7 @@ PYBIND11_MODULE(_C, m) {
   gfdit::python::register_build_info(m);
   gfdit::python::register_cost(m);
   gfdit::python::register_runtime(m);
+#ifdef GFDIT_WITH_CUDA
+  gfdit::cuda::enable();  // worlds may have a device transport (gfdit.init(device=...))
+#endif
 }

@@ -172,6 +172,17 @@ def test_build_info():
     assert isinstance(info["cuda"], bool)
     assert isinstance(info["nvshmem"], bool)
     assert isinstance(info["version"], str) and info["version"]
+    assert isinstance(info["tma"], bool) and isinstance(info["tma_active"], bool)
+    assert info["cpu_copy_paths"] and set(info["cpu_copy_paths"]) <= {"memcpy", "stream"}
+    assert "cpu" in info["copy_tables"]
+    if info["cuda"]:
+        assert info["cuda_architectures"]
+        assert "cuda-ipc" in info["backends"]
+        assert set(info["cuda_copy_paths"]) <= {"sm", "tma", "ce"}
+        assert info["copy_tables"]["cuda_default"] == "65536:sm,16777216:tma,inf:ce"
+        if not info["tma_active"]:
+            assert "tma" not in info["cuda_copy_paths"]
+        assert (info["nvshmem_version"] is not None) == info["nvshmem"]
 
 
 @pytest.mark.timeout(60)
@@ -181,3 +192,35 @@ def test_collective_before_init_is_refused():
         gfdit.all_reduce(torch.randn(3))
     with pytest.raises(gfdit.Error):
         gfdit.new_group([0])
+
+
+@pytest.mark.timeout(60)
+def test_transport_selection_without_a_device(world1):
+    # A collective on a stream needs a world with a device transport; a host world says so instead of
+    # touching the pointers, and a device heap needs one too.
+    from gfdit import _C
+
+    w = gfdit.get_world()._w
+    assert w.device == -1
+    x = torch.ones(4)
+    for call in (
+        lambda: w.all_reduce(w.world_group(), x.data_ptr(), 4, _C.DType.float32, _C.ReduceOp.sum, stream=1),
+        lambda: w.barrier(w.world_group(), stream=1),
+        lambda: w.all_gather(w.world_group(), x.data_ptr(), x.data_ptr(), 16, stream=1),
+    ):
+        with pytest.raises(gfdit.InvalidUsage, match="device transport"):
+            call()
+    with pytest.raises(gfdit.InvalidUsage, match="no device heap"):
+        w.heap_alloc(16, device=True)
+    w.check()  # nothing to report on a host world
+    assert x.tolist() == [1.0] * 4
+
+
+@pytest.mark.timeout(60)
+def test_a_device_world_without_a_device_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the device world would be made")
+    from gfdit import _C
+
+    with pytest.raises(gfdit.Error, match="CUDA|device transport"):
+        _C.World.create(0, 1, _store(), 5.0, 1 << 20, key_prefix="dev", device=0)

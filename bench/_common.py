@@ -317,12 +317,14 @@ def _rank_main(
         # its own world) instead of gloo beside gfdit.init.
         backend = options.get("default_backend", "gloo")
         if backend != "gfdit":
+            extra = {"device": options["device"]} if options.get("device") is not None else {}
             gfdit.init(
                 rank,
                 world_size,
                 store,
                 timeout=float(options.get("gfdit_timeout_s", 60.0)),
                 heap_bytes=options.get("heap_bytes"),
+                **extra,  # "cuda": every rank on its default GPU (bench_gpu.py)
             )
         dist.init_process_group(
             backend, store=dist.PrefixStore(backend, store), rank=rank, world_size=world_size, timeout=timeout

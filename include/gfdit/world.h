@@ -137,10 +137,12 @@ class World {
   void barrier(const Group& group, void* stream = nullptr);
 
   /// One-sided: copies `bytes` from src into the peer's heap at `remote_heap_offset`, then signals the
-  /// peer. The caller makes sure the destination is free (as with NVSHMEM put-with-signal).
-  void putWithSignal(int peer, const void* src, size_t bytes, size_t remote_heap_offset);
-  /// Waits until `count` more puts from `peer` have landed in this rank's heap.
-  void waitSignal(int peer, uint64_t count = 1);
+  /// peer. The caller makes sure the destination is free (as with NVSHMEM put-with-signal). With a stream:
+  /// device memory, the device heap, enqueued on the stream.
+  void putWithSignal(int peer, const void* src, size_t bytes, size_t remote_heap_offset, void* stream = nullptr);
+  /// Waits until `count` more puts from `peer` have landed in this rank's heap (with a stream: the stream
+  /// waits, the host does not).
+  void waitSignal(int peer, uint64_t count = 1, void* stream = nullptr);
 
   struct Impl;
 

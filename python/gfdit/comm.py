@@ -2,6 +2,20 @@
 
 Names and argument order follow ``torch.distributed``. Tensors are checked here, once, and cross into the
 C++ core as (address, bytes); the core never sees torch.
+
+NOTE [device tensors]
+A world made with ``device=`` (``gfdit.init(..., device="cuda:N")``) has a device data region on that GPU
+beside its host region. A collective takes either CPU tensors (the host transport, as on a host-only world)
+or CUDA tensors, all on the world's device; a mix in one call is refused. With CUDA tensors the call passes
+``stream=`` the current CUDA stream of the world's device (``torch.cuda.current_stream(device)``): the C++
+core enqueues the transfer on it and returns before the device has finished, as NCCL does, so the result is
+ordered before whatever is enqueued on that stream afterwards. torch's legacy default stream has the handle
+0, which the core reads as "host pointers", so it is passed as ``cudaStreamLegacy`` (1), the same stream
+under its explicit name (``_stream_handle``). Device errors (a bounded device-side wait that timed out)
+surface at the next collective or at ``World.check()``. Host collectives on a device world stay host-side
+(gfdit.attention's metadata exchange is one). The build must have the CUDA transport
+(``cuda_transport_available()``); without it every path that needs a device raises gfdit.InvalidUsage and
+CPU behaviour is unchanged.
 """
 
 from __future__ import annotations
@@ -33,6 +47,134 @@ _DEFAULT_HEAP_BYTES = 256 << 20
 
 View = tuple  # (address, rows, row_bytes, stride)
 
+# Whether this build's _C.World has the CUDA transport (World.create(device=), collectives with stream=,
+# heap_alloc(device=), World.device, World.check()); see NOTE [device tensors].
+_HAS_CUDA_TRANSPORT = getattr(_C.World, "device", None) is not None and hasattr(_C.World, "check")
+_CUDA_STREAM_LEGACY = 1  # cudaStreamLegacy: torch's default stream (handle 0) under a nonzero name
+_NO_TRANSPORT = (
+    "this build has no CUDA transport (gfdit._C.World lacks device support); rebuild gfdit with the CUDA "
+    "transport, or use CPU tensors on a host-only world (device=None)"
+)
+
+
+def cuda_transport_available() -> bool:
+    """Whether this build of gfdit can run collectives on CUDA tensors (NOTE [device tensors])."""
+    return bool(_HAS_CUDA_TRANSPORT)
+
+
+def _require_cuda_transport(what: str) -> None:
+    if not cuda_transport_available():
+        raise InvalidUsage(f"gfdit: {what}: {_NO_TRANSPORT}")
+
+
+def parse_device(device: Any) -> int | str | None:
+    """The device a world or model is asked for, without looking at the machine: None (host only) for
+    None, "cpu" or torch.device("cpu"); an index for N, "cuda:N" or torch.device("cuda", N); "cuda" for
+    "cuda" or torch.device("cuda") (this rank's default GPU, see ``default_device``). Anything else raises
+    gfdit.InvalidUsage."""
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise InvalidUsage(
+            f"gfdit: device {device!r} is not a device; use None, an index, 'cuda' or 'cuda:N'"
+        )
+    if isinstance(device, int):
+        if device < 0:
+            raise InvalidUsage(f"gfdit: device index {device} is negative; use None for a host-only world")
+        return int(device)
+    if isinstance(device, str):
+        try:
+            device = torch.device(device.strip())
+        except (RuntimeError, ValueError):
+            raise InvalidUsage(
+                f"gfdit: device {device!r} is not a device; use None, an index, 'cpu', 'cuda' or 'cuda:N'"
+            ) from None
+    if isinstance(device, torch.device):
+        if device.type == "cpu":
+            return None
+        if device.type == "cuda":
+            return "cuda" if device.index is None else int(device.index)
+        raise InvalidUsage(
+            f"gfdit: device {device} is not supported; gfdit runs on CPU tensors and CUDA tensors"
+        )
+    raise InvalidUsage(
+        f"gfdit: device must be None, an int, a str or a torch.device, got {type(device).__name__}"
+    )
+
+
+def default_device(rank: int) -> int:
+    """This rank's GPU when none is named: ``LOCAL_RANK`` (as torchrun sets it) or else the rank, modulo
+    the number of visible devices (so a launcher that sets ``CUDA_VISIBLE_DEVICES`` to one device per
+    process gets device 0)."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise InvalidUsage(
+            f"gfdit: no CUDA device is visible to this process (torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
+    local = os.environ.get("LOCAL_RANK")
+    base = int(local) if local is not None and local.strip().lstrip("-").isdigit() else int(rank)
+    return base % count
+
+
+def resolve_device(device: Any, rank: int = 0, what: str = "device") -> int | None:
+    """The CUDA device index a world or model runs on (None: host only). Checks, in this order: the value
+    (``parse_device``), that this build has the CUDA transport, that torch sees CUDA, and the index."""
+    parsed = parse_device(device)
+    if parsed is None:
+        return None
+    _require_cuda_transport(f"{what}={device!r}")
+    if not torch.cuda.is_available():
+        raise InvalidUsage(
+            f"gfdit: {what}={device!r}, but torch sees no CUDA device (torch {torch.__version__}, CUDA "
+            f"{torch.version.cuda})"
+        )
+    index = default_device(rank) if parsed == "cuda" else int(parsed)
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise InvalidUsage(f"gfdit: {what}={device!r}: device {index} does not exist ({count} visible)")
+    return index
+
+
+def check_placement(
+    what: str, devices: Sequence[tuple[str, torch.device]], world_device: int | None
+) -> int | None:
+    """Where one collective's tensors live: None for CPU tensors, the device index for CUDA tensors on the
+    world's device. A mix of CPU and CUDA tensors, CUDA tensors on a host-only world, and CUDA tensors on
+    another device raise gfdit.InvalidUsage naming them (NOTE [device tensors])."""
+    cuda = [(n, d) for n, d in devices if d.type == "cuda"]
+    if not cuda:
+        return None
+    if len(cuda) != len(devices):
+        host = [n for n, d in devices if d.type != "cuda"]
+        raise InvalidUsage(
+            f"gfdit: {what}: {', '.join(host)} on cpu but {', '.join(f'{n} on {d}' for n, d in cuda)}; one "
+            "collective takes CPU tensors or CUDA tensors on the world's device, not a mix"
+        )
+    if world_device is None:
+        n, d = cuda[0]
+        reason = (
+            _NO_TRANSPORT
+            if not cuda_transport_available()
+            else ("this world is host only; pass device= to gfdit.init for CUDA tensors")
+        )
+        raise InvalidUsage(f"gfdit: {what}: {n} is on {d}, but {reason}")
+    for n, d in cuda:
+        index = torch.cuda.current_device() if d.index is None else d.index
+        if index != world_device:
+            raise InvalidUsage(
+                f"gfdit: {what}: {n} is on {d}, but this world's device is cuda:{world_device}; every CUDA "
+                "tensor of a collective lives on the world's device"
+            )
+    return world_device
+
+
+def _stream_handle(stream: Any) -> int:
+    """The cudaStream_t (as an int) of a torch.cuda.Stream for the C++ core; torch's legacy default stream
+    (handle 0) as cudaStreamLegacy, since 0 means "host pointers" there (NOTE [device tensors])."""
+    handle = int(stream.cuda_stream)
+    return handle if handle != 0 else _CUDA_STREAM_LEGACY
+
 
 def _reduce_op(op: Any) -> Any:
     if isinstance(op, str):
@@ -58,8 +200,11 @@ def _reduce_op(op: Any) -> Any:
 def _check(t: Any, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise InvalidUsage(f"gfdit: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise InvalidUsage(f"gfdit: {name} is on {t.device}; the CPU shared-memory backend needs CPU tensors")
+    if t.device.type not in ("cpu", "cuda"):
+        raise InvalidUsage(
+            f"gfdit: {name} is on {t.device}; gfdit collectives take CPU tensors (or CUDA tensors on a "
+            "world with a device)"
+        )
     if t.dtype not in _DTYPES:
         raise InvalidUsage(
             f"gfdit: {name} has dtype {t.dtype}; supported: float32, float16, bfloat16, int32, int64, uint8, float64"
@@ -158,7 +303,12 @@ class Group:
 
 
 class World:
-    """One rank's handle on the group-free collectives world (see ``gfdit.init`` for the default one)."""
+    """One rank's handle on the group-free collectives world (see ``gfdit.init`` for the default one).
+
+    device: None (host only: CPU tensors) or this rank's GPU (an index, "cuda:N", a torch.device, or "cuda"
+    for ``default_device(rank)``); a world with a device also takes CUDA tensors on that device and makes it
+    the current CUDA device of the process (NOTE [device tensors]). Every rank of a world passes a device or
+    none."""
 
     def __init__(
         self,
@@ -171,6 +321,7 @@ class World:
         num_slots: int = 0,
         spin_us: int = -1,
         key_prefix: str = "gfdit",
+        device: Any = None,
     ) -> None:
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
@@ -178,7 +329,8 @@ class World:
             heap_bytes = int(os.environ.get("GFDIT_HEAP_BYTES", _DEFAULT_HEAP_BYTES))
         if not (isinstance(rank, int) and isinstance(world_size, int)):
             raise InvalidUsage("gfdit: rank and world_size must be integers")
-        self._w = _C.World.create(
+        index = resolve_device(device, rank, "gfdit.init device")
+        args = (
             rank,
             world_size,
             store,
@@ -189,9 +341,42 @@ class World:
             int(spin_us),
             key_prefix,
         )
+        if index is None:
+            self._w = _C.World.create(*args)  # exactly the host-only call of builds without a device
+        else:
+            torch.cuda.set_device(index)
+            self._w = _C.World.create(*args, device=index)
+            if int(self._w.device) != index:
+                raise InvalidUsage(f"gfdit: asked for device {index}, the world reports {self._w.device}")
+        self._device_index = index
         self._whole = Group(self, self._w.world_group())
         self.rank = rank
         self.world_size = world_size
+
+    # ---- device ----
+
+    @property
+    def device(self) -> torch.device | None:
+        """This rank's GPU (None: host only)."""
+        return None if self._device_index is None else torch.device("cuda", self._device_index)
+
+    def check(self) -> None:
+        """Raises the error a device found since the last collective (a bounded device-side wait that timed
+        out: gfdit.Timeout naming the edge); nothing on a host-only world, whose waits raise at once."""
+        if self._device_index is not None:
+            self._w.check()
+
+    def _stream(self, what: str, *named: tuple[str, torch.Tensor]) -> int:
+        """0 for CPU tensors; for CUDA tensors the handle of the current stream of the world's device."""
+        for _, t in named:
+            if t.is_cuda:
+                break
+        else:
+            return 0  # the host path: no more checks than before devices existed
+        index = check_placement(what, [(n, t.device) for n, t in named], self._device_index)
+        if index is None:
+            return 0
+        return _stream_handle(torch.cuda.current_stream(index))
 
     # ---- groups ----
 
@@ -209,24 +394,38 @@ class World:
 
     # ---- heap ----
 
-    def empty(self, shape: Sequence[int] | int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """A tensor in this rank's symmetric heap: collectives send it without staging."""
+    def empty(
+        self, shape: Sequence[int] | int, dtype: torch.dtype = torch.float32, device: Any = None
+    ) -> torch.Tensor:
+        """A tensor in this rank's symmetric heap: collectives send it without staging.
+
+        device None or "cpu": the host heap (shared memory). "cuda" (or the world's device): the device heap
+        of a world made with ``device=``; its blocks are freed when the tensor is, so use them in the order
+        of one stream, as the caching allocator's tensors (NOTE [device tensors])."""
         if isinstance(shape, int):
             shape = (shape,)
         shape = tuple(int(s) for s in shape)
         if dtype not in _DTYPES:
             raise InvalidUsage(f"gfdit: unsupported dtype {dtype}")
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        parsed = parse_device(device)
+        if parsed is not None:
+            return self._device_empty(parsed, device, shape, dtype, nbytes)
         block = self._w.heap_alloc(max(nbytes, 1))
         raw = torch.frombuffer(block, dtype=torch.uint8)  # holds `block`, which frees on release
         return raw[:nbytes].view(dtype).view(shape)
 
     def symmetric_empty(
-        self, shape: Sequence[int] | int, dtype: torch.dtype = torch.float32, group: Group | None = None
+        self,
+        shape: Sequence[int] | int,
+        dtype: torch.dtype = torch.float32,
+        group: Group | None = None,
+        device: Any = None,
     ) -> torch.Tensor:
         """A heap tensor at the same heap offset on every member of ``group`` (None: the world), so that
         one-sided puts (``put_with_signal``) can address the peers' copies by the local offset. Collective over
-        the group; raises the same ``InvalidUsage`` on every member when their heaps have no common room."""
+        the group; raises the same ``InvalidUsage`` on every member when their heaps have no common room.
+        device: as for ``empty`` (the device heap of a world made with ``device=``)."""
         g = self._group(group)
         if isinstance(shape, int):
             shape = (shape,)
@@ -234,8 +433,35 @@ class World:
         if dtype not in _DTYPES:
             raise InvalidUsage(f"gfdit: unsupported dtype {dtype}")
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        block = self._w.symmetric_alloc(g._g, max(nbytes, 1))
-        raw = torch.frombuffer(block, dtype=torch.uint8)  # holds `block`, which frees on release
+        parsed = parse_device(device)
+        if parsed is None:
+            block = self._w.symmetric_alloc(g._g, max(nbytes, 1))
+            raw = torch.frombuffer(block, dtype=torch.uint8)  # holds `block`, which frees on release
+        else:
+            index = self._device_heap_index(parsed, device, "symmetric_empty")
+            block = self._w.symmetric_alloc(g._g, max(nbytes, 1), device=True)
+            raw = _device_block_tensor(block, max(nbytes, 1), index)
+        return raw[:nbytes].view(dtype).view(shape)
+
+    def _device_heap_index(self, parsed: int | str, device: Any, what: str) -> int:
+        _require_cuda_transport(f"{what}(device={device!r})")
+        index = self._device_index
+        if index is None:
+            raise InvalidUsage(
+                f"gfdit: {what}(device={device!r}): this world is host only; pass device= to gfdit.init"
+            )
+        if parsed != "cuda" and parsed != index:
+            raise InvalidUsage(
+                f"gfdit: {what}(device={device!r}): this world's device heap is on cuda:{index}"
+            )
+        return index
+
+    def _device_empty(
+        self, parsed: int | str, device: Any, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int
+    ) -> torch.Tensor:
+        index = self._device_heap_index(parsed, device, "empty")
+        block = self._w.heap_alloc(max(nbytes, 1), device=True)
+        raw = _device_block_tensor(block, max(nbytes, 1), index)  # holds `block`, which frees on release
         return raw[:nbytes].view(dtype).view(shape)
 
     def is_heap_tensor(self, t: torch.Tensor) -> bool:
@@ -251,13 +477,21 @@ class World:
         _check(out, "out")
         _check(inp, "inp")
         _same_dtype(out, inp, "all_gather_into_tensor")
+        stream = (
+            self._stream("all_gather_into_tensor", ("out", out), ("inp", inp))
+            if out.is_cuda or inp.is_cuda
+            else 0
+        )
         n = g.size()
         if out.numel() != n * inp.numel():
             raise InvalidUsage(
                 f"gfdit: all_gather_into_tensor: out has {out.numel()} elements, expected "
                 f"{n} x {inp.numel()} for a group of {n}"
             )
-        self._w.all_gather(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp))
+        if stream:
+            self._w.all_gather(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp), stream=stream)
+        else:
+            self._w.all_gather(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp))
 
     def all_to_all_single(
         self,
@@ -271,6 +505,9 @@ class World:
         _check(out, "out")
         _check(inp, "inp")
         _same_dtype(out, inp, "all_to_all_single")
+        stream = (
+            self._stream("all_to_all_single", ("out", out), ("inp", inp)) if out.is_cuda or inp.is_cuda else 0
+        )
         n = g.size()
         if output_split_sizes is None and input_split_sizes is None:
             if inp.dim() == 0 or out.dim() == 0:
@@ -281,11 +518,17 @@ class World:
                     f"{tuple(out.shape)} must hold as many elements, dim 0 divisible by the "
                     f"group size {n}"
                 )
-            self._w.all_to_all(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp) // n)
+            if stream:
+                self._w.all_to_all(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp) // n, stream=stream)
+            else:
+                self._w.all_to_all(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp) // n)
             return
         ins = self._split_views(inp, input_split_sizes, n, "input")
         outs = self._split_views(out, output_split_sizes, n, "output")
-        self._w.all_to_all_v(g._g, ins, outs)
+        if stream:
+            self._w.all_to_all_v(g._g, ins, outs, stream=stream)
+        else:
+            self._w.all_to_all_v(g._g, ins, outs)
 
     @staticmethod
     def _split_views(t: torch.Tensor, splits: Sequence[int] | None, n: int, what: str) -> list[View]:
@@ -337,6 +580,9 @@ class World:
         _check(out, "out")
         _check(inp, "inp")
         _same_dtype(out, inp, "all_to_all_4d")
+        stream = (
+            self._stream("all_to_all_4d", ("out", out), ("inp", inp)) if out.is_cuda or inp.is_cuda else 0
+        )
         if inp.dim() != 4 or out.dim() != 4:
             raise InvalidUsage("gfdit: all_to_all_4d needs 4-D [B, S, H, D] tensors")
         n, me = g.size(), g.rank()
@@ -384,7 +630,10 @@ class World:
             ]
         else:
             raise InvalidUsage("gfdit: all_to_all_4d supports (scatter_dim, gather_dim) = (2, 1) or (1, 2)")
-        self._w.all_to_all_v(g._g, ins, outs)
+        if stream:
+            self._w.all_to_all_v(g._g, ins, outs, stream=stream)
+        else:
+            self._w.all_to_all_v(g._g, ins, outs)
 
     @staticmethod
     def _head_splits(
@@ -439,35 +688,69 @@ class World:
         _check(out, "out")
         _check(inp, "inp")
         _same_dtype(out, inp, "reduce_scatter_tensor")
+        stream = (
+            self._stream("reduce_scatter_tensor", ("out", out), ("inp", inp))
+            if out.is_cuda or inp.is_cuda
+            else 0
+        )
         n = g.size()
         if inp.numel() != n * out.numel():
             raise InvalidUsage(
                 f"gfdit: reduce_scatter_tensor: inp has {inp.numel()} elements, expected "
                 f"{n} x {out.numel()} for a group of {n}"
             )
-        self._w.reduce_scatter(
-            g._g, inp.data_ptr(), out.data_ptr(), out.numel(), _DTYPES[out.dtype], _reduce_op(op)
-        )
+        if stream:
+            self._w.reduce_scatter(
+                g._g,
+                inp.data_ptr(),
+                out.data_ptr(),
+                out.numel(),
+                _DTYPES[out.dtype],
+                _reduce_op(op),
+                stream=stream,
+            )
+        else:
+            self._w.reduce_scatter(
+                g._g, inp.data_ptr(), out.data_ptr(), out.numel(), _DTYPES[out.dtype], _reduce_op(op)
+            )
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = "sum", group: Group | None = None) -> None:
         g = self._group(group)
         _check(tensor, "tensor")
-        self._w.all_reduce(g._g, tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], _reduce_op(op))
+        stream = self._stream("all_reduce", ("tensor", tensor)) if tensor.is_cuda else 0
+        if stream:
+            self._w.all_reduce(
+                g._g, tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], _reduce_op(op), stream=stream
+            )
+        else:
+            self._w.all_reduce(g._g, tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], _reduce_op(op))
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Group | None = None) -> None:
         g = self._group(group)
         _check(tensor, "tensor")
+        stream = self._stream("broadcast", ("tensor", tensor)) if tensor.is_cuda else 0
         if g._g.index_of(int(src)) < 0:
             raise InvalidUsage(f"gfdit: broadcast source {src} is not in group {g.ranks}")
-        self._w.broadcast(g._g, tensor.data_ptr(), _nbytes(tensor), int(src))
+        if stream:
+            self._w.broadcast(g._g, tensor.data_ptr(), _nbytes(tensor), int(src), stream=stream)
+        else:
+            self._w.broadcast(g._g, tensor.data_ptr(), _nbytes(tensor), int(src))
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         _check(tensor, "tensor")
-        self._w.send(tensor.data_ptr(), _nbytes(tensor), int(dst))
+        stream = self._stream("send", ("tensor", tensor)) if tensor.is_cuda else 0
+        if stream:
+            self._w.send(tensor.data_ptr(), _nbytes(tensor), int(dst), stream=stream)
+        else:
+            self._w.send(tensor.data_ptr(), _nbytes(tensor), int(dst))
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         _check(tensor, "tensor")
-        self._w.recv(tensor.data_ptr(), _nbytes(tensor), int(src))
+        stream = self._stream("recv", ("tensor", tensor)) if tensor.is_cuda else 0
+        if stream:
+            self._w.recv(tensor.data_ptr(), _nbytes(tensor), int(src), stream=stream)
+        else:
+            self._w.recv(tensor.data_ptr(), _nbytes(tensor), int(src))
 
     def barrier(self, group: Group | None = None) -> None:
         self._w.barrier(self._group(group)._g)
@@ -476,6 +759,9 @@ class World:
         """Writes src into `peer`'s heap at the offset of the local heap tensor dst, then signals the peer."""
         _check(src, "src")
         _check(dst, "dst")
+        stream = (
+            self._stream("put_with_signal", ("src", src), ("dst", dst)) if src.is_cuda or dst.is_cuda else 0
+        )
         if not self.is_heap_tensor(dst):
             raise InvalidUsage(
                 "gfdit: put_with_signal: dst must be a heap tensor (gfdit.empty); its heap offset "
@@ -485,11 +771,23 @@ class World:
             raise InvalidUsage(
                 f"gfdit: put_with_signal: src has {_nbytes(src)} bytes, dst only {_nbytes(dst)}"
             )
-        self._w.put_with_signal(int(peer), src.data_ptr(), _nbytes(src), self._w.heap_offset(dst.data_ptr()))
+        offset = self._w.heap_offset(dst.data_ptr())
+        if stream:
+            self._w.put_with_signal(int(peer), src.data_ptr(), _nbytes(src), offset, stream=stream)
+        else:
+            self._w.put_with_signal(int(peer), src.data_ptr(), _nbytes(src), offset)
 
-    def wait_signal(self, peer: int, count: int = 1) -> None:
-        """Waits until `count` more puts from `peer` have landed."""
-        self._w.wait_signal(int(peer), int(count))
+    def wait_signal(self, peer: int, count: int = 1, stream: Any = None) -> None:
+        """Waits until `count` more puts from `peer` have landed. stream None: on this thread; a
+        torch.cuda.Stream of the world's device: the wait is enqueued there (for puts of CUDA tensors) and
+        this returns at once."""
+        if stream is None:
+            self._w.wait_signal(int(peer), int(count))
+            return
+        _require_cuda_transport("wait_signal(stream=...)")
+        if self._device_index is None:
+            raise InvalidUsage("gfdit: wait_signal(stream=...): this world is host only")
+        self._w.wait_signal(int(peer), int(count), stream=_stream_handle(stream))
 
     def stats(self) -> Any:
         """Counters since creation: messages_sent, zero_copy_sends, staged_bytes, blocking_waits,
@@ -523,6 +821,37 @@ def _view(addr: int, rows: int, row_bytes: int, stride: int) -> View:
     return (addr, rows, row_bytes, stride)
 
 
+class _DeviceBlock:
+    """A device heap block as the CUDA array interface (torch.as_tensor keeps it alive with the tensor)."""
+
+    def __init__(self, block: Any, nbytes: int) -> None:
+        self._block = block
+        self.__cuda_array_interface__ = {
+            "shape": (int(nbytes),),
+            "typestr": "|u1",
+            "data": (int(block.address), False),
+            "version": 2,
+        }
+
+
+def _device_block_tensor(block: Any, nbytes: int, index: int) -> torch.Tensor:
+    """A uint8 CUDA tensor over a device heap block (which frees when the tensor does)."""
+    with torch.cuda.device(index):
+        if hasattr(block, "__dlpack__"):
+            raw = torch.from_dlpack(block)
+        elif hasattr(block, "__cuda_array_interface__"):
+            raw = torch.as_tensor(block)
+        else:
+            raw = torch.as_tensor(_DeviceBlock(block, nbytes))
+    raw = raw.view(torch.uint8).reshape(-1)
+    if raw.device != torch.device("cuda", index) or raw.numel() < nbytes:
+        raise InvalidUsage(
+            f"gfdit: empty(device=...): the device heap block came back as {raw.numel()} bytes on "
+            f"{raw.device}, expected {nbytes} on cuda:{index}"
+        )
+    return raw
+
+
 def even_head_splits(heads: int, n: int) -> list[int]:
     """Head counts of n members sharing ``heads`` heads: the first ``heads % n`` members hold one more."""
     base, extra = divmod(int(heads), int(n))
@@ -548,10 +877,16 @@ def init(
     store: Any = None,
     timeout: float | datetime.timedelta = 300.0,
     heap_bytes: int | None = None,
+    device: Any = None,
     **options: Any,
 ) -> World:
     """Joins the default world. Without a store, reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun
-    sets them) and opens a torch.distributed.TCPStore."""
+    sets them) and opens a torch.distributed.TCPStore.
+
+    device: None (host only, CPU tensors) or this rank's GPU: an index, "cuda:N", a torch.device, or "cuda"
+    (``default_device``: LOCAL_RANK, else the rank, modulo the visible devices). The world then also takes
+    CUDA tensors on that device, enqueued on the current stream (NOTE [device tensors]); a build without the
+    CUDA transport raises gfdit.InvalidUsage."""
     global _world
     if _world is not None:
         raise InvalidUsage("gfdit: already initialised; call gfdit.destroy() first")
@@ -559,6 +894,7 @@ def init(
         rank = int(os.environ["RANK"])
     if world_size is None:
         world_size = int(os.environ["WORLD_SIZE"])
+    resolve_device(device, rank, "gfdit.init device")  # refused before any store is opened
     if store is None:
         import torch.distributed as dist
 
@@ -570,7 +906,7 @@ def init(
             rank == 0,
             timeout=datetime.timedelta(seconds=secs),
         )
-    _world = World(rank, world_size, store, timeout=timeout, heap_bytes=heap_bytes, **options)
+    _world = World(rank, world_size, store, timeout=timeout, heap_bytes=heap_bytes, device=device, **options)
     return _world
 
 
@@ -602,8 +938,9 @@ def new_group(ranks: Sequence[int]) -> Group:
     return get_world().new_group(ranks)
 
 
-def empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return get_world().empty(shape, dtype)
+def empty(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32, device: Any = None) -> torch.Tensor:
+    """A tensor in the default world's symmetric heap (device="cuda": its device heap); see World.empty."""
+    return get_world().empty(shape, dtype, device=device)
 
 
 def is_heap_tensor(t: torch.Tensor) -> bool:
@@ -668,5 +1005,5 @@ def put_with_signal(src: torch.Tensor, dst: torch.Tensor, peer: int) -> None:
     get_world().put_with_signal(src, dst, peer)
 
 
-def wait_signal(peer: int, count: int = 1) -> None:
-    get_world().wait_signal(peer, count)
+def wait_signal(peer: int, count: int = 1, stream: Any = None) -> None:
+    get_world().wait_signal(peer, count, stream=stream)

@@ -195,6 +195,40 @@ class RequestHandle:
                 pass
 
 
+def worker_devices(device: Any, world_size: int) -> list[str | None]:
+    """Every worker's device for ``Engine(device=...)`` ("cuda:N", or None for the CPU), checked here so that
+    a bad value or a build without the CUDA transport is refused before any worker starts."""
+    import os
+
+    import torch
+
+    from gfdit import comm
+
+    if device is None:
+        device = os.environ.get("GFDIT_DEVICE") or None
+    if isinstance(device, (list, tuple)):
+        if len(device) != world_size:
+            raise InvalidUsage(
+                f"gfdit.Engine: device lists {len(device)} devices for {world_size} workers; give one per worker"
+            )
+        specs = list(device)
+    else:
+        specs = [device] * world_size
+    parsed = [comm.parse_device(spec) for spec in specs]
+    if len({p is None for p in parsed}) > 1:
+        raise InvalidUsage(f"gfdit.Engine: device {device!r} puts some workers on the CPU and some on GPUs")
+    out: list[Any] = []
+    for w, (spec, p) in enumerate(zip(specs, parsed)):
+        if p is None:
+            out.append(None)
+            continue
+        comm.resolve_device(spec, w, "gfdit.Engine device")  # the transport, CUDA and the index
+        # "cuda": worker w on w modulo the visible devices (not LOCAL_RANK: the workers are this engine's)
+        index = w % torch.cuda.device_count() if p == "cuda" else int(p)
+        out.append(f"cuda:{index}")
+    return out
+
+
 class Engine:
     """Starts one worker per rank and serves requests on them.
 
@@ -203,8 +237,12 @@ class Engine:
     steps of one request dispatched ahead of completions. timeout_s: the workers' collective timeout.
     task_timeout_s: a task not done this long past its expected end fails, its workers are stopped and its
     request retried (max_attempts times) or failed. limits: overrides of max_steps, max_pixels, max_frames,
-    max_tokens. cost_model: a gfdit._C.cost.CostModel the control plane and policies may consult. Use as a
-    context manager or call shutdown().
+    max_tokens. cost_model: a gfdit._C.cost.CostModel the control plane and policies may consult.
+    device: where the workers run (default: the ``GFDIT_DEVICE`` environment variable, else the CPU): None or
+    "cpu"; "cuda" (worker w on ``gfdit.comm.default_device(w)``: w modulo the visible devices); "cuda:N" or N
+    (every worker on device N); or a list with one device per worker. Each worker then joins the world with
+    its device and holds the model and its states there (see gfdit.worker). Use as a context manager or call
+    shutdown().
     """
 
     def __init__(
@@ -222,6 +260,7 @@ class Engine:
         max_attempts: int = 3,
         limits: dict | None = None,
         cost_model: Any = None,
+        device: Any = None,
     ) -> None:
         import datetime
 
@@ -233,6 +272,7 @@ class Engine:
             raise InvalidUsage("gfdit.Engine: max_inflight_steps must be >= 1")
         if not (task_timeout_s >= 0 and math.isfinite(task_timeout_s)):
             raise InvalidUsage("gfdit.Engine: task_timeout_s must be a finite number >= 0 (0: no deadline)")
+        devices = worker_devices(device, world_size)  # refused here, before any worker starts
         self.world_size = world_size
         self.model_name = model
         self.cost_model = cost_model
@@ -270,6 +310,7 @@ class Engine:
                     timeout_s,
                     heap_bytes,
                     threads_per_worker,
+                    devices[w],
                 ),
             )
             p.start()

@@ -6,6 +6,12 @@ Task ranks are worker ids; the collectives world may be re-created among the sur
 carries an error code (gfdit._C.runtime.TaskError) that decides what the control plane does, and the step its
 copy of the request's state is at (-1: none). Decoded outputs go into shared memory (NOTE [outputs] in
 include/gfdit/runtime.h), never through the ring.
+
+On a GPU (``Engine(device=...)``) a worker joins the world with its device, loads the model there and holds
+its states there (NOTE [state placement] in gfdit.models.staged). Work is enqueued on the device's current
+stream; a task's completion is posted only after the device finished it (one stream synchronisation per task,
+then ``World.check()`` for device-side errors), so completions keep meaning "done" and their timestamps stay
+true.
 """
 
 from __future__ import annotations
@@ -42,12 +48,16 @@ class Worker:
         model_path: str | None,
         timeout_s: float,
         heap_bytes: int,
+        device: Any = None,
     ) -> None:
         import torch.distributed as dist
 
         import gfdit  # noqa: F401  (imports the extension in the child)
+        from gfdit import comm
 
         self.id = worker_id
+        # this worker's GPU (None: CPU); "cuda" picks comm.default_device(worker_id)
+        self.device = comm.resolve_device(device, worker_id, "gfdit.Engine device")
         self.queues = rt.QueueSet.attach(queue_name)
         self.output_prefix = output_prefix
         self.timeout_s = timeout_s
@@ -80,6 +90,7 @@ class Worker:
             timeout=self.timeout_s,
             heap_bytes=self.heap_bytes,
             key_prefix=f"gfdit/epoch{epoch}",
+            device=self.device,
         )
         # The engine bumps this word to abort blocked collectives when it recovers from a failure.
         self.world._w.watch_abort(self.queues.abort_address())
@@ -98,7 +109,8 @@ class Worker:
         """Loads the model; returns what the engine needs to check requests (hello message)."""
         from gfdit import models
 
-        self.model = models.load(self.model_name, self.model_path)
+        dev = "cpu" if self.device is None else torch.device("cuda", self.device)
+        self.model = models.load(self.model_name, self.model_path, device=dev)
         m = self.model
         heads = int(m.transformer.config.num_attention_heads)
         d = m.defaults
@@ -188,6 +200,7 @@ class Worker:
             elif kind == rt.TaskKind.FREE:
                 self.states.pop(rid, None)
                 self.steps.pop(rid, None)
+            self._device_done()
         except (gfdit.Timeout, gfdit.RemoteError) as e:
             # The world is unusable: report, and wait for the engine to re-create it (a REINIT task).
             self.broken = True
@@ -215,6 +228,12 @@ class Worker:
         )
         self.queues.push_completion(self.id, c, 30.0, not quiet)
         self.unannounced = quiet
+
+    def _device_done(self) -> None:
+        """On a GPU: waits until the device finished the task, then reports a device-side error."""
+        if self.device is not None:
+            torch.cuda.current_stream(self.device).synchronize()
+            self.world.check()
 
     def _state(self, rid: int, step: int | None) -> Any:
         state = self.states.get(rid)
@@ -270,6 +289,7 @@ def main(
     timeout_s: float,
     heap_bytes: int,
     threads: int,
+    device: Any = None,
 ) -> None:
     torch.set_num_threads(threads)
     try:
@@ -284,6 +304,7 @@ def main(
             model_path,
             timeout_s,
             heap_bytes,
+            device,
         ).run()
     except KeyboardInterrupt:
         pass

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "edge.h"
+#include "gfdit/error.h"
 #include "reduce.h"
 
 namespace gfdit {
@@ -14,6 +15,14 @@ const char* transportKindName(TransportKind kind) {
     case TransportKind::kCuda: return "cuda";
   }
   return "unknown";
+}
+
+void Transport::putWithSignal(int, size_t, const void*, size_t) {
+  GFDIT_THROW(kInvalidUsage) << "gfdit: the " << transportKindName(kind()) << " transport has no one-sided puts";
+}
+
+void Transport::waitPuts(int, uint64_t) {
+  GFDIT_THROW(kInvalidUsage) << "gfdit: the " << transportKindName(kind()) << " transport has no one-sided puts";
 }
 
 CpuTransport::CpuTransport(int rank, std::vector<uint8_t*> region_bases, size_t staging_offset, size_t slot_bytes,

@@ -119,6 +119,12 @@ class Transport {
   /// nothing.
   virtual void flush() {}
 
+  /// One-sided, outside any collective (a device transport; host puts go through the host region): copies
+  /// `bytes` from src into the peer's heap at `remote_heap_offset`, then adds one to the peer's count of puts
+  /// from this rank (release, after the bytes); waitPuts waits until `count` more puts from `peer` landed.
+  virtual void putWithSignal(int peer, size_t remote_heap_offset, const void* src, size_t bytes);
+  virtual void waitPuts(int peer, uint64_t count);
+
   /// Throws what the transport found asynchronously (a device wait that timed out), else nothing.
   virtual void checkErrors() {}
   /// Stops this transport's pending work after the world broke, so that peers waiting on it fail too.

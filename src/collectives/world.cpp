@@ -583,9 +583,23 @@ void World::barrier(const Group& group, void* stream) {
   m.engine->run(group);
 }
 
-void World::putWithSignal(int peer, const void* src, size_t bytes, size_t remote_heap_offset) {
+void World::putWithSignal(int peer, const void* src, size_t bytes, size_t remote_heap_offset, void* stream) {
   Impl& m = *impl_;
   GFDIT_CHECK(peer >= 0 && peer < m.size && peer != m.rank) << "gfdit: put to rank " << peer;
+  if (stream != nullptr) {
+    Transport& t = m.transport(stream);
+    std::lock_guard<std::mutex> lock(m.engine->mutex());
+    m.engine->checkUsable();
+    t.begin(stream);
+    try {
+      t.putWithSignal(peer, remote_heap_offset, src, bytes);
+    } catch (...) {
+      t.end();
+      throw;
+    }
+    t.end();
+    return;
+  }
   size_t peer_heap = m.engine->region(peer).header->heap_bytes;
   GFDIT_CHECK(remote_heap_offset + bytes <= peer_heap)
       << "gfdit: put of " << bytes << " bytes at heap offset " << remote_heap_offset << " overruns rank " << peer
@@ -596,9 +610,23 @@ void World::putWithSignal(int peer, const void* src, size_t bytes, size_t remote
   m.engine->putWithSignal(peer, dst, src, bytes, m.cpu->copier());
 }
 
-void World::waitSignal(int peer, uint64_t count) {
+void World::waitSignal(int peer, uint64_t count, void* stream) {
   Impl& m = *impl_;
   GFDIT_CHECK(peer >= 0 && peer < m.size && peer != m.rank) << "gfdit: wait for puts from rank " << peer;
+  if (stream != nullptr) {
+    Transport& t = m.transport(stream);
+    std::lock_guard<std::mutex> lock(m.engine->mutex());
+    m.engine->checkUsable();
+    t.begin(stream);
+    try {
+      t.waitPuts(peer, count);
+    } catch (...) {
+      t.end();
+      throw;
+    }
+    t.end();
+    return;
+  }
   std::lock_guard<std::mutex> lock(m.engine->mutex());
   m.engine->checkUsable();
   m.engine->waitSignal(peer, count);

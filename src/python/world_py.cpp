@@ -283,13 +283,15 @@ void register_world(py::module_& m) {
           py::arg("group"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>())
       .def(
           "put_with_signal",
-          [](World& w, int peer, uintptr_t src, size_t bytes, size_t offset) {
-            w.putWithSignal(peer, asPtr(src), bytes, offset);
+          [](World& w, int peer, uintptr_t src, size_t bytes, size_t offset, uintptr_t stream) {
+            w.putWithSignal(peer, asPtr(src), bytes, offset, asStream(stream));
           },
+          py::arg("peer"), py::arg("src"), py::arg("bytes"), py::arg("offset"), py::arg("stream") = 0,
           py::call_guard<py::gil_scoped_release>())
       .def(
-          "wait_signal", [](World& w, int peer, uint64_t count) { w.waitSignal(peer, count); },
-          py::call_guard<py::gil_scoped_release>());
+          "wait_signal",
+          [](World& w, int peer, uint64_t count, uintptr_t stream) { w.waitSignal(peer, count, asStream(stream)); },
+          py::arg("peer"), py::arg("count") = 1, py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace python

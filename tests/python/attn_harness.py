@@ -4,6 +4,10 @@ A case is a plain dict (picklable): shape of the whole sequence, how it is split
 spec, joint tokens, dtype and seed. Every rank rebuilds the whole q, k, v from the seed, takes its shard,
 runs gfdit.attention and compares its output rows with a single-process float64 reference of those rows.
 A case with ``cached`` passes seq_splits and runs twice: the second call reuses the first one's plan.
+A case with ``device`` ("cuda") runs on CUDA tensors (the world must have a device) and is also compared with
+single-process attention on that device (torch's scaled_dot_product_attention over the whole sequence);
+``rtol`` / ``atol`` override the float32 / 16-bit tolerances; ``no_sync`` makes torch raise if the cached
+(second) call synchronises with the device.
 Mismatches are returned, not raised, so one wrong case does not desynchronise the world; a batch of many
 cases runs per call to amortise the round trips.
 """
@@ -73,18 +77,36 @@ def reference(full: dict, rows: slice, joint_pos: str) -> tuple[torch.Tensor, to
     return out, jout
 
 
-def _error(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[float, bool]:
+def _error(
+    out: torch.Tensor, ref: torch.Tensor, dtype: str, rtol: float | None = None, atol: float | None = None
+) -> tuple[float, bool]:
     if out.shape != ref.shape:
         return float("inf"), False
     if out.numel() == 0:
         return 0.0, True
-    diff = (out.double() - ref).abs().max().item()
+    diff = (out.double().cpu() - ref.double().cpu()).abs().max().item()
     if not math.isfinite(diff):
         return float("inf"), False
     if dtype == "float32":
         err = diff / max(ref.abs().max().item(), 1e-30)
-        return err, err <= F32_RTOL
-    return diff, diff <= BF16_ATOL
+        return err, err <= (F32_RTOL if rtol is None else rtol)
+    return diff, diff <= (BF16_ATOL if atol is None else atol)
+
+
+def single_device_reference(full: dict, rows: slice, joint_pos: str, device: str) -> torch.Tensor:
+    """Single-process attention on `device` of the q rows `rows` over the whole sequence (joint keys too):
+    torch's scaled_dot_product_attention in the case's dtype."""
+    q, k, v = (full[x].to(device) for x in ("q", "k", "v"))
+    if "jq" in full:
+        jk, jv = full["jk"].to(device), full["jv"].to(device)
+        k, v = (
+            torch.cat([j, x], 1) if joint_pos == "front" else torch.cat([x, j], 1)
+            for j, x in ((jk, k), (jv, v))
+        )
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q[:, rows].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    )
+    return out.transpose(1, 2)
 
 
 def _spec(case: dict):
@@ -108,42 +130,59 @@ def run_case(ctx, case: dict) -> dict | None:
     splits = splits_of(case, n)
     off = sum(splits[:me])
     rows = slice(off, off + splits[me])
-    q, k, v = (full[x][:, rows].clone() for x in ("q", "k", "v"))
+    device = case.get("device")
+    q, k, v = (full[x][:, rows].clone().to(device or "cpu") for x in ("q", "k", "v"))
     kwargs = {}
     if "jq" in full:
         kwargs = {
-            "joint_q": full["jq"],
-            "joint_k": full["jk"],
-            "joint_v": full["jv"],
+            "joint_q": full["jq"].to(device or "cpu"),
+            "joint_k": full["jk"].to(device or "cpu"),
+            "joint_v": full["jv"].to(device or "cpu"),
             "joint": case.get("joint_pos", "front"),
         }
     if case.get("node_ids") is not None:
         kwargs["topology"] = ga.Topology(tuple(case["node_ids"]))
     # A heap block held on member 0 only (as after a migration that allocated on some members): the heaps differ,
     # and the Torus workspace must still land at one offset on every member (NOTE [symmetric allocation]).
-    skew = gfdit.empty((4096,)) if case.get("skew_heap") and me == 0 else None
+    skew = gfdit.empty((4096,), device=device) if case.get("skew_heap") and me == 0 else None
     if case.get("cached"):
         kwargs["seq_splits"] = splits
     world = gfdit.get_world()
     ref, jref = reference(full, rows, case.get("joint_pos", "front"))
     dtype = case.get("dtype", "float32")
+    rtol, atol = case.get("rtol"), case.get("atol")
+    sref = single_device_reference(full, rows, case.get("joint_pos", "front"), device) if device else None
     report = {"name": case["name"], "rank": ctx.rank, "ok": True, "err": 0.0, "warnings": []}
     for call in range(2 if case.get("cached") else 1):
         before = world.stats().all_gathers
         start = time.perf_counter()
+        qc, kc, vc = q.clone(), k.clone(), v.clone()
+        # no_sync: a call on a cached plan must not wait for the device (torch raises on a synchronisation)
+        strict = bool(case.get("no_sync")) and call == 1
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            res = ga.attention(q.clone(), k.clone(), v.clone(), group=group, spec=_spec(case), **kwargs)
+            if strict:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                res = ga.attention(qc, kc, vc, group=group, spec=_spec(case), **kwargs)
+            finally:
+                if strict:
+                    torch.cuda.set_sync_debug_mode("default")
         elapsed = time.perf_counter() - start
         out, jout = res if "jq" in full else (res, None)
-        err, ok = _error(out, ref, dtype)
+        if device and out.device.type != "cuda":
+            report.update(ok=False, device=str(out.device))
+        err, ok = _error(out, ref, dtype, rtol, atol)
+        if sref is not None:
+            serr, sok = _error(out, sref, dtype, rtol, atol)
+            report.update(sdpa_err=max(report.get("sdpa_err", 0.0), serr), ok=report["ok"] and sok)
         report["all_gathers"] = report.get("all_gathers", []) + [world.stats().all_gathers - before]
         report.update(
             err=max(report["err"], err), ok=report["ok"] and ok, time=elapsed, shape=tuple(out.shape)
         )
         report["warnings"] += [str(w.message) for w in caught]
         if jref is not None:
-            jerr, jok = _error(jout, jref, dtype)
+            jerr, jok = _error(jout, jref, dtype, rtol, atol)
             report.update(jerr=max(report.get("jerr", 0.0), jerr), ok=report["ok"] and jok)
     del skew
     return report

@@ -112,6 +112,8 @@ def _rank_main(rank: int, world_size: int, conn, opts: dict) -> None:
             kwargs = {"timeout": opts["timeout"]}
             if opts["heap_bytes"] is not None:
                 kwargs["heap_bytes"] = opts["heap_bytes"]
+            if opts.get("device") is not None:  # e.g. "cuda": every rank on its default GPU (shared if one)
+                kwargs["device"] = opts["device"]
             gfdit.init(rank, world_size, store, **kwargs)
         if opts["gloo"]:
             dist.init_process_group(
@@ -168,6 +170,7 @@ class World:
         gloo: bool = True,
         init_gfdit: bool = True,
         start_timeout: float = 90.0,
+        device: str | None = None,
     ) -> None:
         if world_size > MAX_WORLD:
             raise ValueError(f"world size {world_size} above GFDIT_TEST_MAX_WORLD={MAX_WORLD}")
@@ -179,6 +182,7 @@ class World:
             "gfdit": init_gfdit,
             "start_timeout": start_timeout,
             "gloo_timeout": max(60.0, 4 * timeout),
+            "device": device,
         }
         self._start_timeout = start_timeout
         self._procs: list = []

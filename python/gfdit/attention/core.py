@@ -26,10 +26,29 @@ NOTE [attention call protocol]
 5. Non-causal attention does not depend on the order of the keys, so where the joint (text) tokens sit
    ("front" or "rear") and in which order a member sees the sequence blocks change only rounding, never
    the result; the output rows always come back to the member that owns the queries.
+6. CUDA tensors (all of a call's on the world's device: NOTE [device tensors] in comm.py) take the same
+   steps with streams in place of the thread (NOTE [stream pipeline]). The plan, its cache and the
+   metadata exchange stay host-side (CPU int64 records over the host transport), so a call that hits the
+   cache enqueues its work without waiting for the device.
+
+NOTE [stream pipeline]
+On CUDA the communication thread becomes one communication stream per device (``_StreamExecutor``) and
+``submit(fn)`` keeps the thread's meaning: fn's transfers run after everything the calling thread enqueued
+on the current (compute) stream before the submit (the communication stream waits on an event recorded
+there: the compute that produced the send buffers and last read the receive buffers), and in submit order
+among themselves (one stream, FIFO, as the one thread). ``future.result()`` makes the compute stream wait on
+an event recorded after fn, where the CPU path blocks the thread. Ring step t thus enqueues the K/V exchange
+of step t + 1 on the communication stream, computes block t on the compute stream, and orders the next
+step's compute after the exchange with an event. fn runs on the calling thread (it only enqueues work), so
+host-side errors raise at submit. Tensors given to fn stay referenced, and the compute stream waits for the
+communication stream (``join``) before the call returns, so the caching allocator never reuses a buffer
+that a transfer still reads or writes (the caller's tensors and the call's outputs are used on the compute
+stream afterwards, after that wait).
 
 NOTE [attention plan cache]
 Plans are kept per (world, group ranks) in a small LRU (``PLAN_CAPACITY`` plans) under the key
-(spec, resolved placement, B, H, D, dtype, joint tokens, seq_splits). Why members never disagree about
+(spec, resolved placement, B, H, D, dtype, joint tokens, seq_splits; CUDA calls add the device kind, so a
+CPU call and a CUDA call of the same shapes never share a plan or a tag). Why members never disagree about
 hit or miss when they pass the arguments of one call:
 * The key is a function of the call's arguments that every member passes alike (spec, joint tokens, B, H,
   D, dtype, seq_splits; this member's own S_local is seq_splits[me], checked locally), so the members of
@@ -103,14 +122,19 @@ _ERR_MESSAGES = {
     _ERR_NOT_4D: "q, k and v must be 4-D [B, S_local, H, D]",
     _ERR_QKV_SHAPES: "q, k and v shards have different shapes",
     _ERR_DTYPE: "q, k and v must share one dtype of float32, bfloat16 or float16",
-    _ERR_DEVICE: "q, k and v must be CPU tensors on this backend",
+    _ERR_DEVICE: (
+        "q, k, v (and joint_q/k/v) must be on one device: the CPU, or the CUDA device of a world made with "
+        "device= (gfdit.init)"
+    ),
     _ERR_JOINT_PARTIAL: "give all of joint_q, joint_k, joint_v or none",
     _ERR_JOINT_SHAPE: "joint_q/k/v must be [B, S_joint, H, D] with the B, H, D of q",
     _ERR_JOINT_DTYPE: "joint_q/k/v must have the dtype of q",
     _ERR_SEQ_SPLITS: "seq_splits must be one non-negative length per member, this member's equal to its S_local",
 }
-# err, B, S, H, D, dtype, has_joint, S_joint, seq_splits given, seq_splits hash, plan cache on
-_META_LEN = 11
+# err, B, S, H, D, dtype, has_joint, S_joint, seq_splits given, seq_splits hash, plan cache on, device kind
+_META_LEN = 12
+_DEVICE_KINDS = {"cpu": 0, "cuda": 1}
+_DEVICE_NAMES = {0: "CPU", 1: "CUDA"}
 
 # Message tags (NOTE [plan disagreement]): the exchange's; plan fingerprints are never 0 or this.
 _EXCHANGE_TAG = 0x9F1D_E7C4
@@ -145,6 +169,65 @@ def _comm_executor() -> concurrent.futures.ThreadPoolExecutor:
         return _executor
 
 
+class _StreamFuture:
+    """What ``_StreamExecutor.submit`` returns: ``result()`` orders the compute stream after the work."""
+
+    __slots__ = ("_done", "_compute")
+
+    def __init__(self, done: Any, compute: Any) -> None:
+        self._done = done
+        self._compute = compute
+
+    def result(self) -> None:
+        self._compute.wait_event(self._done)
+
+
+class _StreamExecutor:
+    """The communication thread's counterpart on CUDA: a communication stream (NOTE [stream pipeline])."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.compute = torch.cuda.current_stream(device)
+        self.comm = _comm_stream(device)
+        self._held: list[tuple] = []
+
+    def submit(self, fn: Any, *args: Any) -> _StreamFuture:
+        ready = torch.cuda.Event()
+        ready.record(self.compute)  # after the compute that made fn's inputs and last read its outputs
+        self.comm.wait_event(ready)
+        self._held.append(args)  # the buffers stay allocated until join (see NOTE [stream pipeline])
+        with torch.cuda.stream(self.comm):
+            fn(*args)
+            done = torch.cuda.Event()
+            done.record(self.comm)
+        return _StreamFuture(done, self.compute)
+
+    def join(self) -> None:
+        """The compute stream waits for every transfer submitted so far; the held buffers are released."""
+        self.compute.wait_stream(self.comm)
+        self._held.clear()
+
+
+_comm_streams: dict[int, Any] = {}
+
+
+def _comm_stream(device: torch.device) -> Any:
+    """The one communication stream of this process on a device (FIFO, as the communication thread)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _executor_lock:
+        stream = _comm_streams.get(index)
+        if stream is None:
+            stream = _comm_streams[index] = torch.cuda.Stream(device=index)
+        return stream
+
+
+def _executor_for(device: torch.device) -> Any:
+    """Where a call's transfers run: the communication thread, or on CUDA a communication stream."""
+    if device.type == "cuda":
+        return _StreamExecutor(device)
+    return _comm_executor()
+
+
 def _digest(obj: Any, nbytes: int) -> int:
     """A hash of repr(obj) that is the same in every process (unlike hash(), which is salted)."""
     return int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=nbytes).digest(), "little")
@@ -156,9 +239,21 @@ def _splits_hash(splits: Sequence[int]) -> int:
 
 # ------------------------------------------------------------------------------------------- validation
 def _local_record(
-    q: Any, k: Any, v: Any, jq: Any, jk: Any, jv: Any, seq_splits: Any, n: int, me: int
+    q: Any,
+    k: Any,
+    v: Any,
+    jq: Any,
+    jk: Any,
+    jv: Any,
+    seq_splits: Any,
+    n: int,
+    me: int,
+    world_device: torch.device | None = None,
 ) -> tuple[list[int], str, tuple[int, ...] | None]:
-    """This member's metadata record, on error a detailed local message, and seq_splits as a tuple."""
+    """This member's metadata record, on error a detailed local message, and seq_splits as a tuple.
+
+    world_device: the CUDA device CUDA tensors must be on (the world's); None accepts any device (one
+    member: no collectives)."""
     rec = [0] * _META_LEN
     rec[10] = int(PLAN_CACHE)
 
@@ -176,8 +271,13 @@ def _local_record(
         return fail(_ERR_QKV_SHAPES, f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if q.dtype not in _FLOAT_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return fail(_ERR_DTYPE, f"got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
+    if q.device.type not in _DEVICE_KINDS or k.device != q.device or v.device != q.device:
         return fail(_ERR_DEVICE, f"got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "cuda" and world_device is not None and q.device != world_device:
+        return fail(_ERR_DEVICE, f"q is on {q.device}, this world's device is {world_device}")
+    if q.device.type == "cuda" and world_device is None and n > 1:
+        return fail(_ERR_DEVICE, f"q is on {q.device}, but this world is host only (gfdit.init device=None)")
+    rec[11] = _DEVICE_KINDS[q.device.type]
     rec[5] = _FLOAT_DTYPES[q.dtype]
     joints = (jq, jk, jv)
     given = [t is not None for t in joints]
@@ -193,8 +293,10 @@ def _local_record(
             or (shapes[0][0], shapes[0][2], shapes[0][3]) != (b, h, d)
         ):
             return fail(_ERR_JOINT_SHAPE, f"joint shapes {shapes}, q shard {tuple(q.shape)}")
-        if any(t.dtype != q.dtype for t in joints) or any(t.device.type != "cpu" for t in joints):
+        if any(t.dtype != q.dtype for t in joints):
             return fail(_ERR_JOINT_DTYPE, f"joint dtypes {[t.dtype for t in joints]}, q {q.dtype}")
+        if any(t.device != q.device for t in joints):
+            return fail(_ERR_DEVICE, f"joint devices {[str(t.device) for t in joints]}, q {q.device}")
         rec[6] = 1
         rec[7] = shapes[0][1]
     splits = None
@@ -246,6 +348,13 @@ def _check_records(
                 f"{f'{r[7]} joint tokens' if r[6] else 'none'}, member 0 has "
                 f"{f'{recs[0][7]} joint tokens' if recs[0][6] else 'none'}"
             )
+    kinds = [r[11] for r in recs]
+    if len(set(kinds)) != 1:
+        raise InvalidUsage(
+            "gfdit.attention: members pass tensors on different devices: "
+            + ", ".join(f"rank {group_ranks[i]} {_DEVICE_NAMES.get(x, x)}" for i, x in enumerate(kinds))
+            + "; every member of a call passes CPU tensors, or every member CUDA tensors"
+        )
     caching = [r[10] for r in recs]
     if len(set(caching)) != 1:
         on = [group_ranks[i] for i, c in enumerate(caching) if c]
@@ -310,25 +419,30 @@ def ring_attention(
     r = len(ring_ranks)
     _, b, h, _, d = kv.shape
     cur = kv
+    executor = None
     if r > 1:
         max_blk = max(block_sizes)
-        spare = [torch.empty(2 * b * h * max_blk * d, dtype=kv.dtype) for _ in range(2)]
+        spare = [torch.empty(2 * b * h * max_blk * d, dtype=kv.dtype, device=kv.device) for _ in range(2)]
         nxt_rank, prv_rank = ring_ranks[(ring_idx + 1) % r], ring_ranks[(ring_idx - 1) % r]
         send_first = ring_idx % 2 == 0
-        executor = _comm_executor()
-    for t in range(r):
-        fut = None
-        if t < r - 1:
-            s_next = block_sizes[(ring_idx - t - 1) % r]
-            nxt = spare[t % 2][: 2 * b * h * s_next * d].view(2, b, h, s_next, d)
-            fut = executor.submit(_exchange, world, cur, nxt, nxt_rank, prv_rank, send_first)
-        try:
-            merger.add_block(q_b, cur[0], cur[1])
-        finally:
+        executor = _executor_for(kv.device)  # a thread, or a stream on CUDA (NOTE [stream pipeline])
+    try:
+        for t in range(r):
+            fut = None
+            if t < r - 1:
+                s_next = block_sizes[(ring_idx - t - 1) % r]
+                nxt = spare[t % 2][: 2 * b * h * s_next * d].view(2, b, h, s_next, d)
+                fut = executor.submit(_exchange, world, cur, nxt, nxt_rank, prv_rank, send_first)
+            try:
+                merger.add_block(q_b, cur[0], cur[1])
+            finally:
+                if fut is not None:
+                    fut.result()  # the transfer finishes (or raises) before its buffers are touched again
             if fut is not None:
-                fut.result()  # the transfer finishes (or raises) before its buffers are touched again
-        if fut is not None:
-            cur = nxt
+                cur = nxt
+    finally:
+        if isinstance(executor, _StreamExecutor):
+            executor.join()
 
 
 def _exchange(
@@ -363,14 +477,14 @@ def _joint_partials_merge(
         padded = part.new_zeros((b, h_max, sj, d1))
         padded[:, :hu] = part
         part = padded
-    gathered = torch.empty((n, b, h_max, sj, d1), dtype=torch.float32)
+    gathered = torch.empty((n, b, h_max, sj, d1), dtype=torch.float32, device=part.device)
     if n > 1:
         world.all_gather_into_tensor(gathered, part.contiguous(), group=group)
     else:
         gathered[0] = part
     u, r = layout.ulysses, layout.ring
     heads = sum(head_splits)
-    out = torch.empty((b, sj, heads, d1 - 1), dtype=dtype)
+    out = torch.empty((b, sj, heads, d1 - 1), dtype=dtype, device=part.device)
     lo = 0
     for x in range(u):
         hx = head_splits[x]
@@ -430,7 +544,9 @@ class _Call:
             recs[0][6],
             recs[0][7],
             self.splits,
+            recs[0][11],
         )
+        self.device_kind = recs[0][11]
         self.tag = _plan_tag(group.ranks, self.key)
 
     @property
@@ -461,13 +577,16 @@ def _plan_key(
     has_joint: int,
     s_joint: int,
     splits: Sequence[int],
+    device_kind: int = 0,
 ) -> tuple:
-    """See NOTE [attention plan cache]: the same on every member of one call."""
-    return (
+    """See NOTE [attention plan cache]: the same on every member of one call. CUDA calls add the device
+    kind (CPU keys, and so their tags, are those of builds without CUDA support)."""
+    key = (
         (spec.ulysses, spec.ring, spec.mode, placement, spec.torus_chunks),
         (int(b), int(h), int(d), int(dtype), int(has_joint), int(s_joint) if has_joint else 0),
         tuple(int(x) for x in splits),
     )
+    return key if device_kind == 0 else (*key, ("device", int(device_kind)))
 
 
 def _plan_tag(group_ranks: Sequence[int], key: tuple) -> int:
@@ -552,7 +671,7 @@ def _usp(
         hs, ho = call.head_splits, call.head_offsets
         packed = torch.cat([t[:, :, ho[x] : ho[x] + hs[x]] for x in range(u) for t in (q, k, v)], dim=2)
         s_u = sum(call.ul_splits)
-        gathered = torch.empty((b, s_u, 3 * hu, d), dtype=dtype)
+        gathered = torch.empty((b, s_u, 3 * hu, d), dtype=dtype, device=q.device)
         world.all_to_all_4d(
             gathered,
             packed,
@@ -583,7 +702,7 @@ def _usp(
     out_b, _ = merger.result(q_b)  # [B, hu, S_u, D] float32
     out_u = out_b.transpose(1, 2).to(dtype).contiguous()  # [B, S_u, hu, D]
     if u > 1:
-        out = torch.empty((b, s_local, call.h, d), dtype=dtype)
+        out = torch.empty((b, s_local, call.h, d), dtype=dtype, device=q.device)
         world.all_to_all_4d(
             out, out_u, 1, 2, group=call.ul_group, seq_splits=call.ul_splits, head_splits=call.head_splits
         )
@@ -645,7 +764,9 @@ def attention(
     """Exact non-causal softmax attention (scale 1/sqrt(D)) of a sequence split across ``group``.
 
     q, k, v: this member's shards [B, S_local, H, D] (group order = sequence order; S_local may differ
-    between members). Returns this member's output shard [B, S_local, H, D]. With joint_q/k/v
+    between members), CPU tensors or CUDA tensors on the world's device (``gfdit.init(device=...)``; the
+    work is then enqueued on the current stream, NOTE [stream pipeline]), alike on every member. Returns
+    this member's output shard [B, S_local, H, D] on the inputs' device. With joint_q/k/v
     [B, S_joint, H, D] (replicated on every member, e.g. Qwen-Image's text tokens, placed at the "front"
     or "rear" of the sequence) returns (out, joint_out), joint_out [B, S_joint, H, D] on every member.
 
@@ -688,7 +809,8 @@ def attention(
         placement = "ulysses-low" if spec.placement == "auto" else spec.placement
 
     me = g.rank()
-    rec, detail, splits = _local_record(q, k, v, joint_q, joint_k, joint_v, seq_splits, n, me)
+    world_device = world.device if n > 1 else None  # one member runs no collective: any device
+    rec, detail, splits = _local_record(q, k, v, joint_q, joint_k, joint_v, seq_splits, n, me, world_device)
     if n == 1:
         _check_records([rec], 0, detail, spec, g.ranks)
         if spec.mode == "torus":
@@ -702,7 +824,9 @@ def attention(
     cache = _group_cache(world, g) if PLAN_CACHE and splits is not None else None
     call = None
     if cache is not None:  # a bad local record has no splits, so it always goes to the exchange
-        call = cache.get(_plan_key(spec, placement, rec[1], rec[3], rec[4], rec[5], rec[6], rec[7], splits))
+        call = cache.get(
+            _plan_key(spec, placement, rec[1], rec[3], rec[4], rec[5], rec[6], rec[7], splits, rec[11])
+        )
     saved_tag = world.message_tag
     ran = f"the cached plan (tag 0x{call.tag:x})" if call is not None else "the metadata exchange"
     try:

@@ -4,6 +4,10 @@ Layout here is [B, H, S, D] (what the kernels want). A partial result is (out, l
 already normalised over the keys it saw, lse = log(sum(exp(scores))) over those keys, float32 [B, H, S].
 Two partials over disjoint key sets merge exactly: lse = logaddexp(lse_a, lse_b),
 out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse).
+
+Kernels: on CPU torch's flash kernel for CPU; on CUDA torch's FlashAttention (16-bit floats) or
+memory-efficient attention (any float), both of which return the log-sum-exp; elsewhere (and float64) an
+exact softmax in float32.
 """
 
 from __future__ import annotations
@@ -13,6 +17,40 @@ import math
 import torch
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_CUDA = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
+_EFFICIENT_CUDA = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
+# (dtype, head dim, kernel) combinations a CUDA kernel refused once: not tried again in this process.
+_CUDA_REFUSED: set[tuple[torch.dtype, int, str]] = set()
+
+
+def _cuda_block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(out float32, lse float32 [B, H, Sq]) from torch's fused CUDA kernels, which return the log-sum-exp:
+    FlashAttention for 16-bit floats, memory-efficient attention otherwise (float32 included). None when
+    neither takes these inputs; the caller then uses the portable path. No host synchronisation: a kernel
+    that refuses its arguments does so when it is called, not when it runs."""
+    sq, d = q.shape[2], q.shape[-1]
+    kernels = []
+    if q.dtype in (torch.float16, torch.bfloat16) and _FLASH_CUDA is not None:
+        kernels.append("flash")
+    if q.dtype in (torch.float32, torch.float16, torch.bfloat16) and _EFFICIENT_CUDA is not None:
+        kernels.append("efficient")
+    for kernel in kernels:
+        key = (q.dtype, int(d), kernel)
+        if key in _CUDA_REFUSED:
+            continue
+        try:
+            if kernel == "flash":
+                res = _FLASH_CUDA(q, k, v, 0.0, False, False, scale=scale)
+            else:
+                res = _EFFICIENT_CUDA(q, k, v, None, True, 0.0, False, scale=scale)
+        except (RuntimeError, NotImplementedError):
+            _CUDA_REFUSED.add(key)
+            continue
+        out, lse = res[0], res[1]
+        return out.float(), lse[..., :sq].float()  # memory-efficient pads the lse rows to a multiple of 32
+    return None
 
 
 def block_attention(
@@ -38,6 +76,10 @@ def block_attention(
     ):
         out, lse = _FLASH_CPU(q, k, v, scale=scale)
         return out.float(), lse.float()
+    if q.device.type == "cuda":
+        fused = _cuda_block(q, k, v, scale)
+        if fused is not None:
+            return fused
     # Portable path (other devices, float64): exact softmax with its log-sum-exp.
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     lse = torch.logsumexp(s, dim=-1)

@@ -36,6 +36,15 @@ so waiting for "chunk c has landed" is waiting until the count reaches fwd(c)'s 
 Simplifications: the ring inside each chunk is the USP ring (send/recv, double-buffered) rather than
 puts; the output all-to-all of chunk c is issued after its ring finishes, not overlapped with the
 ring of chunk c + 1 on the receiving side beyond what the FIFO communication thread gives.
+
+CUDA tensors: the workspace comes from the device heap (``gfdit.empty(device=...)``) and the
+communication thread is the communication stream (NOTE [stream pipeline] in core.py): puts and
+``wait_signal`` are enqueued on it, so "chunk c has landed" is a device-side wait followed by an event the
+compute stream waits on. The host all_gather of the offsets is no longer a barrier of the devices (the host
+runs ahead of them), so every peer first receives a zero-byte put from each Ulysses peer, sent once that
+peer's stream has finished everything before the call (the previous call's reads of the same heap block
+included), and waits for them on its stream before its first put into that peer: the put order starts with
+that ready put ``r``. A device heap that cannot hold the workspace falls back to USP, as on CPU.
 """
 
 from __future__ import annotations
@@ -47,7 +56,13 @@ import torch
 
 from gfdit import comm
 from gfdit._C import InvalidUsage
-from gfdit.attention.core import _Call, _comm_executor, _joint_partials_merge, ring_attention
+from gfdit.attention.core import (
+    _Call,
+    _executor_for,
+    _joint_partials_merge,
+    _StreamExecutor,
+    ring_attention,
+)
 from gfdit.attention.local import PartialMerger
 from gfdit.attention.spec import ParallelSpec
 
@@ -93,9 +108,10 @@ def chunk_heads(head_splits: Sequence[int], num_chunks: int) -> list[list[int]]:
     ]
 
 
-def _put_order(num_chunks: int) -> dict[str, int]:
-    """1-based position of each put in the sequence one peer sends to another (see module docstring)."""
-    order = ["f0"]
+def _put_order(num_chunks: int, ready: bool = False) -> dict[str, int]:
+    """1-based position of each put in the sequence one peer sends to another (see module docstring); with
+    ``ready`` (CUDA) the zero-byte ready put comes first."""
+    order = ["r", "f0"] if ready else ["f0"]
     for c in range(num_chunks):
         if c + 1 < num_chunks:
             order.append(f"f{c + 1}")
@@ -106,16 +122,24 @@ def _put_order(num_chunks: int) -> dict[str, int]:
 class _PutWaiter:
     """Turns "wait until put #pos from peer has landed" into relative wait_signal calls."""
 
-    def __init__(self, world: comm.World, peers: Sequence[int]) -> None:
+    def __init__(self, world: comm.World, peers: Sequence[int], device: torch.device | None = None) -> None:
         self.world = world
         self.seen = {p: 0 for p in peers}
+        self.device = device  # CUDA: the waits are enqueued on the current stream
 
     def wait_upto(self, peers: Sequence[int], pos: int) -> None:
+        stream = None if self.device is None else torch.cuda.current_stream(self.device)
         for p in peers:
             need = pos - self.seen[p]
             if need > 0:
-                self.world.wait_signal(p, need)
+                self.world.wait_signal(p, need, stream=stream)
                 self.seen[p] = pos
+
+
+def _uses_streams(t: torch.Tensor) -> bool:
+    """Whether a call runs its transfers on streams: CUDA tensors (a test seam: tests/python/cases_cuda.py
+    runs these paths on CPU tensors with stand-in streams)."""
+    return t.device.type == "cuda"
 
 
 def torus(
@@ -139,11 +163,12 @@ def torus(
     out_chunk = u * b * s_max * hc_max * d  # output area of one chunk: u slots of B * S_max * hc * D
     total = num_c * (fwd_chunk + out_chunk) + _PAD
 
+    on_cuda = _uses_streams(q)
     # One workspace at the same heap offset on every member (NOTE [symmetric allocation]); the allocation's
-    # exchange is also the call's start barrier. Only a heap too full for it on some member makes every member
-    # run USP instead (they all see the same outcome).
+    # exchange is also the host side's start barrier (on CUDA the ready puts order the devices). Only a heap too
+    # full for it on some member makes every member run USP instead (they all see the same outcome).
     try:
-        ws = world.symmetric_empty((total,), dtype=dtype, group=group)
+        ws = world.symmetric_empty((total,), dtype=dtype, group=group, device=q.device if on_cuda else None)
     except InvalidUsage as exc:
         warnings.warn(
             f"gfdit.attention: no room for the torus workspace ({total} elements) in every member's heap "
@@ -159,9 +184,9 @@ def torus(
     ul_ranks = [group.ranks[m] for m in lay.ulysses_members]
     peers = [p for i, p in enumerate(ul_ranks) if i != me_u]
     prefix = [sum(ul_splits[:x]) for x in range(u)]
-    pos = _put_order(num_c)
-    waiter = _PutWaiter(world, peers)
-    ex = _comm_executor()
+    pos = _put_order(num_c, ready=on_cuda)
+    waiter = _PutWaiter(world, peers, q.device if on_cuda else None)
+    ex = _executor_for(q.device)  # the communication thread, or stream (NOTE [stream pipeline])
 
     def fwd_view(c: int, x: int, hc: int) -> torch.Tensor:
         """Receive area of chunk c from Ulysses member x on a member whose chunk c has hc heads:
@@ -204,7 +229,14 @@ def torus(
             else:
                 put(rows, dst, ul_ranks[x])
 
-    futures = [ex.submit(put_fwd, 0)]
+    def ready() -> None:
+        # CUDA: nobody puts into a peer's workspace before the peer's stream is done with what came before
+        for p in peers:
+            world.put_with_signal(ws[:0], ws[-1:], p)
+        waiter.wait_upto(peers, pos["r"])
+
+    futures = [ex.submit(ready)] if on_cuda else []
+    futures.append(ex.submit(put_fwd, 0))
     joint_parts = []
     try:
         for c in range(num_c):
@@ -234,9 +266,11 @@ def torus(
     finally:
         for f in futures:
             f.result()
+        if isinstance(ex, _StreamExecutor):
+            ex.join()
     # Assemble [B, S_me, H, D]: the heads of chunk c of Ulysses member x come from area (c, x), which holds
     # a contiguous [B, S_me, ch[x][c], D] at its start (its slot is sized for S_max rows of hc_max heads).
-    out = torch.empty((b, s_me, h, d), dtype=dtype)  # a copy: the workspace goes back to the heap
+    out = torch.empty((b, s_me, h, d), dtype=dtype, device=q.device)  # a copy: the workspace goes back
     areas = ws[num_c * fwd_chunk : num_c * fwd_chunk + num_c * out_chunk].view(
         num_c, u, b * s_max * hc_max * d
     )

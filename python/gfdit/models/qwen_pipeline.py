@@ -148,7 +148,7 @@ class QwenImageStagedModel(StagedModel):
         hidden = hidden[drop:][:max_len]
         if hidden.shape[0] == 0:
             raise InvalidUsage("gfdit.models: the prompt encodes to no tokens")
-        return hidden.unsqueeze(0).to(self.transformer.dtype).cpu()
+        return hidden.unsqueeze(0).to(self.device, self.transformer.dtype)  # NOTE [state placement]
 
     def encode(self, prompt: str, negative_prompt: str | None = None, **opts: Any) -> Conditioning:
         max_len, scale = self._encode_options(prompt, opts)
@@ -258,7 +258,8 @@ class QwenImageStagedModel(StagedModel):
         spec: ParallelSpec | None = None,
     ) -> DenoiseState:
         self.check_step(state, step_idx)
-        t = state.timesteps[step_idx]
+        state = self.place_state(state)  # NOTE [state placement]: a no-op for a state held here
+        t = state.timesteps[step_idx]  # the schedule is on the CPU: no wait for the device
         model = self.transformer
         dev, dtype = model.device, model.dtype
         latent = state.latent
@@ -280,7 +281,7 @@ class QwenImageStagedModel(StagedModel):
                 encoder_hidden_states=embeds.to(dev, dtype),
                 img_shapes=img_shapes,
             )
-            return out.float().cpu()
+            return out.float()
 
         with torch.no_grad():
             # the passes in turn, or CFG-parallel on the two halves of the group (NOTE [CFG-parallel])

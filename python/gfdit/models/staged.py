@@ -32,6 +32,18 @@ and the guidance and the sampler's update are the same local arithmetic on it. H
 moves nothing, and growing one is ``migrate(state, group, src)``: a fixed-size int64 header that says the
 shapes (history included; absent history costs nothing), then the tensors, from one holder to the group.
 
+NOTE [state placement]
+While a model holds a state, its tensors that the transformer and the sampler touch every step (latent, text
+embeddings, sampler history, UniPC's last sample) live on the model's device (``StagedModel.device``: the
+transformer's), so a step on a GPU moves nothing between host and device; the schedule (sigmas, timesteps,
+history_timesteps) stays on the CPU, as diffusers keeps its schedulers' sigmas, so reading the step's
+timestep never waits for the device. ``StagedModel.place_state`` puts a state there (a no-op when it is);
+``denoise_step``, ``initial_state`` and ``migrate`` do it. ``migrate`` moves each tensor where it lives on
+the source: CUDA tensors with the device collectives into CUDA tensors on the receivers' devices (every
+member of a migration then needs a world with a device), CPU tensors over the host transport (the header
+says which, NOTE [state header]). ``pack_state``/``unpack_state``/``state_digest`` are device-independent:
+they copy to the CPU. ``decode`` returns a CPU tensor.
+
 NOTE [CFG-parallel]
 With ``spec.cfg == 2`` the two guidance passes of a step run at once on the two halves of the group: the
 first half of the members (group order) runs the conditional pass and the second half the unconditional
@@ -213,6 +225,34 @@ class StagedModel(abc.ABC):
         """VAE decode of a finished state (or a VAE-layout latent [1, C, F, H, W]): float32 in [0, 1],
         [3, H, W] for images, [3, F, H, W] for video."""
 
+    # -- devices (NOTE [state placement]) -----------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """Where the transformer runs, and where held states keep their per-step tensors."""
+        return next(self.transformer.parameters()).device  # type: ignore[attr-defined]
+
+    def _modules(self) -> list[torch.nn.Module]:
+        names = ("transformer", "transformer_2", "text_encoder", "vae")
+        return [m for m in (getattr(self, n, None) for n in names) if isinstance(m, torch.nn.Module)]
+
+    def to(self, device: Any) -> StagedModel:
+        """Moves every component (transformers, text encoder, VAE) to ``device``; returns the model."""
+        if isinstance(device, int):
+            device = torch.device("cuda", device)
+        for m in self._modules():
+            m.to(device)
+        return self
+
+    def place_state(self, state: DenoiseState) -> DenoiseState:
+        """The state with its per-step tensors on this model's device (the same object when they are)."""
+        dev = self.device
+        moved = {
+            name: t.to(dev)
+            for name in DEVICE_TENSORS
+            if isinstance(t := getattr(state, name), torch.Tensor) and t.device != dev
+        }
+        return dataclasses.replace(state, **moved) if moved else state
+
     # -- shared helpers ----------------------------------------------------------------------------------
     def _encode_options(self, prompt: Any, opts: dict) -> tuple[int, float]:
         """Checks encode's arguments; returns (max_sequence_length, guidance_scale) with defaults filled in."""
@@ -269,10 +309,11 @@ class StagedModel(abc.ABC):
         grid = self._grid_of(latent) if grid is None else tuple(int(x) for x in grid)
         sigmas, timesteps = self.schedule(steps, grid)
         neg = conditioning.negative_prompt_embeds if scale > 1.0 else None
+        dev = self.device
         return DenoiseState(
-            latent=latent.float().contiguous(),
-            prompt_embeds=conditioning.prompt_embeds,
-            negative_prompt_embeds=neg,
+            latent=latent.float().to(dev).contiguous(),
+            prompt_embeds=conditioning.prompt_embeds.to(dev),
+            negative_prompt_embeds=None if neg is None else neg.to(dev),
             sigmas=sigmas,
             timesteps=timesteps,
             step_idx=0,
@@ -330,8 +371,9 @@ class StagedModel(abc.ABC):
         return self.decode(state)
 
     def migrate(self, state: DenoiseState | None, group: comm.Group | None, src: int) -> DenoiseState:
-        """See ``gfdit.models.staged.migrate``."""
-        return migrate(state, group, src)
+        """See ``gfdit.models.staged.migrate``; the result is placed on this model's device."""
+        dev = self.device
+        return self.place_state(migrate(state, group, src, device=dev if dev.type == "cuda" else None))
 
     @staticmethod
     def check_step(state: DenoiseState, step_idx: int) -> None:
@@ -354,8 +396,8 @@ class StagedModel(abc.ABC):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(conditional, unconditional) predictions of one step on every member of ``group`` (unconditional
         None without guidance). ``velocity(embeds, group, spec)`` runs one transformer pass and returns its
-        whole output (float32, CPU). spec.cfg 1: the passes in turn on the whole group; 2: one per half of the
-        group at once, then one exchange (NOTE [CFG-parallel])."""
+        whole output (float32, on the model's device). spec.cfg 1: the passes in turn on the whole group; 2:
+        one per half of the group at once, then one exchange (NOTE [CFG-parallel])."""
         if spec is None or spec.cfg == 1:
             cond = velocity(state.prompt_embeds, group, spec)
             if not state.do_cfg:
@@ -385,7 +427,7 @@ class StagedModel(abc.ABC):
         embeds = state.prompt_embeds if conditional else state.negative_prompt_embeds
         mine = velocity(embeds, sub, spec.per_pass()).float().contiguous()  # type: ignore[arg-type]
         pair = world.new_group([ranks[me % half], ranks[half + me % half]])
-        both = torch.empty((2 * mine.shape[0], *mine.shape[1:]), dtype=mine.dtype)
+        both = torch.empty((2 * mine.shape[0], *mine.shape[1:]), dtype=mine.dtype, device=mine.device)
         world.all_gather_into_tensor(both, mine, group=pair)
         return both[: mine.shape[0]], both[mine.shape[0] :]
 
@@ -409,8 +451,10 @@ class StagedModel(abc.ABC):
 # ----------------------------------------------------------------------------------- packing and migration
 # NOTE [state header]
 # int64[HEADER_LEN]: MAGIC, VERSION, status (0 ok; 1 the source had no state), step_idx, guidance_scale
-# (float64 bits), grid f, h, w, lower_order_nums, this_order, has guidance_scale_2, its float64 bits, zeros up
-# to _TENSORS_AT (a header of an older gfdit has zeros there: no guidance_scale_2), then per tensor of
+# (float64 bits), grid f, h, w, lower_order_nums, this_order, has guidance_scale_2, its float64 bits, in
+# migrate's header (not pack_state's) at _DEVICE_MASK_AT a bit per tensor of STATE_TENSORS that the source holds
+# on CUDA (NOTE [state placement]), zeros up to _TENSORS_AT (a header of an older gfdit has zeros there: no
+# guidance_scale_2, nothing on CUDA), then per tensor of
 # STATE_TENSORS: dtype code (-1: None), ndim, 6 dims. The payload is the tensors' bytes, contiguous, in
 # STATE_TENSORS order; a None tensor (no negative prompt, no sampler history) has no bytes.
 STATE_TENSORS = (
@@ -423,7 +467,10 @@ STATE_TENSORS = (
     "history_timesteps",
     "last_sample",
 )
+# The tensors a held state keeps on the model's device (NOTE [state placement]); the others are the schedule.
+DEVICE_TENSORS = ("latent", "prompt_embeds", "negative_prompt_embeds", "history", "last_sample")
 _MAX_DIMS = 6
+_DEVICE_MASK_AT = 12
 _TENSORS_AT = 16
 HEADER_LEN = _TENSORS_AT + len(STATE_TENSORS) * (2 + _MAX_DIMS)
 MAGIC = 0x6766646974  # "gfdit"
@@ -545,18 +592,25 @@ def state_digest(state: DenoiseState) -> str:
     return hashlib.sha256(header.numpy().tobytes() + payload.numpy().tobytes()).hexdigest()
 
 
-def _receive_buffer(world: comm.World, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _receive_buffer(
+    world: comm.World, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | None = None
+) -> torch.Tensor:
     """Where a migrated state tensor lands: the symmetric heap when it has room. Heap pages stay mapped and
     touched after a state is freed, so the next migration into them takes no page faults (a fresh
     allocation of 16 MiB costs several milliseconds of faults here), and migrating the state onward from
-    this rank is zero-copy."""
+    this rank is zero-copy. On a device: an ordinary CUDA tensor (the caching allocator keeps its pages;
+    the device heap is left to the attention workspaces, whose symmetric offsets it would shift)."""
+    if device is not None:
+        return torch.empty(shape, dtype=dtype, device=device)
     try:
         return world.empty(shape, dtype)
     except InvalidUsage:  # heap full: ordinary memory
         return torch.empty(shape, dtype=dtype)
 
 
-def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> DenoiseState:
+def migrate(
+    state: DenoiseState | None, group: comm.Group | None, src: int, device: Any = None
+) -> DenoiseState:
     """Gives every member of ``group`` the state that global rank ``src`` holds; returns it on every member.
 
     Every member calls it; only ``src`` needs a state (the others pass None or anything). A gfdit broadcast
@@ -564,8 +618,11 @@ def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> D
     header]), then one broadcast per state tensor (the sampler's history included) straight into freshly allocated tensors: no packing copy on the source and no unpacking
     copy on the receivers, and the staged broadcast pipelines the source's and the receivers' copies. Call
     it on [holder, *new members]: members that already hold the state need not take part. On ``src`` the
-    given state is returned as is; elsewhere fresh CPU tensors. If ``src`` has no state, every member raises
-    gfdit.InvalidUsage (after the header, so nobody waits for the tensors).
+    given state is returned as is; elsewhere fresh tensors, on the CPU for the tensors the source holds on
+    the CPU, and on ``device`` (None: the world's device) for those it holds on CUDA, moved with the device
+    collectives (NOTE [state placement]). If ``src`` has no state, every member raises gfdit.InvalidUsage
+    (after the header, so nobody waits for the tensors); a receiver without a device for a source's CUDA
+    tensors raises gfdit.InvalidUsage too.
     """
     world = comm.get_world()
     g = world._group(group)
@@ -575,6 +632,12 @@ def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> D
     if me == src:
         if isinstance(state, DenoiseState):
             header, _ = pack_state(state, with_payload=False)
+            mask = 0
+            for i, name in enumerate(STATE_TENSORS):
+                t = getattr(state, name)
+                if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                    mask |= 1 << i
+            header[_DEVICE_MASK_AT] = mask
         else:
             header = torch.zeros(HEADER_LEN, dtype=torch.int64)
             header[:3] = torch.tensor([MAGIC, VERSION, 1])
@@ -583,16 +646,25 @@ def migrate(state: DenoiseState | None, group: comm.Group | None, src: int) -> D
     world.broadcast(header, src, group=g)
     if int(header[2]) != 0:
         raise InvalidUsage(f"gfdit.models: migrate source rank {src} holds no DenoiseState")
+    mask = int(header[_DEVICE_MASK_AT])
+    recv_device = None
+    if mask and me != src:
+        recv_device = world.device if device is None else torch.device(device)
+        if recv_device is None or recv_device.type != "cuda":
+            raise InvalidUsage(
+                f"gfdit.models: migrate: source rank {src} holds the state on CUDA, but rank {me} has no "
+                "device to receive it on (gfdit.init device=... on every member)"
+            )
     tensors: dict[str, torch.Tensor | None] = {}
-    for name, item in zip(STATE_TENSORS, _layout(header)):
+    for i, (name, item) in enumerate(zip(STATE_TENSORS, _layout(header))):
         if item is None:
             tensors[name] = None
             continue
         dtype, shape = item
         if me == src:
-            t = getattr(state, name).detach().cpu().contiguous()
+            t = getattr(state, name).detach().contiguous()  # where it lives: CPU or the world's device
         else:
-            t = _receive_buffer(world, shape, dtype)
+            t = _receive_buffer(world, shape, dtype, recv_device if mask >> i & 1 else None)
         if t.numel():
             world.broadcast(t, src, group=g)
         tensors[name] = t
@@ -692,6 +764,8 @@ def load(
     "wan2.2", "wan2.1" (Wan text-to-video; a second expert ``transformer_2`` is used when the folder has
     one) and "qwen-image": from the local diffusers folder ``path``. dtype: of the transformer and text
     encoder when loading (default: as stored); the VAE stays float32 and latents are always float32.
+    device: where every component goes (e.g. "cuda:0"); held states keep their per-step tensors there
+    (NOTE [state placement]).
     Unknown names, a missing path or an incomplete folder raise gfdit.InvalidUsage.
     """
     if not isinstance(name, str) or name not in _MODELS:
@@ -701,5 +775,6 @@ def load(
     else:
         from gfdit.models import qwen_pipeline as mod  # type: ignore[no-redef]
     if name.startswith("tiny-") and path is None:
-        return mod.build_tiny(seed=seed)
+        model = mod.build_tiny(seed=seed)
+        return model if torch.device(device).type == "cpu" else model.to(device)
     return mod.load_folder(name, path, dtype=dtype, device=device)

@@ -150,7 +150,7 @@ class WanStagedModel(StagedModel):
         dev = next(self.text_encoder.parameters()).device
         with torch.no_grad():
             out = self.text_encoder(ids.to(dev), mask.to(dev)).last_hidden_state
-        out = out.to(self.transformer.dtype).cpu()
+        out = out.to(self.device, self.transformer.dtype)  # NOTE [state placement]
         emb = out.new_zeros(out.shape)
         emb[:, :seq_len] = out[:, :seq_len]
         return emb
@@ -223,7 +223,8 @@ class WanStagedModel(StagedModel):
         spec: ParallelSpec | None = None,
     ) -> DenoiseState:
         self.check_step(state, step_idx)
-        t = state.timesteps[step_idx]
+        state = self.place_state(state)  # NOTE [state placement]: a no-op for a state held here
+        t = state.timesteps[step_idx]  # the schedule is on the CPU: no wait for the device
         model, wrapper = self._expert(float(t))
         latent = state.latent
         dev, dtype = model.device, model.dtype
@@ -246,7 +247,7 @@ class WanStagedModel(StagedModel):
                 timestep=timestep,
                 encoder_hidden_states=embeds.to(dev, dtype),
             )
-            return out.float().cpu()
+            return out.float()
 
         # WanPipeline: the low-noise expert's steps use guidance_scale_2 when it is given
         scale = state.guidance_scale

@@ -325,6 +325,34 @@ class CudaTransportImpl final : public CudaTransport {
     hold(std::move(op));
   }
 
+  void putWithSignal(int peer, size_t remote_heap_offset, const void* src, size_t bytes) override {
+    checkPeer(peer);
+    GFDIT_CHECK(remote_heap_offset + bytes <= heap_bytes_)
+        << "gfdit: device put of " << bytes << " bytes at heap offset " << remote_heap_offset << " overruns rank "
+        << peer << "'s device heap of " << heap_bytes_ << " bytes";
+    HeldOp op;
+    op.op = DeviceOp::kPutSignal;
+    uint8_t* dst = peers_.at(static_cast<size_t>(peer)) + heap_offset_ + remote_heap_offset;
+    setCopy(op, deviceView(dst, bytes), 0, deviceView(const_cast<void*>(src), bytes), 0, bytes);
+    // put_signal[self] in the peer's region = the count of our puts, after the bytes (release, system scope).
+    op.signals.push_back(DeviceSignal{&peer_signals_.at(static_cast<size_t>(peer))->put_signal[rank_].value,
+                                      ++puts_sent_[peer], nullptr, peer,
+                                      static_cast<uint32_t>(DeviceWaitKind::kPutSignal)});
+    hold(std::move(op));
+  }
+
+  void waitPuts(int peer, uint64_t count) override {
+    checkPeer(peer);
+    puts_seen_[peer] += count;
+    HeldOp op;
+    op.op = DeviceOp::kWaitSignal;
+    // acquire of the peer's release: its bytes are visible to what this stream runs next
+    op.waits.push_back(DeviceWait{&signals_->put_signal[peer].value, puts_seen_[peer],
+                                  &peer_signals_.at(static_cast<size_t>(peer))->failed, peer,
+                                  static_cast<uint32_t>(DeviceWaitKind::kPutSignal)});
+    hold(std::move(op));
+  }
+
   void flush() override {
     if (!held_.active) return;
     HeldOp op = std::move(held_);
@@ -510,6 +538,8 @@ class CudaTransportImpl final : public CudaTransport {
   HeldOp held_;
 
   core::HeapAllocator heap_;
+  uint64_t puts_sent_[kMaxRanks] = {};  // one-sided puts to each peer, and from each peer waited for
+  uint64_t puts_seen_[kMaxRanks] = {};
   uint8_t* scratch_ = nullptr;  // one-shot all-reduce results (device memory)
   size_t scratch_bytes_ = 0;
 };

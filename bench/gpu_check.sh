@@ -50,7 +50,7 @@ declare -A STATUS SECS NOTE LIMIT
 reserve_after() {
   case $1 in
     env) echo 270 ;; wheels) echo 265 ;; gtest) echo 255 ;; build | build-nocuda) echo 135 ;; cpp) echo 125 ;;
-    pytest) echo 55 ;; bench) echo 5 ;; *) echo 0 ;;
+    pytest) echo 85 ;; copy-table) echo 55 ;; bench) echo 5 ;; *) echo 0 ;;
   esac
 }
 
@@ -238,6 +238,20 @@ if ((GFDIT_OK)); then
   note pytest "$(last_match pytest '(passed|failed|skipped|error)')"
 else
   STEPS+=(pytest); STATUS[pytest]="skipped"; SECS[pytest]=0; NOTE[pytest]="gfdit not importable"; LIMIT[pytest]=0
+fi
+
+# ---- copy-table: the copy paths timed on this GPU; the bench then runs with the measured table ------------------
+if ((GFDIT_OK && CUDA_BUILD)); then
+  if step copy-table 40 "$PYTHON -m gfdit.cli profile --collectives --out '$OUTDIR/copy_table.json'"; then
+    table=$(sed -n 's/^export GFDIT_CUDA_COPY_TABLE=//p' "$LOGS/copy-table.log" | tail -n 1)
+    if [ -n "$table" ]; then
+      export GFDIT_CUDA_COPY_TABLE=$table
+      note copy-table "measured: $table"
+    fi
+  fi
+else
+  STEPS+=(copy-table); STATUS[copy-table]="skipped"; SECS[copy-table]=0; LIMIT[copy-table]=0
+  NOTE[copy-table]="no CUDA build"
 fi
 
 # ---- bench ----------------------------------------------------------------------------------------------------

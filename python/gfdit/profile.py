@@ -415,9 +415,16 @@ def format_table(profile: dict[str, Any]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """Arguments of ``gfdit profile``."""
-    parser.add_argument("--model", required=True, help="model to measure (tiny-wan, tiny-qwen-image)")
-    parser.add_argument("--world-size", type=int, required=True, help="ranks (worker processes)")
-    parser.add_argument("--out", required=True, help="profile file to write (JSON)")
+    parser.add_argument("--model", help="model to measure (tiny-wan, tiny-qwen-image)")
+    parser.add_argument("--world-size", type=int, help="ranks (worker processes)")
+    parser.add_argument("--out", help="profile file to write (JSON)")
+    parser.add_argument(
+        "--collectives",
+        action="store_true",
+        help="instead: time the CUDA copy paths (sm, tma, ce) of the collectives on this GPU, 4 KiB to 256 MiB, and "
+        "print the copy table for GFDIT_CUDA_COPY_TABLE (with --out, also as JSON)",
+    )
+    parser.add_argument("--device", type=int, default=0, help="--collectives: the CUDA device (default 0)")
     parser.add_argument(
         "--shapes",
         help="HxWxF,... to measure (default: 3-4 sizes from the model's default up to ~4x its tokens)",
@@ -428,8 +435,43 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="requests per shape and layout (default 3)")
 
 
+def profile_collectives(device: int = 0) -> dict:
+    """The CUDA copy paths timed on ``device`` (gfdit._C.measure_copy_table): per size the microseconds of each
+    path and the fastest, and the table that picks it (GFDIT_CUDA_COPY_TABLE's format)."""
+    from gfdit import _C
+
+    if not hasattr(_C, "measure_copy_table"):
+        raise InvalidUsage("gfdit profile --collectives: this build has no CUDA transport")
+    try:
+        return dict(_C.measure_copy_table(int(device)))
+    except _C.Error as e:
+        raise InvalidUsage(
+            f"gfdit profile --collectives: no CUDA device to measure on ({user_message(e)})"
+        ) from None
+
+
 def run(args: argparse.Namespace, command: str) -> int:
     """Runs ``gfdit profile``; 2 for bad input (message on stderr)."""
+    if args.collectives:
+        try:
+            table = profile_collectives(args.device)
+        except InvalidUsage as e:
+            print(f"gfdit {command}: {user_message(e)}", file=sys.stderr)
+            return 2
+        print(json.dumps(table, indent=1, default=str))
+        print(f"export GFDIT_CUDA_COPY_TABLE={table.get('table', '')}")
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                json.dump(table, f, indent=1, default=str)
+                f.write("\n")
+        return 0
+    missing = [n for n in ("model", "world_size", "out") if getattr(args, n) is None]
+    if missing:
+        print(
+            f"gfdit {command}: --{', --'.join(m.replace('_', '-') for m in missing)} required (or --collectives)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         shapes = parse_shapes(args.shapes) if args.shapes else None
         profile = measure(

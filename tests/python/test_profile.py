@@ -119,3 +119,14 @@ def test_reduced_profile_run(tmp_path, capsys):
     assert all(e["samples"] == 2 for e in entries if e["stage"] == "step")  # --steps 2 x --repeats 1
     assert {(e["degree"], e["num_new"]) for e in entries if e["stage"] == "migrate"} == {(2, 1)}
     assert {e["degree"] for e in entries if e["stage"] == "decode"} == {1}
+
+
+def test_collectives_profile_needs_a_gpu_and_says_so(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the measurement would run")
+    assert _cli(["--collectives"]) == 2
+    assert "--collectives" in capsys.readouterr().err
+    assert _cli(["--model", "tiny-wan"]) == 2  # a model profile still needs its arguments
+    assert "required" in capsys.readouterr().err

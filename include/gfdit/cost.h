@@ -137,6 +137,9 @@ class CostModel {
   virtual std::string describe() const = 0;
   /// The model it predicts for.
   virtual const ModelArch& model() const = 0;
+  /// Cores the ranks share (a CPU whose ranks outnumber its cores), or 0 with one device per rank. A rank
+  /// beyond the cores adds no compute, only waits in collectives: policies lend spare ranks up to it.
+  virtual int32_t sharedCores() const { return 0; }
 };
 
 /// The analytic model of `model` on `cluster` (which also fixes the topology used for num_nodes).

@@ -482,6 +482,7 @@ class AnalyticCostModel : public CostModel {
   }
 
   const ModelArch& model() const override { return model_; }
+  int32_t sharedCores() const override { return cluster_.hw.num_cores; }
 
  private:
   void check(Stage stage, const StageQuery& q) const {

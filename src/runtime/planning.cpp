@@ -19,8 +19,12 @@
 //     deadlines first) as far as that pays; fcfs and srtf give each spare rank to the growth that saves the
 //     most remaining time per added rank, so a long video that scales gets them before a short image that
 //     hardly does. A small image whose step is dominated by communication stays on one or two ranks, and
-//     under load every request runs on one rank, where a rank-second does the most work. Priority classes
-//     are strict: steps 3 and 4 run for a whole class before the next class gets a rank.
+//     under load every request runs on one rank, where a rank-second does the most work. Where the ranks
+//     share fewer cores (a CPU, CostModel::sharedCores), ranks are spare only while every busy rank keeps a
+//     core: a rank beyond the cores adds no compute, only waits in collectives for peers the OS is not running,
+//     and the cost model, measured with the ranks it used alone, would promise a speed-up the load takes
+//     away. Priority classes are strict: steps 3 and 4 run for a whole class before the next class gets a
+//     rank.
 //  5. Placement, in order: a running candidate whose plan is larger than its group reserves the difference
 //     among the free ranks (lower candidates may not take them; they stay idle at most until its boundary).
 //     A waiting candidate takes as many of the unreserved free ranks as its plan asks, or the largest degree
@@ -282,6 +286,11 @@ class PlanningPolicy : public Policy {
 
     // 3 and 4, class by class (priority classes are strict; the other orders have one class)
     int left = capacity;
+    // Ranks that share cores (a CPU): a rank beyond the cores adds no compute, so spare ranks are lent only
+    // while every busy rank still has a core (NOTE [planning], 4).
+    const int cores = view.cost != nullptr ? view.cost->sharedCores() : 0;
+    int busy = 0;
+    auto spare = [&] { return cores > 0 ? std::min(left, std::max(0, cores - busy)) : left; };
     for (size_t begin = 0; begin < top && left > 0;) {
       size_t end = begin + 1;
       while (end < top && (o_.order != PolicyOrder::kPriority || cands_[end].k0 == cands_[begin].k0)) ++end;
@@ -289,24 +298,26 @@ class PlanningPolicy : public Policy {
         Candidate& c = cands_[i];
         c.plan = fitDegree(*c.rec, std::min({c.base, left, limit(*c.rec, world)}));
         left -= c.plan;
+        busy += c.plan;
       }
       if (o_.order == PolicyOrder::kDeadline || o_.order == PolicyOrder::kPriority) {
-        for (size_t i = begin; i < end && left > 0; ++i) {  // spare ranks to the earliest deadlines
+        for (size_t i = begin; i < end && spare() > 0; ++i) {  // spare ranks to the earliest deadlines
           Candidate& c = cands_[i];
-          while (left > 0 && growth(c, left, world)) {
+          while (spare() > 0 && growth(c, spare(), world)) {
             left -= c.grow_to - c.plan;
+            busy += c.grow_to - c.plan;
             c.plan = c.grow_to;
             c.grow_to = 0;
           }
         }
       } else {
         // spare ranks where they save the most time per rank
-        while (left > 0) {
+        while (spare() > 0) {
           Candidate* best = nullptr;
           double best_gain = 0;
           for (size_t i = begin; i < end; ++i) {
             Candidate& c = cands_[i];
-            if (!growth(c, left, world)) continue;
+            if (!growth(c, spare(), world)) continue;
             if (c.grow_gain > best_gain) {
               best_gain = c.grow_gain;
               best = &c;
@@ -314,6 +325,7 @@ class PlanningPolicy : public Policy {
           }
           if (best == nullptr) break;
           left -= best->grow_to - best->plan;
+          busy += best->grow_to - best->plan;
           best->plan = best->grow_to;
           best->grow_to = 0;
         }

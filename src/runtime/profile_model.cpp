@@ -117,6 +117,7 @@ class ProfiledCostModel : public CostModel {
   }
 
   const ModelArch& model() const override { return model_; }
+  int32_t sharedCores() const override { return profile_.num_cores; }
 
  private:
   const Curve* find(const Key& key) const {

@@ -20,11 +20,11 @@
 //     most remaining time per added rank, so a long video that scales gets them before a short image that
 //     hardly does. A small image whose step is dominated by communication stays on one or two ranks, and
 //     under load every request runs on one rank, where a rank-second does the most work. Where the ranks
-//     share fewer cores (a CPU, CostModel::sharedCores), ranks are spare only while every busy rank keeps a
-//     core: a rank beyond the cores adds no compute, only waits in collectives for peers the OS is not running,
-//     and the cost model, measured with the ranks it used alone, would promise a speed-up the load takes
-//     away. Priority classes are strict: steps 3 and 4 run for a whole class before the next class gets a
-//     rank.
+//     share fewer cores (a CPU, CostModel::sharedCores), ranks are spare only while every busy rank (decodes
+//     included) keeps a core: a rank beyond the cores adds no compute, only waits in collectives for peers the
+//     OS is not running, and the cost model, measured with the ranks it used alone, would promise a speed-up
+//     the load takes away. Priority classes are strict: steps 3 and 4 run for a whole class before the next
+//     class gets a rank.
 //  5. Placement, in order: a running candidate whose plan is larger than its group reserves the difference
 //     among the free ranks (lower candidates may not take them; they stay idle at most until its boundary).
 //     A waiting candidate takes as many of the unreserved free ranks as its plan asks, or the largest degree
@@ -287,9 +287,10 @@ class PlanningPolicy : public Policy {
     // 3 and 4, class by class (priority classes are strict; the other orders have one class)
     int left = capacity;
     // Ranks that share cores (a CPU): a rank beyond the cores adds no compute, so spare ranks are lent only
-    // while every busy rank still has a core (NOTE [planning], 4).
+    // while every busy rank still has a core (NOTE [planning], 4). Ranks outside the capacity (decoding) are
+    // busy too: a decode takes a core as surely as a step does.
     const int cores = view.cost != nullptr ? view.cost->sharedCores() : 0;
-    int busy = 0;
+    int busy = world - capacity;
     auto spare = [&] { return cores > 0 ? std::min(left, std::max(0, cores - busy)) : left; };
     for (size_t begin = 0; begin < top && left > 0;) {
       size_t end = begin + 1;

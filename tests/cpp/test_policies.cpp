@@ -472,6 +472,40 @@ TEST(Policies, CfgParallelWhereTheCostModelSaysItIsCheaper) {
   }
 }
 
+TEST(Policies, SpareRanksOnlyWhileEveryBusyRankKeepsACore) {
+  // Four ranks on two cores (a CPU): a request that scales perfectly may take the second core, not the other
+  // two ranks, and none at all while another request decodes on a third rank (its decode takes a core).
+  struct TwoCores : gfdit::testing::FixedCost {
+    TwoCores() : FixedCost(0.0, 0.016, 0.0, 0.0) {}
+    int32_t sharedCores() const override { return 2; }
+  } cores;
+  for (const char* name : kDynamic) {
+    View alone(4, allRanks(4));
+    alone.v.cost = &cores;
+    alone.add(scalingRecord(1, 1.0, 20));
+    auto ds = makePolicy(name)->schedule(alone.build());
+    ASSERT_EQ(ds.size(), 1u) << name;
+    EXPECT_EQ(ds[0].ranks.size(), 2u) << name << ": one rank per core";
+
+    View decoding(4, {0, 1, 2});
+    decoding.v.cost = &cores;
+    decoding.add(scalingRecord(1, 1.0, 20));
+    RequestRecord& d = decoding.add(scalingRecord(2, 1.0, 0), true);
+    d.state = RequestState::kDecoding;
+    d.ranks = {3};
+    ds = makePolicy(name)->schedule(decoding.build());
+    ASSERT_EQ(ds.size(), 1u) << name;
+    EXPECT_EQ(ds[0].request_id, 1u) << name;
+    EXPECT_EQ(ds[0].ranks.size(), 1u) << name << ": the decode holds the other core";
+
+    View nocores(4, allRanks(4));  // one device per rank: every rank that pays
+    nocores.add(scalingRecord(1, 1.0, 20));
+    ds = makePolicy(name)->schedule(nocores.build());
+    ASSERT_EQ(ds.size(), 1u) << name;
+    EXPECT_EQ(ds[0].ranks.size(), 4u) << name;
+  }
+}
+
 TEST(Policies, NamesAndOptions) {
   for (const char* n : {"fcfs", "srtf", "edf", "priority", "static:2", "edf:layout=usp", "srtf:layout=torus"}) {
     EXPECT_EQ(makePolicy(n)->name(), n);

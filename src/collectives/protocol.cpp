@@ -568,12 +568,56 @@ Plan& Engine::start(Kind kind, int n, Transport& t, void* stream, DType dtype, R
 }
 
 void Engine::finish() {
-  if (plan_.transport != nullptr) plan_.transport->end();
+  if (plan_.transport == nullptr) return;
+  Transport* t = plan_.transport;
   plan_.transport = nullptr;
+  try {
+    t->end();
+  } catch (const Error& e) {
+    if (!broken_) fail(e.code(), e.what());
+    throw;
+  }
+}
+
+void Engine::abandon() noexcept {
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    // Unwinding from another error (or a collective that ran no messages): the first error is the one the caller
+    // sees; this one breaks the world so that the next call reports it instead of running on a transport in an
+    // unknown state.
+    breakQuietly(std::string("gfdit: ending a collective failed: ") + e.what());
+  }
+}
+
+void Engine::breakQuietly(const std::string& message) noexcept {
+  if (broken_) return;
+  try {
+    broken_reason_ = message;
+    broken_ = true;
+    broadcastFailure(message);
+  } catch (...) {
+    broken_ = true;
+  }
 }
 
 void Engine::run(const Group& g) {
   checkAbort();
+  // From here on the edge counters move: whatever fails (a transport refusing a copy, a device launch, memory)
+  // leaves this rank out of step with its peers, so it breaks the world and tells them instead of letting them
+  // wait out their timeout.
+  try {
+    runPlan(g);
+  } catch (const Error& e) {
+    if (!broken_) fail(e.code(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    if (!broken_) fail(ErrorCode::kSystemError, std::string("gfdit: ") + e.what());
+    throw;
+  }
+}
+
+void Engine::runPlan(const Group& g) {
   Plan& plan = plan_;
   int n = g.size(), me = g.selfIdx();
   ++stats_.collectives;

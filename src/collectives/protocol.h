@@ -146,8 +146,11 @@ class Engine {
   /// Runs the started plan to completion: every send published (zero-copy ones read), every receive
   /// consumed. Waits only when nothing can move; see NOTE [doorbell].
   void run(const Group& g);
-  /// Ends the started collective (also when it failed or ran no messages).
+  /// Ends the started collective on its transport; what the transport reports breaks the world and is thrown.
   void finish();
+  /// Ends the started collective if run did not (an error, or no messages), without throwing: what ending it
+  /// reports breaks the world instead (the next call names it).
+  void abandon() noexcept;
 
   // ---- one-sided (host transport) ----
   void putWithSignal(int peer, uint8_t* dst, const void* src, size_t bytes, const CopySelector& copier);
@@ -159,6 +162,8 @@ class Engine {
   uint32_t doorbell() const { return core::readBell(&self().header->doorbell); }
   void waitDoorbell(uint32_t seen, std::chrono::nanoseconds slice);
   void broadcastFailure(const std::string& message);
+  void breakQuietly(const std::string& message) noexcept;
+  void runPlan(const Group& g);
   std::string peerFailure(int peer) const;
   template <typename Describe>
   void checkPeer(int peer, std::chrono::steady_clock::time_point now, Describe waiting_for);
@@ -208,7 +213,7 @@ class Engine {
 
   Plan plan_;
   std::mutex call_mu_;
-  bool broken_ = false;
+  std::atomic<bool> broken_{false};  // read by usable() without the call lock
   std::string broken_reason_;
   std::atomic<uint32_t> message_tag_{0};  // see NOTE [message tags]
   const uint64_t* abort_word_ = nullptr;

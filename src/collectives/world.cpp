@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cpu_transport.h"
@@ -32,6 +34,9 @@ using protocol::Plan;
 namespace {
 
 std::atomic<DeviceTransportFactory> g_device_factory{nullptr};
+// Longer bounds are clamped to this: a wait's elapsed time is compared in nanoseconds, which a bound of
+// millions of years (or "infinity" from Python) would overflow.
+constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24 * 365 * 100);
 std::atomic<uint64_t> g_world_generation{0};
 
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -39,6 +44,47 @@ size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 size_t envSize(const char* name, size_t fallback) {
   const char* v = std::getenv(name);
   return (v != nullptr && *v != '\0') ? static_cast<size_t>(std::stoull(v)) : fallback;
+}
+
+// The bytes a view spans from its first to its last byte, [first, second).
+std::pair<uintptr_t, uintptr_t> extent(const BufferView& v) {
+  auto b = reinterpret_cast<uintptr_t>(v.ptr);
+  if (v.bytes() == 0) return {b, b};
+  return {b, b + (v.rows - 1) * v.stride + v.row_bytes};
+}
+
+bool overlaps(const BufferView& a, const BufferView& b) {
+  auto [a0, a1] = extent(a);
+  auto [b0, b1] = extent(b);
+  return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
+// An output block that overlaps an input block a peer may still read (zero copy, or staged chunk by chunk while
+// this rank already receives) would be overwritten under it: refused. `ins` has n blocks, or 1 shared by all;
+// the only overlap allowed is this rank's own output block being exactly its own input (in place).
+void checkNoOverlap(const char* what, const BufferView* ins, int num_ins, const BufferView* outs, int n, int me) {
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (int j = 0; j < num_ins; ++j) {
+    auto [b, e] = extent(ins[j]);
+    if (b == e) continue;
+    lo = std::min(lo, b);
+    hi = std::max(hi, e);
+  }
+  for (int i = 0; i < n; ++i) {
+    auto [b, e] = extent(outs[i]);
+    if (b == e || e <= lo || hi <= b) continue;  // apart from every input (the usual case: one test)
+    for (int j = 0; j < num_ins; ++j) {
+      const int block = num_ins == 1 ? me : j;
+      if (i == me && block == me && ins[j].ptr == outs[i].ptr && ins[j].rows == outs[i].rows &&
+          ins[j].row_bytes == outs[i].row_bytes && ins[j].stride == outs[i].stride) {
+        continue;
+      }
+      GFDIT_CHECK(!overlaps(outs[i], ins[j]))
+          << "gfdit: " << what << ": output block " << i << " overlaps input block " << block << " (member " << me
+          << " of " << n << "); peers may still read the input while this rank writes the output: use a separate "
+          << "output (in place is allowed only for this rank's own block)";
+    }
+  }
 }
 
 void checkMember(const Group& g, int world_size, int rank) {
@@ -90,7 +136,9 @@ class Collective {
   Collective(protocol::Engine& e, protocol::Kind kind, int n, Transport& t, void* stream, DType dtype = DType::kFloat32,
              ReduceOp op = ReduceOp::kSum)
       : engine_(e), plan(e.start(kind, n, t, stream, dtype, op)) {}
-  ~Collective() { engine_.finish(); }
+  ~Collective() { engine_.abandon(); }
+  /// Ends the collective on its transport (after its last operation); throws what the transport reports.
+  void finish() { engine_.finish(); }
   Collective(const Collective&) = delete;
   Collective& operator=(const Collective&) = delete;
 
@@ -116,6 +164,7 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   impl->rank = rank;
   impl->size = world_size;
   impl->options = options;
+  impl->options.timeout = std::min(options.timeout, kMaxTimeout);
   size_t slot_bytes = alignUp(options.slot_bytes ? options.slot_bytes : envSize("GFDIT_SLOT_BYTES", 256 << 10), 64);
   size_t default_slots = std::min<size_t>(128, std::max<size_t>(8, 4 * static_cast<size_t>(world_size - 1)));
   size_t num_slots = options.num_slots ? options.num_slots : envSize("GFDIT_NUM_SLOTS", default_slots);
@@ -134,6 +183,9 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   impl->options.spin_us = spin_us;
   CopySelector copier;
   if (const char* table = std::getenv("GFDIT_COPY_TABLE")) copier = CopySelector::parse(table);
+  GFDIT_CHECK(!copier.isDevice()) << "gfdit: GFDIT_COPY_TABLE names device copy paths ("
+                                  << std::getenv("GFDIT_COPY_TABLE")
+                                  << "); the host transport takes the CPU ones (GFDIT_CUDA_COPY_TABLE is the device's)";
 
   // Layout of this rank's region.
   size_t off = alignUp(sizeof(RegionHeader), 4096);
@@ -203,7 +255,7 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
     if (p != rank) liveness[p] = core::PeerLiveness(&ph->heartbeat, ph->pid, ph->pid_ns, stale);
   }
   impl->engine = std::make_unique<protocol::Engine>(
-      rank, std::move(host), options.timeout,
+      rank, std::move(host), impl->options.timeout,
       core::Backoff{std::chrono::microseconds(spin_us), std::chrono::microseconds(yield_us)});
   impl->engine->setLiveness(std::move(liveness));
   impl->cpu = std::make_unique<CpuTransport>(rank, std::move(bases), staging_off, slot_bytes, num_slots, heap_off,
@@ -215,7 +267,7 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
     args.device = options.device;
     args.store = &store;
     args.key_prefix = prefix + "device/";
-    args.timeout = options.timeout;
+    args.timeout = impl->options.timeout;
     args.heap_bytes = heap_bytes;
     impl->device = g_device_factory.load()(args);
     Transport* device = impl->device.get();
@@ -232,6 +284,8 @@ int World::size() const { return impl_->size; }
 const WorldOptions& World::options() const { return impl_->options; }
 void World::setTimeout(std::chrono::milliseconds timeout) {
   GFDIT_CHECK(timeout.count() > 0) << "timeout must be positive";
+  timeout = std::min(timeout, kMaxTimeout);
+  std::lock_guard<std::mutex> lock(impl_->engine->mutex());  // not while a collective of another thread waits
   impl_->options.timeout = timeout;
   impl_->engine->setTimeout(timeout);
   if (impl_->device != nullptr) impl_->device->setTimeout(timeout);
@@ -240,7 +294,10 @@ Group World::newGroup(const int* ranks, int num_ranks) const {
   return Group::create(ranks, num_ranks, impl_->size, impl_->rank);
 }
 Group World::worldGroup() const { return Group::whole(impl_->size, impl_->rank); }
-WorldStats World::stats() const { return impl_->engine->stats(); }
+WorldStats World::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->engine->mutex());
+  return impl_->engine->stats();
+}
 void World::setMessageTag(uint32_t tag) { impl_->engine->setMessageTag(tag); }
 uint32_t World::messageTag() const { return impl_->engine->messageTag(); }
 bool World::usable() const { return impl_->engine->usable(); }
@@ -280,20 +337,40 @@ void* World::symmetricAlloc(const Group& group, size_t bytes, bool device) {
   core::HeapAllocator& heap = t.heap();
   int n = group.size();
   size_t cursor = 0;
-  std::vector<int64_t> offers(n);
+  struct Offer {
+    int64_t offset;  // -1: no room
+    uint64_t bytes;  // what this member asked for: a put checks only its own block, so all must agree
+  };
+  std::vector<Offer> offers(n);
   for (int round = 0;; ++round) {
+    // firstFitFrom and allocAt are two steps: another thread's heapAlloc in between turns this into "no room"
+    // for this round, and the next round looks again from the same cursor.
     size_t mine = heap.firstFitFrom(cursor, bytes);
     if (mine != core::HeapAllocator::kNone && !heap.allocAt(mine, bytes)) mine = core::HeapAllocator::kNone;
-    int64_t offer = mine == core::HeapAllocator::kNone ? -1 : static_cast<int64_t>(mine);
-    if (n > 1) {
-      allGather(group, &offer, offers.data(), sizeof(offer));
-    } else {
-      offers[0] = offer;
+    Offer offer{mine == core::HeapAllocator::kNone ? -1 : static_cast<int64_t>(mine), bytes};
+    try {
+      if (n > 1) {
+        allGather(group, &offer, offers.data(), sizeof(offer));
+      } else {
+        offers[0] = offer;
+      }
+    } catch (...) {
+      if (offer.offset >= 0) heap.free(static_cast<size_t>(offer.offset));
+      throw;
     }
-    int64_t lo = *std::min_element(offers.begin(), offers.end());
-    int64_t hi = *std::max_element(offers.begin(), offers.end());
-    if (lo >= 0 && lo == hi) return t.heapBase() + static_cast<size_t>(lo);
-    if (offer >= 0) heap.free(static_cast<size_t>(offer));
+    auto sizes_differ = std::any_of(offers.begin(), offers.end(), [&](const Offer& o) { return o.bytes != bytes; });
+    auto [lo_it, hi_it] = std::minmax_element(offers.begin(), offers.end(),
+                                              [](const Offer& a, const Offer& b) { return a.offset < b.offset; });
+    int64_t lo = lo_it->offset, hi = hi_it->offset;
+    if (!sizes_differ && lo >= 0 && lo == hi) return t.heapBase() + static_cast<size_t>(lo);
+    if (offer.offset >= 0) heap.free(static_cast<size_t>(offer.offset));
+    if (sizes_differ) {
+      std::ostringstream os;
+      os << "gfdit: symmetric allocation on group " << group.toString() << ": the members asked for different sizes (";
+      for (int j = 0; j < n; ++j) os << (j ? ", " : "") << "rank " << group.rankAt(j) << ": " << offers[j].bytes;
+      os << " bytes); every member must ask for the same size";
+      throw Error(ErrorCode::kInvalidUsage, os.str());
+    }
     if (lo < 0) {
       std::ostringstream os;
       os << "gfdit: no offset of the " << (device ? "device" : "host") << " heap has room for " << bytes
@@ -339,6 +416,7 @@ void World::allGatherV(const Group& group, const BufferView& in, const BufferVie
   int n = group.size(), me = group.selfIdx();
   GFDIT_CHECK(outs[me].bytes() == in.bytes())
       << "gfdit: all_gather: this rank's output block has " << outs[me].bytes() << " bytes, input " << in.bytes();
+  checkNoOverlap("all_gather", &in, 1, outs, n, me);
   Transport& t = m.transport(stream);
   Collective c(*m.engine, protocol::kAllGather, n, t, stream);
   Plan& plan = c.plan;
@@ -357,6 +435,7 @@ void World::allGatherV(const Group& group, const BufferView& in, const BufferVie
     t.copyLocal(outs[me], 0, in, 0, in.bytes());
   }
   if (n > 1) m.engine->run(group);
+  c.finish();
 }
 
 void World::allToAll(const Group& group, const void* in, void* out, size_t bytes_per_rank, void* stream) {
@@ -377,6 +456,7 @@ void World::allToAllV(const Group& group, const BufferView* ins, const BufferVie
   int n = group.size(), me = group.selfIdx();
   GFDIT_CHECK(ins[me].bytes() == outs[me].bytes()) << "gfdit: all_to_all: this rank's own block has " << ins[me].bytes()
                                                    << " bytes in and " << outs[me].bytes() << " out";
+  checkNoOverlap("all_to_all", ins, n, outs, n, me);
   Transport& t = m.transport(stream);
   Collective c(*m.engine, protocol::kAllToAll, n, t, stream);
   Plan& plan = c.plan;
@@ -389,8 +469,9 @@ void World::allToAllV(const Group& group, const BufferView* ins, const BufferVie
     plan.recv[j].view = outs[j];
     plan.recv[j].total = outs[j].bytes();
   }
-  t.copyLocal(outs[me], 0, ins[me], 0, ins[me].bytes());
+  if (outs[me].ptr != ins[me].ptr) t.copyLocal(outs[me], 0, ins[me], 0, ins[me].bytes());
   if (n > 1) m.engine->run(group);
+  c.finish();
 }
 
 void World::reduceScatter(const Group& group, const void* in, void* out, size_t count_per_rank, DType dtype,
@@ -428,9 +509,11 @@ void World::reduceScatter(const Group& group, const void* in, void* out, size_t 
   }
   if (n == 1) {
     if (out != in) t.copyLocal(BufferView::contiguous(out, block), 0, BufferView::contiguous(base, block), 0, block);
+    c.finish();
     return;
   }
   m.engine->run(group);
+  c.finish();
 }
 
 void World::allReduce(const Group& group, void* data, size_t count, DType dtype, ReduceOp op, void* stream) {
@@ -466,6 +549,7 @@ void World::allReduce(const Group& group, void* data, size_t count, DType dtype,
     }
     m.engine->run(group);
     t.copyLocal(BufferView::contiguous(data, bytes), 0, BufferView::contiguous(scratch, bytes), 0, bytes);
+    c.finish();
     return;
   }
   // Reduce-scatter into our block in place, then all-gather the blocks. Blocks are element-aligned;
@@ -489,6 +573,7 @@ void World::allReduce(const Group& group, void* data, size_t count, DType dtype,
       plan.recv[j].total = block_len(me);
     }
     m.engine->run(group);
+    c.finish();
   }
   Collective c(*m.engine, protocol::kAllReduceGather, n, t, stream, dtype, op);
   Plan& plan = c.plan;
@@ -503,6 +588,7 @@ void World::allReduce(const Group& group, void* data, size_t count, DType dtype,
     plan.recv[j].total = block_len(j);
   }
   m.engine->run(group);
+  c.finish();
 }
 
 void World::broadcast(const Group& group, void* data, size_t bytes, int root_rank, void* stream) {
@@ -533,6 +619,7 @@ void World::broadcast(const Group& group, void* data, size_t bytes, int root_ran
   // Only the edges to the root carry messages; members that are neither root nor peer of this rank on
   // a message still count the instance (run() does), which keeps their edge counters in step.
   m.engine->run(group);
+  c.finish();
 }
 
 void World::send(const void* data, size_t bytes, int dst_rank, void* stream) {
@@ -548,6 +635,7 @@ void World::send(const void* data, size_t bytes, int dst_rank, void* stream) {
   c.plan.send[1].view = BufferView::contiguous(const_cast<void*>(data), bytes);
   c.plan.send[1].total = bytes;
   m.engine->run(g);
+  c.finish();
 }
 
 void World::recv(void* data, size_t bytes, int src_rank, void* stream) {
@@ -563,6 +651,7 @@ void World::recv(void* data, size_t bytes, int src_rank, void* stream) {
   c.plan.recv[1].view = BufferView::contiguous(data, bytes);
   c.plan.recv[1].total = bytes;
   m.engine->run(g);
+  c.finish();
 }
 
 void World::barrier(const Group& group, void* stream) {
@@ -581,6 +670,7 @@ void World::barrier(const Group& group, void* stream) {
     c.plan.recv[j].active = true;
   }
   m.engine->run(group);
+  c.finish();
 }
 
 void World::putWithSignal(int peer, const void* src, size_t bytes, size_t remote_heap_offset, void* stream) {
@@ -601,7 +691,7 @@ void World::putWithSignal(int peer, const void* src, size_t bytes, size_t remote
     return;
   }
   size_t peer_heap = m.engine->region(peer).header->heap_bytes;
-  GFDIT_CHECK(remote_heap_offset + bytes <= peer_heap)
+  GFDIT_CHECK(bytes <= peer_heap && remote_heap_offset <= peer_heap - bytes)
       << "gfdit: put of " << bytes << " bytes at heap offset " << remote_heap_offset << " overruns rank " << peer
       << "'s heap of " << peer_heap << " bytes";
   std::lock_guard<std::mutex> lock(m.engine->mutex());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 
 namespace gfdit {
 namespace core {
@@ -20,6 +21,8 @@ void HeapAllocator::reset(size_t capacity, size_t align) {
 
 size_t HeapAllocator::rounded(size_t bytes) const {
   size_t b = std::max<size_t>(bytes, 1);
+  // More than the heap can never fit; saying so here keeps the rounding below from wrapping to a small size.
+  if (b > capacity_ || b > std::numeric_limits<size_t>::max() - align_) return std::numeric_limits<size_t>::max();
   return (b + align_ - 1) / align_ * align_;
 }
 
@@ -57,7 +60,7 @@ bool HeapAllocator::allocAt(size_t offset, size_t bytes) {
   if (it == free_.begin()) return false;
   --it;  // the free block starting at or before offset
   size_t off = it->first, len = it->second;
-  if (offset + need > off + len) return false;
+  if (need > len || offset - off > len - need) return false;  // (offset + need could wrap)
   free_.erase(it);
   if (offset > off) free_.emplace(off, offset - off);
   if (off + len > offset + need) free_.emplace(offset + need, off + len - offset - need);

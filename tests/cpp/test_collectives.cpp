@@ -3,6 +3,7 @@
 
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -327,6 +328,52 @@ TEST_P(Collectives, ProdNaNWrapAndAliasing) {
           },
           smallSlots()),
       "");
+}
+
+TEST_P(Collectives, OverlappingOutputsSizesAndPutBoundsAreRefused) {
+  EXPECT_EQ(runRanks(
+                GetParam(),
+                [](World& w) {
+                  Group g = w.worldGroup();
+                  int n = w.size(), me = w.rank();
+                  const size_t block = 5000;  // past one small slot: chunks staged while peers already read
+                  auto refused = [](auto&& call, const char* what) {
+                    try {
+                      call();
+                    } catch (const Error& e) {
+                      return e.code() == ErrorCode::kInvalidUsage &&
+                             std::string(e.what()).find(what) != std::string::npos;
+                    }
+                    return false;
+                  };
+                  std::vector<uint8_t> buf(block * n), other(block * n);
+                  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(val(2, me, i));
+                  if (n > 1) {
+                    // all_to_all in place: every other block would be overwritten while its peer reads it
+                    RANK_CHECK(refused([&] { w.allToAll(g, buf.data(), buf.data(), block); }, "overlaps input block"));
+                    // all_gather whose input sits in another member's output block
+                    int next = (me + 1) % n;
+                    RANK_CHECK(refused([&] { w.allGather(g, buf.data() + next * block, buf.data(), block); },
+                                       "overlaps input block"));
+                    // members asking for different sizes get no symmetric block (on every member alike)
+                    RANK_CHECK(refused([&] { w.symmetricAlloc(g, 4096 * (me + 1)); }, "different sizes"));
+                    // a put whose offset + size wraps around is refused, not sent
+                    int peer = (me + 1) % n;
+                    RANK_CHECK(refused([&] { w.putWithSignal(peer, buf.data(), 16, SIZE_MAX - 8); }, "overruns"));
+                  }
+                  // The refusals came before any message: the world still works, in place where it is allowed.
+                  RANK_CHECK(w.usable());
+                  w.allGather(g, buf.data() + me * block, buf.data(), block);
+                  for (int r = 0; r < n; ++r) {
+                    for (size_t i = 0; i < block; i += 97) {
+                      RANK_CHECK(buf[r * block + i] == static_cast<uint8_t>(val(2, r, r * block + i)));
+                    }
+                  }
+                  void* p = w.symmetricAlloc(g, 4096);
+                  w.heapFree(p);
+                },
+                smallSlots()),
+            "");
 }
 
 TEST_P(Collectives, SymmetricAllocAgreesAfterHeapsDiverged) {

@@ -1,8 +1,10 @@
 // src/core: shared-memory objects, doorbells, heartbeats, the heap allocator.
 #include <gtest/gtest.h>
+
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <limits>
 
 #include <chrono>
 #include <random>
@@ -134,6 +136,13 @@ TEST(Core, HeapAllocatorFirstFitPlacementAndCoalescing) {
   EXPECT_TRUE(h.free(2048));
   EXPECT_EQ(h.used(), 0u);
   EXPECT_EQ(h.alloc(4096), 0u);  // every hole merged back into one block
+  // Sizes near SIZE_MAX would wrap to a small block when rounded up: refused instead.
+  EXPECT_TRUE(h.free(0));
+  const size_t huge = std::numeric_limits<size_t>::max() - 10;
+  EXPECT_EQ(h.alloc(huge), core::HeapAllocator::kNone);
+  EXPECT_EQ(h.firstFitFrom(0, huge), core::HeapAllocator::kNone);
+  EXPECT_FALSE(h.allocAt(256, huge));
+  EXPECT_EQ(h.used(), 0u);
   // Random alloc / placement / free against a map of 256-byte units: blocks never overlap, used() adds up.
   core::HeapAllocator r(1 << 16, 256);
   std::vector<int> owner((1 << 16) / 256, -1);

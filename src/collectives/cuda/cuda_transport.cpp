@@ -327,7 +327,7 @@ class CudaTransportImpl final : public CudaTransport {
 
   void putWithSignal(int peer, size_t remote_heap_offset, const void* src, size_t bytes) override {
     checkPeer(peer);
-    GFDIT_CHECK(remote_heap_offset + bytes <= heap_bytes_)
+    GFDIT_CHECK(bytes <= heap_bytes_ && remote_heap_offset <= heap_bytes_ - bytes)
         << "gfdit: device put of " << bytes << " bytes at heap offset " << remote_heap_offset << " overruns rank "
         << peer << "'s device heap of " << heap_bytes_ << " bytes";
     HeldOp op;

@@ -187,10 +187,10 @@ def _reduce_op(op: Any, what: str) -> tuple[Any, bool]:
     )
 
 
-def _average(t: torch.Tensor, n: int, what: str) -> None:
-    if not t.is_floating_point():
+def _check_average(t: torch.Tensor, avg: bool, what: str) -> None:
+    """Refuses AVG on an integer tensor before any collective has touched it."""
+    if avg and not t.is_floating_point():
         raise InvalidUsage(f"gfdit backend: {what}: AVG needs a floating-point tensor, got {t.dtype}")
-    t.div_(n)
 
 
 class _P2PQueue:
@@ -353,12 +353,13 @@ class ProcessGroupGfdit(dist.ProcessGroup):
         for t in tensors:
             _cpu(t, "tensor", "all_reduce")
             dt = _reducible(t, "all_reduce")
+            _check_average(t, avg, "all_reduce")
             o = _Out(t)
             if o.buf is not t:
                 o.buf.copy_(t)
             w.all_reduce(self._g, o.buf.data_ptr(), t.numel(), dt, op)
             if avg:
-                _average(o.buf, self._n, "all_reduce")
+                o.buf.div_(self._n)
             o.finish()
         return _done(tensors)
 
@@ -373,10 +374,11 @@ class ProcessGroupGfdit(dist.ProcessGroup):
         for t in tensors:
             _cpu(t, "tensor", "reduce")
             dt = _reducible(t, "reduce")
+            _check_average(t, avg, "reduce")
             buf = t.contiguous().clone()
             w.all_reduce(self._g, buf.data_ptr(), t.numel(), dt, op)
             if avg:
-                _average(buf, self._n, "reduce")
+                buf.div_(self._n)
             if self.rank() == root:
                 t.copy_(buf)
         return _done(tensors)
@@ -392,6 +394,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
             )
         dt = _reducible(out, "reduce_scatter_tensor")
         op, avg = _reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), "reduce_scatter_tensor")
+        _check_average(out, avg, "reduce_scatter_tensor")
         src = inp.contiguous()
         o = _Out(out)
         a, b = o.buf.data_ptr(), src.data_ptr()
@@ -399,7 +402,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
             o.buf = torch.empty(out.shape, dtype=out.dtype)  # an output inside the input: reduce aside
         w.reduce_scatter(self._g, src.data_ptr(), o.buf.data_ptr(), out.numel(), dt, op)
         if avg:
-            _average(o.buf, self._n, "reduce_scatter_tensor")
+            o.buf.div_(self._n)
         if o.buf is not out:
             out.copy_(o.buf)
         return _done(out)
@@ -478,6 +481,16 @@ class ProcessGroupGfdit(dist.ProcessGroup):
     def gather(self, out_lists: list[list[torch.Tensor]], inps: list[torch.Tensor], opts: Any = None) -> Any:
         # An all-gather that only the root keeps: gfdit has no rooted gather, and DiT code gathers little.
         root = int(_opt(opts, "rootRank", 0))
+        if self.rank() == root:
+            for k, inp in enumerate(inps):
+                outs = out_lists[k]
+                if len(outs) != self._n or any(
+                    o.dtype != inp.dtype or o.numel() != inp.numel() or o.is_cuda for o in outs
+                ):
+                    raise InvalidUsage(
+                        f"gfdit backend: gather: the root needs {self._n} CPU outputs of {tuple(inp.shape)} "
+                        f"{inp.dtype}"
+                    )
         for k, inp in enumerate(inps):
             buf = torch.empty((self._n, *inp.shape), dtype=inp.dtype)
             self.all_gather_single(buf, inp)
@@ -494,9 +507,12 @@ class ProcessGroupGfdit(dist.ProcessGroup):
             nb = _nbytes(out)
             if self.rank() == root:
                 parts = in_lists[k]
-                if len(parts) != self._n or any(_nbytes(p) != nb for p in parts):
+                if len(parts) != self._n or any(
+                    p.dtype != out.dtype or p.numel() != out.numel() or p.is_cuda for p in parts
+                ):
                     raise InvalidUsage(
-                        f"gfdit backend: scatter: the root needs {self._n} inputs of {tuple(out.shape)}"
+                        f"gfdit backend: scatter: the root needs {self._n} CPU inputs of {tuple(out.shape)} "
+                        f"{out.dtype}"
                     )
                 src = torch.cat([_bytes(p.contiguous()) for p in parts])
                 in_splits = [nb] * self._n

@@ -357,17 +357,20 @@ def refused(ctx) -> list:
         ("recv from any source", lambda: dist.recv(torch.empty(3))),
         ("tag", lambda: dist.send(torch.ones(3), dst=(ctx.rank + 1) % ctx.world_size, tag=5)),
         ("monitored_barrier", lambda: dist.monitored_barrier()),
+        ("AVG int", lambda: dist.all_reduce(avg_int, op=dist.ReduceOp.AVG)),
     ]
+    avg_int = torch.arange(3, dtype=torch.int32)
     for name, fn in attempts:
         try:
             fn()
             msgs.append((name, None))
         except Exception as exc:  # noqa: BLE001 - the message is the result
             msgs.append((name, str(exc)))
-    # Still usable afterwards.
+    # Still usable afterwards, and the refused AVG left its tensor as it was.
     t = torch.ones(1)
     dist.all_reduce(t)
     msgs.append(("after", t.item()))
+    msgs.append(("avg int untouched", avg_int.tolist()))
     return msgs
 
 

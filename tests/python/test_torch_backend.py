@@ -67,6 +67,7 @@ def test_unsupported_is_refused_by_name(world):
         assert "any source" in got["recv from any source"]
         assert "tag 5" in got["tag"]
         assert "monitored_barrier" in got["monitored_barrier"]
+        assert "AVG" in got["AVG int"] and got["avg int untouched"] == [0, 1, 2]
         assert got["after"] == float(len(out))
 
 

@@ -32,6 +32,10 @@ DPM_SOLVER = "DPMSolverMultistepScheduler"
 SUPPORTED = (EULER, UNIPC, DPM_SOLVER)
 
 
+# What diffusers raises for a schedule its scheduler cannot make (set_timesteps' own checks).
+_SCHEDULE_ERRORS = (ValueError, AssertionError, TypeError)
+
+
 class Sampler:
     """A scheduler config as a schedule (once per request) and a step (on a ``DenoiseState``)."""
 
@@ -63,11 +67,13 @@ class Sampler:
                 sched.set_timesteps(sigmas=sigmas, device="cpu", **kwargs)
             else:
                 sched.set_timesteps(num_inference_steps, device="cpu", **kwargs)
-        except (ValueError, AssertionError, TypeError) as exc:
-            raise InvalidUsage(
-                f"gfdit.models: the folder's {self.name} cannot make this schedule: {exc}"
-            ) from None
+        except _SCHEDULE_ERRORS as exc:
+            raise self._refused(exc) from None
         return sched.sigmas.detach().cpu().clone(), sched.timesteps.detach().cpu().clone()
+
+    def _refused(self, exc: Exception) -> InvalidUsage:
+        """What a schedule the folder's scheduler refuses becomes (a request error, not a model error)."""
+        return InvalidUsage(f"gfdit.models: the folder's {self.name} cannot make this schedule: {exc}")
 
     def step(self, state: DenoiseState, model_output: torch.Tensor) -> DenoiseState:
         """The state after step ``state.step_idx`` given the model's (guided) output there; the input state is
@@ -90,7 +96,10 @@ class EulerSampler(Sampler):
     def schedule(
         self, num_inference_steps: int, *, sigmas: Any = None, mu: float | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return flow_match_schedule(self.config, num_inference_steps, sigmas=sigmas, mu=mu)
+        try:
+            return flow_match_schedule(self.config, num_inference_steps, sigmas=sigmas, mu=mu)
+        except _SCHEDULE_ERRORS as exc:
+            raise self._refused(exc) from None
 
     def step(self, state: DenoiseState, model_output: torch.Tensor) -> DenoiseState:
         k = state.step_idx

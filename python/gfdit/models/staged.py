@@ -408,6 +408,11 @@ class StagedModel(abc.ABC):
                 f"gfdit.models: spec cfg=2 (CFG-parallel) needs guidance, but the state has guidance_scale "
                 f"{state.guidance_scale} (one pass per step: nothing to run in parallel)"
             )
+        if state.negative_prompt_embeds is None:  # refused on both halves, before the exchange
+            raise InvalidUsage(
+                "gfdit.models: spec cfg=2 (CFG-parallel): the state has guidance but no negative prompt "
+                "embeddings for the unconditional half"
+            )
         if not comm.is_initialized():
             raise InvalidUsage("gfdit.models: spec cfg=2 (CFG-parallel) needs gfdit.init and a group")
         world = comm.get_world()

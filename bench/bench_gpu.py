@@ -5,7 +5,10 @@ against single-process attention, one tiny-wan denoise step at world 2 against w
 Run by bench/gpu_check.sh; it also runs anywhere else: without a GPU it says so and exits with status 3,
 and without gfdit's CUDA transport it measures only what needs none (the copy and single-process
 attention) and marks the rest as skipped. Ranks are processes (one per rank, spawned); on a machine with
-one GPU they all share it (``gfdit.init(device="cuda")``: rank modulo the visible devices).
+one GPU they all share it (``gfdit.init(device="cuda")``: rank modulo the visible devices). The tables say
+so ("N processes on 1 GPU") and whether those processes ran under MPS, which decides whether their kernels
+run side by side or time-slice: ``GFDIT_BENCH_MPS`` (on/off, set by bench/gpu_check.sh, which starts the
+MPS daemon; "unknown" when unset).
 
 Parts, each in fresh rank processes, each failing soft (its error becomes its row, the next part runs):
 
@@ -398,8 +401,31 @@ def gpus_per_world(n: int) -> int:
     return max(1, min(n, torch.cuda.device_count()))
 
 
+def mps_state() -> str:
+    """Whether the ranks' processes share the GPU through MPS, as the caller says (GFDIT_BENCH_MPS)."""
+    value = os.environ.get("GFDIT_BENCH_MPS", "").strip().lower()
+    return value if value in ("on", "off") else "unknown"
+
+
+def sharing(worlds: list[int], mps: str) -> str:
+    """How the measured worlds' ranks sit on the GPUs, e.g. "2, 4 processes on 1 GPU, MPS on"."""
+    per_gpus: dict[int, list[int]] = {}
+    for n in sorted(set(worlds)):
+        per_gpus.setdefault(gpus_per_world(n), []).append(n)
+    parts = [
+        f"{', '.join(str(n) for n in ns)} processes on {g} GPU{'s' if g > 1 else ''}"
+        for g, ns in sorted(per_gpus.items())
+    ]
+    return f"{'; '.join(parts)}, MPS {mps}"
+
+
 def build_tables(result: dict[str, Any]) -> tuple[str, list[C.Target]]:
     texts, targets = [], []
+    mps = result.get("env", {}).get("mps", "unknown")
+
+    def placed(title: str, worlds) -> str:
+        return f"{title} [{sharing([int(n) for n in worlds], mps)}]"
+
     copy = {int(k): v for k, v in result.get("copy", {}).items()}
     errors = result.get("errors", {})
     if copy:
@@ -428,7 +454,10 @@ def build_tables(result: dict[str, Any]) -> tuple[str, list[C.Target]]:
             )
         texts.append(
             C.print_table(
-                "group formation (new_group: host; collectives: 4 KiB CUDA all_reduce to the device's end)",
+                placed(
+                    "group formation (new_group: host; collectives: 4 KiB CUDA all_reduce to the device's end)",
+                    groups,
+                ),
                 ["ranks", "new_group us", "first collective us", "warm collective us", "error"],
                 rows,
             )
@@ -478,7 +507,9 @@ def build_tables(result: dict[str, Any]) -> tuple[str, list[C.Target]]:
                 )
         texts.append(
             C.print_table(
-                "collectives on CUDA tensors (time per op: CUDA events over a loop, max over ranks)",
+                placed(
+                    "collectives on CUDA tensors (time per op: CUDA events over a loop, max over ranks)", coll
+                ),
                 ["ranks op kind", "size/rank", "us", "busbw GB/s", "moved/GPU GB/s", "vs copy", "note"],
                 rows,
                 notes=[
@@ -527,7 +558,7 @@ def build_tables(result: dict[str, Any]) -> tuple[str, list[C.Target]]:
         shape = result.get("attn_shape")
         texts.append(
             C.print_table(
-                f"attention {shape} {result.get('attn_dtype')} (ms per call, max over ranks; ranks share the GPU)",
+                placed(f"attention {shape} {result.get('attn_dtype')} (ms per call, max over ranks)", attn),
                 ["ranks", "mode", "ms", "vs single", "max err vs 1 proc", "error"],
                 rows,
             )
@@ -551,7 +582,7 @@ def build_tables(result: dict[str, Any]) -> tuple[str, list[C.Target]]:
             )
         texts.append(
             C.print_table(
-                "tiny-wan denoise step on CUDA",
+                placed("tiny-wan denoise step on CUDA", model),
                 ["ranks", "spec", "step ms", "world 1 ms", "rel err vs world 1"],
                 rows,
             )
@@ -605,7 +636,9 @@ def main(argv: list[str] | None = None) -> int:
     env["gpu"] = torch.cuda.get_device_name(0)
     env["gpus"] = torch.cuda.device_count()
     env["cuda_transport"] = gfdit.cuda_transport_available()
+    env["mps"] = mps_state()
     C.header("bench_gpu", env)
+    print(f"bench_gpu: ranks are processes: {sharing(C.parse_ints(args.worlds), env['mps'])}", flush=True)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     worlds = C.parse_ints(args.worlds)
     sizes = C.parse_sizes(args.sizes)

@@ -8,21 +8,38 @@
 # a time limit and a status, a failed step does not stop the later ones (those that need its result say why
 # they are skipped), and the table comes last. Everything it writes goes to $OUT when set (else
 # bench/results/gpu_check/): logs/<step>.log, gpu_check.txt (the tables), gpu_check.json (steps),
-# bench_gpu.json / bench_gpu.txt (measurements), pytest_cuda.xml and cpp_*.xml (test reports).
+# bench_gpu.json / bench_gpu.txt (measurements), pytest_cuda_<file>.xml and cpp_*.xml (test reports),
+# logs/mps/ (the MPS daemon's and server's logs).
 #
-# Steps and their time (the whole run stays under GFDIT_GPU_CHECK_BUDGET_S, default 465 s, < 8 min; a step
-# that ends early leaves its time to the later ones, each up to its cap):
-#   env      5 s    the GPU, torch, nvcc, cmake
-#   wheels  10 s    .whl/*.whl that python3 lacks (diffusers and what it needs) into a --target folder
-#   gtest   20 s    GoogleTest from Debian's googletest sources carried in .whl/debs (built with this compiler)
-#   build  ~120 s   cmake + ninja: the _C module (CUDA on; if that fails, again with CUDA off), copied into
-#                   python/gfdit, PYTHONPATH=python:<wheels>
-#   cpp     30 s    the C++ CUDA test binaries (gfdit_cuda*tests), when GoogleTest was built
-#   pytest ~150 s   tests/python/test_cuda_*.py, worlds of 2 and 4 ranks sharing the GPU
-#   bench  ~120 s   bench/bench_gpu.py: copy baseline, group formation, collectives 4 KiB .. 256 MiB, attention
-#                   in every mode, one tiny-wan step at world 2 against world 1
-#   table    1 s
-# Knobs: PYTHON (python3), GFDIT_GPU_CHECK_BUDGET_S, GFDIT_GPU_CHECK_SKIP (comma list of steps), OUT.
+# Every rank is a process of its own and all of them share the one GPU. Without MPS the GPU time-slices
+# between processes, so a kernel spinning on a signal that another process's kernel will store holds the
+# GPU for a whole time slice; with MPS the processes' kernels run side by side. So when
+# nvidia-cuda-mps-control exists, the run starts a private MPS daemon (pipe and log directories in a
+# temporary directory, exported to every later step), checks that CUDA and CUDA IPC work through it (else
+# goes on without it), and quits it when the script exits, however it exits. bench_gpu.py labels its tables
+# with "N processes on 1 GPU" and whether MPS was on (GFDIT_BENCH_MPS).
+#
+# Steps and their time (the whole run stays under GFDIT_GPU_CHECK_BUDGET_S, default 465 s, < 8 min: each
+# step's limit leaves the later steps their minimum (reserve_after), a step that ends early leaves its time
+# to the later ones, each up to its cap; after the deadline only a step's 10 s kill grace, the table and the
+# 5 s MPS quit remain):
+#   env            5 s  the GPU (compute mode, the driver's CUDA version), torch, nvcc, cmake
+#   mps          ~10 s  the private MPS daemon and its probe (a CUDA tensor shared with a spawned process)
+#   wheels        10 s  .whl/*.whl that python3 lacks (diffusers and what it needs) into a --target folder
+#   gtest         20 s  GoogleTest from Debian's googletest sources carried in .whl/debs (built with this compiler)
+#   build       ~120 s  cmake + ninja: the _C module (CUDA on, NVSHMEM off; if that fails, again with CUDA off),
+#                       copied into python/gfdit, PYTHONPATH=python:<wheels>
+#   cpp           30 s  the C++ CUDA test binaries (gfdit_cuda*tests), when GoogleTest was built
+#   pytest-*    ~155 s  tests/python/test_cuda_<file>.py, one pytest run per file, each with its own limit and
+#                       report (coll 55 s, attn 40 s, models 35 s, args 25 s at most), worlds of 2 and 4 ranks
+#                       sharing the GPU; GFDIT_TEST_RUN_S=45 and GFDIT_TEST_TIMEOUT_S=8 (defaults 150 and 20)
+#                       fit the tests' world deadlines and gfdit timeouts to those limits
+#   copy-table   ~20 s  gfdit profile --collectives: the copy paths timed on this GPU (40 s at most)
+#   bench       ~100 s  bench/bench_gpu.py: copy baseline, group formation, collectives 4 KiB .. 256 MiB,
+#                       attention in every mode, one tiny-wan step at world 2 against world 1
+#   table          1 s
+# Knobs: PYTHON (python3), GFDIT_GPU_CHECK_BUDGET_S, GFDIT_GPU_CHECK_SKIP (comma list of steps),
+# GFDIT_GPU_CHECK_MPS=0 (no MPS daemon), GFDIT_TEST_RUN_S, GFDIT_TEST_TIMEOUT_S, OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
@@ -46,15 +63,19 @@ mkdir -p "$TMPDIR"  # nvcc needs it to exist
 STEPS=()
 declare -A STATUS SECS NOTE LIMIT
 
-# Minimum useful time of the steps after each one: a step's limit leaves at least that much.
+# Minimum useful time of the steps after each one: a step's limit leaves at least that much. The minimums:
+# mps 5, wheels 5, gtest 10, build 120, cpp 10, pytest-coll 15, pytest-attn 10, pytest-models 10,
+# pytest-args 5, copy-table 30, bench 50 (what these sums add up).
 reserve_after() {
   case $1 in
-    env) echo 270 ;; wheels) echo 265 ;; gtest) echo 255 ;; build | build-nocuda) echo 135 ;; cpp) echo 125 ;;
-    pytest) echo 85 ;; copy-table) echo 55 ;; bench) echo 5 ;; *) echo 0 ;;
+    env) echo 275 ;; mps) echo 270 ;; wheels) echo 265 ;; gtest) echo 255 ;; build | build-nocuda) echo 135 ;;
+    cpp) echo 125 ;; pytest-coll) echo 110 ;; pytest-attn) echo 100 ;; pytest-models) echo 90 ;;
+    pytest-args) echo 85 ;; copy-table) echo 55 ;; bench) echo 5 ;; *) echo 0 ;;
   esac
 }
 
-# step NAME CAP COMMAND: runs COMMAND (a bash string) with a limit, its output in logs/NAME.log.
+# step NAME CAP COMMAND: runs COMMAND (a bash string) with a limit, its output in logs/NAME.log; COMMAND
+# sees its limit as $STEP_LIMIT.
 step() {
   local name=$1 cap=$2 cmd=$3
   STEPS+=("$name")
@@ -74,7 +95,7 @@ step() {
   fi
   echo "== $name (limit ${limit} s)"
   local t0=$SECONDS rc
-  timeout --kill-after=10 "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
+  STEP_LIMIT=$limit timeout --kill-after=10 "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
   rc=$?
   SECS[$name]=$((SECONDS - t0))
   if ((rc == 0)); then
@@ -103,14 +124,87 @@ for mod in ninja cmake; do
 done
 
 # ---- env ------------------------------------------------------------------------------------------------
+# compute_mode: Exclusive_Process lets one process at a time use the GPU without MPS (every world of this
+# run would fail); the driver's CUDA version must be at least the build's for kernels to load.
 step env 15 "
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_mode --format=csv,noheader || true
+  echo \"driver \$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -n 1)\"
   $PYTHON -c 'import sys, torch; print(sys.version.split()[0], \"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"gpus\", torch.cuda.device_count())'
   nvcc --version | tail -n 1 || true
   cmake --version | head -n 1 || true
   ninja --version || true
 "
-note env "$(grep -m1 -v '^$' "$LOGS/env.log" | cut -c1-60); $(last_match env 'torch')"
+note env "$(grep -m1 -v '^$' "$LOGS/env.log" | cut -c1-70); $(last_match env '^driver CUDA'); $(last_match env 'torch')"
+
+# ---- mps: a private MPS daemon for the rest of the run ---------------------------------------------------------
+MPS_DIR=""
+export GFDIT_BENCH_MPS=off
+mps_stop() {  # idempotent; the EXIT trap runs it however the script ends
+  [ -n "$MPS_DIR" ] || return 0
+  # Bounded: a client that is still attached would keep `quit` waiting (it stops accepting new ones meanwhile).
+  echo quit | timeout 5 nvidia-cuda-mps-control >/dev/null 2>&1
+  mkdir -p "$LOGS/mps" && cp -r "$MPS_DIR/log/." "$LOGS/mps/" 2>/dev/null
+  rm -rf "$MPS_DIR"
+  MPS_DIR=""
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  GFDIT_BENCH_MPS=off
+}
+trap mps_stop EXIT
+if [[ $SKIP == *",mps,"* || ${GFDIT_GPU_CHECK_MPS:-1} == 0 ]]; then
+  STEPS+=(mps); STATUS[mps]="skipped"; SECS[mps]=0; LIMIT[mps]=0; NOTE[mps]="off (GFDIT_GPU_CHECK_MPS=0 or SKIP)"
+elif ! command -v nvidia-cuda-mps-control >/dev/null; then
+  STEPS+=(mps); STATUS[mps]="skipped"; SECS[mps]=0; LIMIT[mps]=0; NOTE[mps]="off: no nvidia-cuda-mps-control"
+else
+  MPS_DIR=$(mktemp -d "$TMPDIR/gfdit-mps.XXXXXX")
+  mkdir -p "$MPS_DIR/pipe" "$MPS_DIR/log"
+  export CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/pipe CUDA_MPS_LOG_DIRECTORY=$MPS_DIR/log
+  # The probe: CUDA through the MPS server, and a CUDA tensor shared with a spawned process (CUDA IPC, as the
+  # transport's regions are); a daemon whose server cannot start would fail every later CUDA step. It lists
+  # the MPS servers while it is still a client (an idle server may go away after it).
+  cat >"$MPS_DIR/probe.py" <<'PY'
+import subprocess
+import sys
+
+import torch
+import torch.multiprocessing as mp
+
+
+def child(q, r):
+    t = q.get()
+    r.put(bool(torch.equal(t, torch.arange(t.numel(), device=t.device, dtype=t.dtype))))
+
+
+if __name__ == "__main__":
+    x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    torch.cuda.synchronize()
+    ctx = mp.get_context("spawn")
+    q, r = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=child, args=(q, r))
+    p.start()
+    q.put(x)
+    ok = r.get(timeout=60)
+    p.join(30)
+    assert ok, "the spawned process read other bytes through CUDA IPC"
+    servers = subprocess.run(
+        ["nvidia-cuda-mps-control"], input="get_server_list\n", capture_output=True, text=True, timeout=10
+    ).stdout.strip()
+    assert servers, "no MPS server runs: this process's CUDA did not go through MPS"
+    with open(sys.argv[1], "w") as f:
+        f.write(servers + "\n")
+    print("probe ok: CUDA and CUDA IPC through the MPS server", servers)
+PY
+  step mps 40 "
+    nvidia-cuda-mps-control -d || exit 1
+    $PYTHON '$MPS_DIR/probe.py' '$MPS_DIR/servers'
+  "
+  if [ "${STATUS[mps]}" = ok ]; then
+    GFDIT_BENCH_MPS=on
+    note mps "on: server $(head -n 1 "$MPS_DIR/servers" 2>/dev/null), pipes in $MPS_DIR"
+  else
+    mps_stop
+    note mps "off: ${STATUS[mps]} (the daemon or its probe; logs/mps.log, logs/mps/)"
+  fi
+fi
 
 # ---- wheels: what python3 lacks of diffusers' closure -------------------------------------------------------
 step wheels 60 "
@@ -183,7 +277,10 @@ configure_and_build() {  # $1: build dir, $2: ON/OFF for CUDA
   ((HAVE_GTEST)) && [ "$2" = ON ] && tests=ON
   local gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
-  cmake -S . -B "$1" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGFDIT_ENABLE_CUDA="$2" -DGFDIT_BUILD_PYTHON=ON \
+  # NVSHMEM off: nothing here uses it, and a wheel's copy in site-packages (torch's CUDA wheels bring one,
+  # maybe for another CUDA major) must not break the build.
+  cmake -S . -B "$1" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGFDIT_ENABLE_CUDA="$2" -DGFDIT_ENABLE_NVSHMEM=OFF \
+    -DGFDIT_BUILD_PYTHON=ON \
     -DGFDIT_BUILD_TESTS=$tests -DGFDIT_BUILD_BENCH=OFF -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
     -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" -DCMAKE_PREFIX_PATH="$GTEST_PREFIX" -DGTEST_ROOT="$GTEST_PREFIX" &&
     cmake --build "$1" -j "$JOBS" --target _C &&
@@ -228,17 +325,26 @@ else
   NOTE[cpp]=$( ((CUDA_BUILD)) && echo "no GoogleTest" || echo "no CUDA build")
 fi
 
-# ---- pytest: the Python CUDA tests ----------------------------------------------------------------------------
-if ((GFDIT_OK)); then
-  step pytest 200 "
-    GFDIT_CUDA_WORLDS=2,4 $PYTHON -m pytest tests/python/test_cuda_args.py tests/python/test_cuda_collectives.py \
-      tests/python/test_cuda_attention.py tests/python/test_cuda_models.py -q -rs -p no:cacheprovider --maxfail=5 \
-      --junitxml='$OUTDIR/pytest_cuda.xml'
-  "
-  note pytest "$(last_match pytest '(passed|failed|skipped|error)')"
-else
-  STEPS+=(pytest); STATUS[pytest]="skipped"; SECS[pytest]=0; NOTE[pytest]="gfdit not importable"; LIMIT[pytest]=0
-fi
+# ---- pytest: the Python CUDA tests, one pytest run per file ------------------------------------------------------
+# A file that hangs costs its own limit, not the others'. pytest gets SIGINT 8 s before the step's limit (its
+# own process group: the ranks it spawned get it too, and KILL 5 s later): an interrupted pytest still writes
+# the junit report of the tests that finished, which the step's TERM would lose. The tests' world deadline
+# (RUN) and gfdit timeout shrink to fit those limits.
+export GFDIT_TEST_RUN_S=${GFDIT_TEST_RUN_S:-45} GFDIT_TEST_TIMEOUT_S=${GFDIT_TEST_TIMEOUT_S:-8}
+for entry in coll:collectives:55 attn:attention:40 models:models:35 args:args:25; do
+  IFS=: read -r short file cap <<<"$entry"
+  name=pytest-$short
+  if ((GFDIT_OK)); then
+    step "$name" "$cap" "
+      GFDIT_CUDA_WORLDS=2,4 timeout -s INT -k 5 \$((STEP_LIMIT > 18 ? STEP_LIMIT - 8 : STEP_LIMIT - 3)) \
+        $PYTHON -m pytest tests/python/test_cuda_$file.py -q -rs -p no:cacheprovider --maxfail=5 \
+        --junitxml='$OUTDIR/pytest_cuda_$file.xml'
+    "
+    note "$name" "$(last_match "$name" '(passed|failed|skipped|error|no tests ran)')"
+  else
+    STEPS+=("$name"); STATUS[$name]="skipped"; SECS[$name]=0; NOTE[$name]="gfdit not importable"; LIMIT[$name]=0
+  fi
+done
 
 # ---- copy-table: the copy paths timed on this GPU; the bench then runs with the measured table ------------------
 if ((GFDIT_OK && CUDA_BUILD)); then

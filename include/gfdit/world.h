@@ -17,9 +17,12 @@ namespace gfdit {
 // World::create is the only step that communicates to set up: every rank maps every peer's shared
 // region once. Afterwards a Group is a plain list of ranks and a collective synchronises only on the
 // edges (ordered rank pairs) it uses, through per-edge sequence numbers. Any mix of overlapping groups
-// is correct and deadlock-free as long as every pair of ranks meets the collective instances they share
-// in the same order. The protocol itself is described at NOTE [edge sequence numbers] in
-// src/collectives/edge.h.
+// is correct as long as every pair of ranks meets the collective instances they share in the same order
+// (a pair that disagrees is reported, naming both instances). Deadlock-freedom needs more: every rank must
+// run its collectives in an order consistent with one global order of all instances. Pairwise agreement
+// alone allows a cycle (A runs X then Y, B runs Y then Z, C runs Z then X, where X = {A, C}, Y = {A, B},
+// Z = {B, C}: each waits for the next). The runtime's single dispatch order provides the global order. The
+// protocol itself is described at NOTE [edge sequence numbers] in src/collectives/edge.h.
 
 /// Settings of a world; zero means "choose a default".
 struct WorldOptions {

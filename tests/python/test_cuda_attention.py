@@ -13,8 +13,8 @@ import cuda_support
 import pytest
 
 pytestmark = cuda_support.requires_cuda
-GFDIT_TIMEOUT = 20.0  # a hung device path is reported by gfdit within this, not by the run deadline
-RUN = 150.0
+GFDIT_TIMEOUT = cuda_support.gfdit_timeout_s()  # see cuda_support: GFDIT_TEST_TIMEOUT_S, default 20 s
+RUN = cuda_support.run_s()  # GFDIT_TEST_RUN_S, default 150 s
 WORLDS = cuda_support.world_sizes()
 
 

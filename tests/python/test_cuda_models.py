@@ -17,8 +17,8 @@ pytestmark = [
         bool(cuda_support.diffusers_missing()), reason=cuda_support.diffusers_missing() or "ok"
     ),
 ]
-GFDIT_TIMEOUT = 20.0  # a hung device path is reported by gfdit within this, not by the run deadline
-RUN = 150.0
+GFDIT_TIMEOUT = cuda_support.gfdit_timeout_s()  # see cuda_support: GFDIT_TEST_TIMEOUT_S, default 20 s
+RUN = cuda_support.run_s()  # GFDIT_TEST_RUN_S, default 150 s
 REL_TOL = 1e-3
 SPECS = {
     2: [{"ulysses": 2, "ring": 1}, {"ulysses": 1, "ring": 2}, {"ulysses": 1, "ring": 1, "cfg": 2}],

@@ -12,6 +12,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <new>
 #include <sstream>
 
 #include "cuda_check.h"
@@ -26,6 +27,39 @@ namespace cuda {
 namespace {
 
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Makes `device` the calling thread's current CUDA device for one entry point and restores the caller's on
+// the way out. CUDA's current device is per host thread and the transport is called from whatever thread
+// runs the collective (a Python thread, an engine worker) with whatever device it last chose: a launch or
+// allocation would go to that device (a launch on our stream from another device fails, cudaMalloc
+// silently allocates there), and the caller's own work must not find its device changed by ours.
+class DeviceGuard {
+ public:
+  /// Throws kSystemError when CUDA cannot read or switch the current device.
+  explicit DeviceGuard(int device) {
+    GFDIT_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) {
+      GFDIT_CUDA_CHECK(cudaSetDevice(device));
+      switched_ = true;
+    }
+  }
+  /// Best effort, for destructors: when CUDA cannot switch, the calls that follow fail on their own.
+  DeviceGuard(int device, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&prev_) == cudaSuccess && prev_ != device && cudaSetDevice(device) == cudaSuccess) {
+      switched_ = true;
+    }
+    cudaGetLastError();
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool switched_ = false;
+};
 
 size_t envSize(const char* name, size_t fallback) {
   const char* v = std::getenv(name);
@@ -64,12 +98,14 @@ class CudaTransportImpl final : public CudaTransport {
   ~CudaTransportImpl() override {
     // Best effort and bounded: the held operation goes out and everything enqueued runs (each wait is
     // bounded by the timeout), then the mappings close. Peers must be done with this region (a world
-    // barrier before destruction), as with the host region.
+    // barrier before destruction), as with the host region. A setup that failed before choosing the device
+    // has nothing on it to free.
+    if (!device_set_) return;
+    DeviceGuard guard(device_, std::nothrow);
     try {
       flush();
     } catch (...) {
     }
-    if (device_set_) cudaSetDevice(device_);
     if (done_event_ != nullptr) {
       if (have_prev_) cudaEventSynchronize(done_event_);
       cudaEventDestroy(done_event_);
@@ -98,7 +134,7 @@ class CudaTransportImpl final : public CudaTransport {
     int uva = 0;
     GFDIT_CUDA_CHECK(cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, device_));
     GFDIT_CHECK_CODE(kSystemError, uva != 0) << "gfdit: CUDA device " << device_ << " lacks unified addressing";
-    GFDIT_CUDA_CHECK(prepareKernels());
+    prepareKernels();
     bool tma = tmaKernelActive();
 
     // Sizes: see CudaTransportOptions.
@@ -218,6 +254,7 @@ class CudaTransportImpl final : public CudaTransport {
   // ---- Transport: a collective ----
 
   void begin(void* stream) override {
+    DeviceGuard guard(device_);
     if (held_.active) {
       // A collective that ended with an exception never reached end(): its last operation still goes out,
       // on its own stream, ahead of anything of this one.
@@ -235,6 +272,7 @@ class CudaTransportImpl final : public CudaTransport {
   }
 
   void end() override {
+    DeviceGuard guard(device_);
     flush();
     GFDIT_CUDA_CHECK(cudaEventRecord(done_event_, cur_));
     prev_stream_ = cur_;
@@ -353,8 +391,11 @@ class CudaTransportImpl final : public CudaTransport {
     hold(std::move(op));
   }
 
+  // Every operation of the transport (copyLocal, stage, publish, consume, reduce, ...) launches through here
+  // (hold() flushes the operation held before it), so this guard covers them all.
   void flush() override {
     if (!held_.active) return;
+    DeviceGuard guard(device_);
     HeldOp op = std::move(held_);
     held_ = HeldOp{};
     try {
@@ -399,6 +440,7 @@ class CudaTransportImpl final : public CudaTransport {
 
   uint8_t* scratch(size_t bytes) override {
     if (scratch_bytes_ < bytes) {
+      DeviceGuard guard(device_);
       // Grown rarely (the largest one-shot all-reduce so far): the old buffer may still be read by work
       // already enqueued, so the device drains before it goes.
       flush();
@@ -440,6 +482,7 @@ class CudaTransportImpl final : public CudaTransport {
 
   void abort() override {
     if (aborted_) return;
+    DeviceGuard guard(device_);
     aborted_ = true;
     // failed = 2 through a stream of its own that does not wait for the collective's streams, so spinning
     // kernels of this rank see it (and stop) and so do peers waiting on this rank.
@@ -457,6 +500,7 @@ class CudaTransportImpl final : public CudaTransport {
   const CopySelector& copyTable() const override { return table_; }
 
   void synchronize() override {
+    DeviceGuard guard(device_);
     flush();
     if (in_collective_) {
       GFDIT_CUDA_CHECK(cudaStreamSynchronize(cur_));

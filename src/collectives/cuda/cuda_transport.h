@@ -69,7 +69,9 @@ class CudaTransport : public Transport {
 
 /// Creates rank `rank`'s CUDA transport on CUDA device `device`: allocates its region, publishes its IPC
 /// handle under `key_prefix` in `store` and opens every peer's. Collective over all ranks. The CUDA
-/// context is created here (after any fork). Every rank must pass the same sizes and table.
+/// context is created here (after any fork), and `device` stays the calling thread's current device; the
+/// transport's later calls that launch or allocate make `device` current for their duration and restore the
+/// caller's. Every rank must pass the same sizes and table.
 std::unique_ptr<CudaTransport> makeCudaTransport(int rank, int world_size, int device, Store& store,
                                                  const std::string& key_prefix,
                                                  const CudaTransportOptions& options = {});

@@ -21,8 +21,10 @@
 #include <cuda_runtime.h>
 #include <cuda/atomic>
 
+#include <cstddef>
 #include <cstdint>
 
+#include "cuda_check.h"
 #include "device_region.h"
 #include "edge.h"
 #include "kernels.h"
@@ -41,6 +43,24 @@ struct OpArgs {
   DeviceWait waits[W];
   DeviceSignal signals[S];
 };
+
+// NOTE [kernel parameter size]
+// The kernels take their operation by value (no device allocation, no copy before the launch). Up to CUDA
+// 12.0 a kernel's parameters were limited to 4096 bytes; CUDA 12.1 raised the limit to 32764 bytes (on Volta
+// or newer, with a driver of CUDA 12.1 or newer; our targets are sm_80 and up). The large variant
+// (kMaxOpWaits waits, kMaxOpSignals signals, and a DeviceCopy or DeviceReduce) needs more than 4 KB, so the
+// build requires CUDA >= 12.1 (CMakeLists.txt disables the CUDA sources below that).
+constexpr size_t kMaxKernelParamBytes = 32764;
+static_assert(sizeof(OpArgs<kMaxOpWaits, kMaxOpSignals>) + sizeof(DeviceCopy) <= kMaxKernelParamBytes,
+              "opKernel's parameters exceed CUDA's 32764-byte limit: see NOTE [kernel parameter size]");
+static_assert(sizeof(OpArgs<kMaxOpWaits, kMaxOpSignals>) + sizeof(DeviceReduce) <= kMaxKernelParamBytes,
+              "reduceKernel's parameters exceed CUDA's 32764-byte limit: see NOTE [kernel parameter size]");
+#if defined(__CUDACC_VER_MAJOR__) && \
+    (__CUDACC_VER_MAJOR__ < 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ < 1))
+static_assert(sizeof(OpArgs<kMaxOpWaits, kMaxOpSignals>) + sizeof(DeviceReduce) <= 4096,
+              "this nvcc allows 4096 bytes of kernel parameters, the op kernels need more: use CUDA >= 12.1 "
+              "(NOTE [kernel parameter size])");
+#endif
 
 // ---- failure ----
 
@@ -212,11 +232,42 @@ extern __shared__ __align__(128) uint8_t tma_stage_smem[];
 
 __device__ inline uint32_t smemAddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
+// Polls the mbarrier `bar` until its phase of parity `parity` completed (the chunk's bytes are in shared
+// memory; try_wait has acquire semantics at CTA scope, so they are visible to this thread's next bulk store)
+// or `budget_ns` passed. False on timeout; *waited_ns is the time spent.
+__device__ bool tmaWaitChunk(uint32_t bar, uint32_t parity, uint64_t budget_ns, uint64_t* waited_ns) {
+  const uint64_t start = edge::globalTimerNs();
+  for (uint32_t done = 0, polls = 0; !done; ++polls) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    if (!done && (polls & 1023) == 1023 && edge::globalTimerNs() - start > budget_ns) {
+      *waited_ns = edge::globalTimerNs() - start;
+      return false;
+    }
+  }
+  *waited_ns = edge::globalTimerNs() - start;
+  return true;
+}
+
+// NOTE [tma proxies]
+// cp.async.bulk reads and writes global memory through the async proxy; everything else in these kernels
+// (the acquire loads of the waits, an SM copy's or a peer's ordinary stores into a slot, the signals' release
+// stores) goes through the generic proxy, and PTX orders accesses of one proxy after the other's only across
+// a proxy fence. So lane 0 issues fence.proxy.async.global after the block's waits (phase 1 acquires, the
+// block barrier brings them to this thread) and before its first bulk copy: the bytes that a peer's release
+// published, and the reads of earlier receivers that a `consumed` acquire ordered, come before the bulk
+// loads and stores. After the last bulk store completed, the same fence orders the async-proxy writes before
+// the generic-proxy release of phase 3.
+//
 // Lane 0 of each block moves its chunks global -> shared -> global with cp.async.bulk, kTmaStages chunks
 // in flight: chunk it's load is issued kTmaStages - 1 iterations before its store. A stage is reloaded only
 // after the store that last used it has finished reading shared memory (wait_group.read), and the block
-// ends only after every store completed (wait_group 0) and a proxy fence orders those async-proxy writes
-// before the generic-proxy release of phase 3.
+// ends only after every store completed (wait_group 0) and the proxy fence above. A load that does not land
+// within the timeout is recorded and ends the copy, but the block still waits (bounded) for the loads it
+// issued: a bulk copy cannot be cancelled, and one that writes this block's shared memory after the block
+// exited would write into the next block that the SM places there.
 __device__ bool tmaCopyLane0(const OpHeader& h, uint8_t* dst, const uint8_t* src, uint64_t bytes) {
   __shared__ __align__(8) uint64_t bars[kTmaStages];
   const uint64_t chunks = (bytes + kTmaChunkBytes - 1) / kTmaChunkBytes;
@@ -226,7 +277,10 @@ __device__ bool tmaCopyLane0(const OpHeader& h, uint8_t* dst, const uint8_t* src
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smemAddr(&bars[s])) : "memory");
   }
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // the async proxy sees the init
+  // see NOTE [tma proxies]: the block's acquires (and what they made visible) before any bulk access
+  asm volatile("fence.proxy.async.global;" ::: "memory");
   bool ok = true;
+  uint64_t issued = 0;  // loads issued so far (chunks 0 .. issued - 1 of this block)
   for (uint64_t it = 0; ok && it < mine + kTmaStages - 1; ++it) {
     if (it < mine) {
       int s = static_cast<int>(it % kTmaStages);
@@ -242,26 +296,29 @@ __device__ bool tmaCopyLane0(const OpHeader& h, uint8_t* dst, const uint8_t* src
                        smemAddr(tma_stage_smem + static_cast<size_t>(s) * kTmaChunkBytes)),
                    "l"(src + off), "r"(len), "r"(bar)
                    : "memory");
+      issued = it + 1;
     }
     if (it + 1 >= static_cast<uint64_t>(kTmaStages)) {
       uint64_t j = it + 1 - kTmaStages;  // the chunk whose load went out kTmaStages - 1 iterations ago
       int s = static_cast<int>(j % kTmaStages);
       uint32_t parity = static_cast<uint32_t>((j / kTmaStages) & 1);
-      uint32_t bar = smemAddr(&bars[s]);
-      uint64_t start = edge::globalTimerNs();
-      for (uint32_t done = 0, polls = 0; !done; ++polls) {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-        if (!done && (polls & 1023) == 1023 && edge::globalTimerNs() - start > h.timeout_ns) {
-          recordFailure(h, DeviceFailure::kTimeout, static_cast<uint32_t>(DeviceWaitKind::kBulkCopy), h.rank, j, 0,
-                        edge::globalTimerNs() - start);
-          ok = false;
-          break;
+      uint64_t waited = 0;
+      if (!tmaWaitChunk(smemAddr(&bars[s]), parity, h.timeout_ns, &waited)) {
+        recordFailure(h, DeviceFailure::kTimeout, static_cast<uint32_t>(DeviceWaitKind::kBulkCopy), h.rank, j, 0,
+                      waited);
+        // Drain the loads still in flight (chunks j .. issued - 1: at most kTmaStages, one per stage), all of
+        // them within one more timeout; past that the block exits anyway, there is nothing else to wait with.
+        uint64_t budget = h.timeout_ns;
+        for (uint64_t k = j; k < issued; ++k) {
+          uint64_t spent = 0;
+          bool landed = tmaWaitChunk(smemAddr(&bars[k % kTmaStages]), static_cast<uint32_t>((k / kTmaStages) & 1),
+                                     budget, &spent);
+          budget = spent < budget ? budget - spent : 0;
+          if (!landed) break;
         }
+        ok = false;
+        break;
       }
-      if (!ok) break;
       uint64_t off = (first + j * step) * kTmaChunkBytes;
       uint32_t len = static_cast<uint32_t>(bytes - off < kTmaChunkBytes ? bytes - off : kTmaChunkBytes);
       asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + off),
@@ -296,8 +353,12 @@ __device__ void tmaCopy(const OpHeader& h, const DeviceCopy& c) {
   smCopy(c);
 }
 
+// __launch_bounds__: the SM body runs kSmThreads threads per block (a TMA block runs kTmaThreads, fewer), so
+// the compiler must keep registers within what kSmThreads threads can have; prepareKernels checks it. The
+// minimum of 1 block per SM leaves the compiler the whole register file (65536 / kSmThreads per thread): with
+// the block size alone ptxas 13.0 held opKernel to 40 registers and spilled, where 48 fit without spills.
 template <int W, int S>
-__global__ void opKernel(OpArgs<W, S> a, DeviceCopy copy) {
+__global__ void __launch_bounds__(kSmThreads, 1) opKernel(OpArgs<W, S> a, DeviceCopy copy) {
   if (blockWaits(a) && copy.bytes > 0) {
     if (copy.path == static_cast<uint32_t>(KernelCopy::kTma)) {
       tmaCopy(a.h, copy);
@@ -470,8 +531,9 @@ __device__ void reduceAny(const DeviceReduce& r) {
   }
 }
 
+// __launch_bounds__: as opKernel's.
 template <int W, int S>
-__global__ void reduceKernel(OpArgs<W, S> a, DeviceReduce r) {
+__global__ void __launch_bounds__(kSmThreads, 1) reduceKernel(OpArgs<W, S> a, DeviceReduce r) {
   if (blockWaits(a)) reduceAny(r);
   blockFinish(a);
 }
@@ -524,12 +586,34 @@ cudaError_t launchReduce(const OpHeader& h, const DeviceWait* waits, const Devic
   return cudaGetLastError();
 }
 
-cudaError_t prepareKernels() {
-  cudaError_t e = cudaFuncSetAttribute(opKernel<kSmallOpWaits, kSmallOpSignals>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTmaSmemBytes));
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(opKernel<kMaxOpWaits, kMaxOpSignals>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(kTmaSmemBytes));
+namespace {
+
+// Every kernel variant that launchOp / launchReduce use must take the block size they launch it with: a
+// launch of more threads than the image allows fails with cudaErrorInvalidValue (or "too many resources"),
+// and it would do so in the middle of a collective, after peers already waited on it.
+template <typename Kernel>
+void checkBlockSize(Kernel kernel, const char* name, int threads) {
+  cudaFuncAttributes attr{};
+  GFDIT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  GFDIT_CHECK_CODE(kSystemError, attr.maxThreadsPerBlock >= threads)
+      << "gfdit: the CUDA transport's " << name << " runs at most " << attr.maxThreadsPerBlock
+      << " threads per block on this device (" << attr.numRegs << " registers per thread, image sm_"
+      << attr.binaryVersion << " / compute_" << attr.ptxVersion << "), it is launched with " << threads
+      << ": rebuild for this device (CMAKE_CUDA_ARCHITECTURES)";
+}
+
+}  // namespace
+
+void prepareKernels() {
+  GFDIT_CUDA_CHECK(cudaFuncSetAttribute(opKernel<kSmallOpWaits, kSmallOpSignals>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTmaSmemBytes)));
+  GFDIT_CUDA_CHECK(cudaFuncSetAttribute(opKernel<kMaxOpWaits, kMaxOpSignals>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTmaSmemBytes)));
+  constexpr int kMostThreads = kSmThreads > kTmaThreads ? kSmThreads : kTmaThreads;
+  checkBlockSize(opKernel<kSmallOpWaits, kSmallOpSignals>, "op kernel (small)", kMostThreads);
+  checkBlockSize(opKernel<kMaxOpWaits, kMaxOpSignals>, "op kernel (large)", kMostThreads);
+  checkBlockSize(reduceKernel<kSmallOpWaits, kSmallOpSignals>, "reduction kernel (small)", kSmThreads);
+  checkBlockSize(reduceKernel<kMaxOpWaits, kMaxOpSignals>, "reduction kernel (large)", kSmThreads);
 }
 
 bool tmaKernelActive() {

@@ -28,9 +28,10 @@ cudaError_t launchOp(const OpHeader& h, const DeviceWait* waits, const DeviceSig
 /// Like launchOp with a reduction as the body.
 cudaError_t launchReduce(const OpHeader& h, const DeviceWait* waits, const DeviceSignal* signals,
                          const DeviceReduce& reduce, int blocks, cudaStream_t stream);
-/// Once per process and device, before the first launch: lets the op kernels use the TMA stages'
-/// dynamic shared memory.
-cudaError_t prepareKernels();
+/// Once per process and device (the current one), before the first launch: lets the op kernels use the TMA
+/// stages' dynamic shared memory and checks that every kernel variant takes the block size it is launched
+/// with. Throws gfdit::Error (kSystemError) otherwise.
+void prepareKernels();
 /// Whether the op kernel image that runs on the current device has the TMA body (compiled for sm_90 or
 /// newer, on a device of compute capability 9.0 or newer); elsewhere a TMA copy runs the SM body.
 bool tmaKernelActive();

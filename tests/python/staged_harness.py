@@ -19,18 +19,28 @@ _MODELS: dict = {}
 
 def model(name: str):
     """The tiny staged model ``name``, built once per process (seed 0). "tiny-wan@unipc": tiny-wan with
-    Wan's UniPC scheduler (likewise "@dpm" for DPM-Solver++, and for tiny-qwen-image)."""
+    Wan's UniPC scheduler (likewise "@dpm" for DPM-Solver++, and for tiny-qwen-image). A "+bf16" suffix
+    ("tiny-wan@unipc+bf16"): that model saved and loaded back with gfdit.models.load(..., dtype=bfloat16),
+    as a real checkpoint runs."""
     import gfdit.models as gm
 
     if name not in _MODELS:
-        base, _, sampler = name.partition("@")
+        stem, bf16, _ = name.partition("+bf16")
+        base, _, sampler = stem.partition("@")
         if sampler:
             from gfdit.models import qwen_pipeline, wan_pipeline
 
             mod = wan_pipeline if base == "tiny-wan" else qwen_pipeline
-            _MODELS[name] = mod.build_tiny(scheduler_config=SCHEDULERS[sampler])
+            m = mod.build_tiny(scheduler_config=SCHEDULERS[sampler])
         else:
-            _MODELS[name] = gm.load(name)
+            m = gm.load(base)
+        if bf16:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as folder:
+                m.save_pretrained(folder)
+                m = gm.load("wan2.1" if base == "tiny-wan" else "qwen-image", folder, dtype=torch.bfloat16)
+        _MODELS[name] = m
     return _MODELS[name]
 
 

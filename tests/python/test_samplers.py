@@ -6,9 +6,13 @@ flow-matching Euler, stepping a state that goes through pack_state / unpack_stat
 stepping the diffusers scheduler itself, bit for bit, and leaves its input state untouched.
 Pipeline level: a tiny Wan folder saved with UniPC (as Wan ships), DPM-Solver++ or Euler, and a tiny
 Qwen-Image folder with its own Euler or UniPC, loaded with gfdit.models.load: ``generate`` equals
-diffusers' WanPipeline / QwenImagePipeline on the same components within 1e-3 on [0, 1] pixels.
+diffusers' WanPipeline / QwenImagePipeline on the same components within 1e-3 on [0, 1] pixels; so does
+each loaded with dtype=bfloat16 (Wan with UniPC and Euler, Qwen-Image with Euler), and its states keep the
+dtypes diffusers gives latent and history, through pack_state / unpack_state unchanged.
 World of 2: a UniPC trajectory on [0], [0, 1], [1], [0] (the history migrates both ways) equals the one
-rank run. A folder whose scheduler is not supported is refused with an error naming it.
+rank run; in bfloat16, a trajectory with CFG-parallel steps and migrations both ways equals the one that
+runs every step on rank 0 with the passes in turn, bit for bit. A folder whose scheduler is not supported
+is refused with an error naming it.
 """
 
 from __future__ import annotations
@@ -293,6 +297,104 @@ def test_qwen_image_generate_equals_qwen_image_pipeline(tmp_path, config):
     assert err <= PIXEL_TOL
 
 
+# ------------------------------------------------------------------------ bfloat16, as real checkpoints run
+# gfdit.models.load(..., dtype=torch.bfloat16) against the pipeline loaded with dtype=torch.bfloat16
+# (diffusers 0.42's name for torch_dtype): every op in the dtype diffusers runs it in, so the output is the
+# pipeline's.
+BF16_WAN_FOLDERS = [("unipc", sh.SCHEDULERS["unipc"]), ("euler", EULER)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("config", [c for _, c in BF16_WAN_FOLDERS], ids=[n for n, _ in BF16_WAN_FOLDERS])
+def test_wan_bf16_generate_equals_wan_pipeline(tmp_path, config):
+    import gfdit.models as gm
+    from diffusers import WanPipeline
+
+    path = _wan_folder(tmp_path, config)
+    m = gm.load("wan2.1", path=path, dtype=torch.bfloat16)
+    # The pipeline loads its tokenizer, text encoder, VAE and scheduler itself; Wan's transformer (with its
+    # float32-pinned modules) loads in bfloat16 only with accelerate, so it is the one gfdit loaded.
+    pipe = WanPipeline.from_pretrained(
+        path, transformer=m.transformer, dtype=torch.bfloat16, local_files_only=True
+    )
+    pipe.set_progress_bar_config(disable=True)
+    assert m.transformer.dtype == torch.bfloat16 and pipe.text_encoder.dtype == m.text_encoder.dtype
+    assert (
+        pipe.vae.dtype == m.vae.dtype
+    )  # whatever the pipeline's dtype makes of the VAE, gfdit's is the same
+    opts = {"num_inference_steps": 6, "guidance_scale": 4.0, "height": 32, "width": 48, "num_frames": 9}
+    want = pipe(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        generator=torch.Generator().manual_seed(3),
+        output_type="pt",
+        max_sequence_length=m.defaults.max_sequence_length,
+        **opts,
+    ).frames[0]
+    got = m.generate(PROMPT, seed=3, negative_prompt=NEGATIVE, **opts)
+    err = (got.permute(1, 0, 2, 3) - want.float()).abs().max().item()
+    print(f"wan bf16 {config['_class_name']}: max |pixel difference| {err:.3g}")
+    assert got.dtype == torch.float32 and err <= PIXEL_TOL
+
+
+@pytest.mark.timeout(120)
+def test_qwen_image_bf16_generate_equals_qwen_image_pipeline(tmp_path):
+    import gfdit.models as gm
+    from diffusers import QwenImagePipeline
+    from gfdit.models import qwen_pipeline
+
+    qwen_pipeline.build_tiny().save_pretrained(tmp_path)
+    m = gm.load("qwen-image", path=tmp_path, dtype=torch.bfloat16)
+    pipe = QwenImagePipeline.from_pretrained(tmp_path, dtype=torch.bfloat16, local_files_only=True)
+    pipe.prompt_template_encode_start_idx = m.prompt_template_drop  # the byte tokenizer's template prefix
+    pipe.set_progress_bar_config(disable=True)
+    assert m.transformer.dtype == pipe.transformer.dtype == torch.bfloat16
+    assert pipe.text_encoder.dtype == m.text_encoder.dtype and pipe.vae.dtype == m.vae.dtype
+    opts = {"num_inference_steps": 5, "height": 48, "width": 80}
+    want = pipe(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        true_cfg_scale=4.0,
+        generator=torch.Generator().manual_seed(4),
+        output_type="pt",
+        max_sequence_length=m.defaults.max_sequence_length,
+        **opts,
+    ).images[0]
+    got = m.generate(PROMPT, seed=4, negative_prompt=NEGATIVE, guidance_scale=4.0, **opts)
+    err = (got - want.float()).abs().max().item()
+    print(f"qwen-image bf16 {m.sampler.name}: max |pixel difference| {err:.3g}")
+    assert got.dtype == torch.float32 and err <= PIXEL_TOL
+
+
+@pytest.mark.timeout(60)
+def test_bf16_state_dtypes_follow_diffusers_and_pack_unchanged():
+    # Qwen-Image with UniPC: latent, history and the corrector's sample in bfloat16 (the prompt embeddings'
+    # dtype, which UniPC keeps); Wan with UniPC: float32 latent and history (WanPipeline's float32 latents),
+    # with Euler: bfloat16 after the first step (the model output's dtype). Packing keeps them bit for bit.
+    import gfdit.models as gm
+
+    cases = [
+        ("tiny-qwen-image@unipc+bf16", torch.bfloat16, torch.bfloat16),
+        ("tiny-wan@unipc+bf16", torch.float32, torch.float32),
+        ("tiny-wan+bf16", torch.bfloat16, None),
+    ]
+    for name, latent_dtype, history_dtype in cases:
+        m = sh.model(name)
+        state = sh.start(m, PROMPT, 2)
+        assert state.prompt_embeds.dtype == torch.bfloat16
+        for k in range(2):
+            state = m.denoise_step(state, k)
+        assert state.latent.dtype == latent_dtype, (name, state.latent.dtype)
+        if history_dtype is None:
+            assert state.history is None and state.last_sample is None
+        else:
+            assert state.history.dtype == state.last_sample.dtype == history_dtype, name
+        back = gm.unpack_state(*gm.pack_state(state))
+        for field in ("latent", "history", "last_sample", "prompt_embeds", "negative_prompt_embeds"):
+            a, b = getattr(state, field), getattr(back, field)
+            assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b)), (name, field)
+
+
 @pytest.mark.timeout(60)
 def test_unsupported_schedulers_refused(tmp_path):
     import gfdit
@@ -342,3 +444,33 @@ def test_multistep_trajectory_with_migrations_matches_one_rank(world, name):
     pix = (final["output"] - ref["output"]).abs().max().item()
     print(f"{name}: latent rel {rel:.3g}, pixels {pix:.3g}")
     assert rel <= 1e-4 and pix <= PIXEL_TOL
+
+
+# bfloat16 steps with CFG-parallel (one rank per guidance pass) and migrations both ways (rank 1 receives the
+# state, then rank 0 receives it back): the guidance pairs exchange predictions in the dtype they combine in,
+# and the state migrates in its own dtypes, so the trajectory is bit for bit the one that runs every step on
+# rank 0 with the passes in turn (the same transformer calls), and on one rank per pass gfdit.attention runs
+# the computation of diffusers' own processors, so it equals the plain model of a process without gfdit too.
+BF16_PLAN = [([0], None), ([0, 1], {"cfg": 2}), ([1], None), ([1, 0], {"cfg": 2})]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["tiny-wan+bf16", "tiny-wan@unipc+bf16", "tiny-qwen-image@unipc+bf16"])
+def test_bf16_trajectory_with_cfg_parallel_and_migrations_is_exact(world, name):
+    reports = world.run(sh.case_trajectory, name, PROMPT, 17, BF16_PLAN, timeout=200)
+    sequential = world.run(sh.case_trajectory, name, PROMPT, 17, [([0], None)] * len(BF16_PLAN), timeout=200)
+    errors = [r["error"] for r in reports + sequential if r["error"]]
+    assert not errors, "\n".join(errors)
+    for k, (ranks, _) in enumerate(BF16_PLAN):
+        assert len({reports[r]["digests"].get(k) for r in ranks}) == 1, f"step {k}: members differ"
+    assert sum(r["migrations"] for r in reports) >= 4  # two migrations, each on both ranks
+    final, ref = reports[BF16_PLAN[-1][0][0]], sequential[0]
+    assert reports[1]["digests"][3] == ref["digests"][3]  # the whole state, history included
+    assert final["latent"].dtype == ref["latent"].dtype
+    assert torch.equal(final["latent"], ref["latent"]), (final["latent"] - ref["latent"]).abs().max()
+    assert torch.equal(final["output"], ref["output"])
+    plain = sh.reference(name, PROMPT, 17)  # gfdit not initialised: the plain transformer
+    err = (final["output"] - plain["output"]).abs().max().item()
+    print(f"{name}: max |pixel difference| to the plain one-process run {err:.3g}")
+    # Each guidance pass ran on one rank, where gfdit.attention is the plain model's own attention call.
+    assert err <= PIXEL_TOL

@@ -96,6 +96,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from gfdit import comm
 from gfdit._C import Error, InvalidUsage, RemoteError
@@ -716,21 +717,21 @@ def _usp(
     return out, joint_out
 
 
-def _local(q, k, v, joint):
-    """One member: plain attention (with the joint tokens as one more key block)."""
-    q_b, k_b, v_b = (x.transpose(1, 2) for x in (q, k, v))
-    merger = PartialMerger()
-    merger.add_block(q_b, k_b, v_b)
-    joint_out = None
-    if joint is not None:
-        jq, jk, jv = (t.transpose(1, 2) for t in joint)
-        merger.add_block(q_b, jk, jv)
-        jm = PartialMerger()
-        jm.add_block(jq, jk, jv)
-        jm.add_block(jq, k_b, v_b)
-        joint_out = jm.result(jq)[0].transpose(1, 2).to(q.dtype).contiguous()
-    out = merger.result(q_b)[0].transpose(1, 2).to(q.dtype).contiguous()
-    return out, joint_out
+def _local(q, k, v, joint, joint_front: bool):
+    """One member: one scaled_dot_product_attention over the whole sequence (the joint tokens concatenated
+    where the model puts them), in the inputs' dtype: the computation diffusers' own attention processors
+    run, so a one-rank call gives their output bit for bit in bf16 too (a log-sum-exp merge of blocks in
+    float32 rounds differently)."""
+    if joint is None:
+        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)))
+        return out.transpose(1, 2).contiguous(), None
+    s_joint = joint[0].shape[1]
+    parts = [(jt, t) if joint_front else (t, jt) for jt, t in zip(joint, (q, k, v), strict=True)]
+    full = [torch.cat(p, dim=1).transpose(1, 2) for p in parts]
+    out = F.scaled_dot_product_attention(*full).transpose(1, 2)
+    if joint_front:
+        return out[:, s_joint:].contiguous(), out[:, :s_joint].contiguous()
+    return out[:, : q.shape[1]].contiguous(), out[:, q.shape[1] :].contiguous()
 
 
 def _plan_mismatch(exc: Error, group: comm.Group, ran: str, local_detail: str) -> PlanMismatch:
@@ -818,7 +819,7 @@ def attention(
 
             check_torus(spec, rec[3])
         joint_t = tuple(t.contiguous() for t in (joint_q, joint_k, joint_v)) if rec[6] else None
-        out, joint_out = _local(q.contiguous(), k.contiguous(), v.contiguous(), joint_t)
+        out, joint_out = _local(q.contiguous(), k.contiguous(), v.contiguous(), joint_t, joint == "front")
         return (out, joint_out) if rec[6] else out
 
     cache = _group_cache(world, g) if PLAN_CACHE and splits is not None else None

@@ -7,8 +7,10 @@ other (their text lengths differ, so they do not batch without a mask), or with 
 two halves of the group at once (NOTE [CFG-parallel] in gfdit.models.staged), and rescales the combined
 prediction to the conditional one's norm per token; the schedule is the folder's scheduler (flow-matching
 Euler as Qwen-Image ships it; UniPC with flow sigmas works too, gfdit.models.samplers) set with sigmas
-``linspace(1, 1/N, N)`` and the dynamic shift ``mu`` from the image's token count. The state's latent is float32 and
-packed [1, H/16 * W/16, 4C] (2x2 patches), as the transformer takes it; its grid is the VAE latent
+``linspace(1, 1/N, N)`` and the dynamic shift ``mu`` from the image's token count. The guidance and its
+rescaling run in the transformer's output dtype. The state's latent is packed [1, H/16 * W/16, 4C] (2x2
+patches), as the transformer takes it, in the prompt embeddings' dtype before step 0 and then in the dtype the
+scheduler's step returns (NOTE [state dtypes] in gfdit.models.staged); its grid is the VAE latent
 (1, H/8, W/8). With guidance on and no negative prompt, " " is the negative prompt (as the Qwen-Image
 model card's example does), so true CFG is on by default.
 """
@@ -207,6 +209,10 @@ class QwenImageStagedModel(StagedModel):
         # diffusers draws [1, 1, C, H, W]: the same numbers in the same order as [1, C, 1, H, W].
         return self.pack(torch.randn(shape, generator=g, dtype=torch.float32)).contiguous()
 
+    def latent_dtype(self, conditioning: Conditioning) -> torch.dtype:
+        """QwenImagePipeline draws its latents in the prompt embeddings' dtype."""
+        return conditioning.prompt_embeds.dtype
+
     def initial_state(
         self,
         conditioning: Conditioning,
@@ -264,7 +270,7 @@ class QwenImageStagedModel(StagedModel):
         dev, dtype = model.device, model.dtype
         latent = state.latent
         x = latent.to(dev, dtype)
-        timestep = (t.expand(1).to(dev, dtype)) / 1000
+        timestep = t.expand(1).to(dev, latent.dtype) / 1000  # QwenImagePipeline: t in the latent's dtype
         _, h, w = state.grid
         img_shapes = [[(1, h // 2, w // 2)]]
 
@@ -281,7 +287,7 @@ class QwenImageStagedModel(StagedModel):
                 encoder_hidden_states=embeds.to(dev, dtype),
                 img_shapes=img_shapes,
             )
-            return out.float()
+            return out  # in the transformer's dtype: true CFG combines there (NOTE [state dtypes])
 
         with torch.no_grad():
             # the passes in turn, or CFG-parallel on the two halves of the group (NOTE [CFG-parallel])
@@ -365,7 +371,8 @@ def load_folder(
         encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             os.path.join(path, "text_encoder"), local_files_only=True, **({"dtype": dtype} if dtype else {})
         )
-        vae = load_diffusers_model(AutoencoderKLQwenImage, path, "vae", torch.float32)
+        # the VAE as QwenImagePipeline.from_pretrained(dtype=dtype) loads it (float32 without a dtype)
+        vae = load_diffusers_model(AutoencoderKLQwenImage, path, "vae", dtype or torch.float32)
         transformer = load_diffusers_model(QwenImageTransformer2DModel, path, "transformer", dtype)
     except (OSError, ValueError) as exc:
         raise InvalidUsage(f"gfdit.models.load: {name!r}: cannot load {path!r}: {exc}") from None

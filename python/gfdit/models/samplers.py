@@ -117,6 +117,7 @@ class MultistepSampler(Sampler):
       those steps); lower_order_nums -> ``lower_order_nums``; UniPC's last_sample (the sample its corrector
       starts from) -> ``last_sample``; UniPC's this_order (the predictor's order, which the next corrector
       reuses) -> ``this_order``; the step index -> ``step_idx``; sigmas and timesteps -> the schedule.
+    Every tensor keeps the dtype diffusers gives it (NOTE [state dtypes] in gfdit.models.staged).
     """
 
     def __init__(self, config: dict) -> None:
@@ -158,7 +159,7 @@ class MultistepSampler(Sampler):
         kept = [m for m in sched.model_outputs if m is not None]
         return dataclasses.replace(
             state,
-            latent=latent.float().contiguous(),
+            latent=latent.contiguous(),  # in the dtype diffusers' step returns (NOTE [state dtypes])
             step_idx=k + 1,
             history=torch.stack(kept).contiguous() if kept else None,
             history_timesteps=state.timesteps[k + 1 - len(kept) : k + 1].clone() if kept else None,

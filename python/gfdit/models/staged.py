@@ -16,21 +16,37 @@ A trajectory::
 
 NOTE [portable denoise state]
 A ``DenoiseState`` is everything step k needs and nothing that depends on which process ran the earlier
-steps: the latent (float32, in the transformer's layout), the text conditioning (positive and, with
-guidance, negative embeddings), the whole sigma / timestep schedule (computed once from
-num_inference_steps, and the latent size where the schedule shifts with it, as Qwen-Image's dynamic shift
-does), the index of the next step, the guidance scale, the VAE-latent grid, and the sampler's history. The
-sampler is the folder's scheduler (gfdit.models.samplers): flow-matching Euler is a pure function of
-(latent, sigma_k, sigma_{k+1}, velocity) and keeps no history; the multistep solvers (UniPC, as Wan ships
-it, and DPM-Solver++) keep their earlier model outputs (float32, shaped like the latent, stacked oldest
-first, with their timesteps), the count of lower-order warm-up steps, and for UniPC the sample its
-corrector starts from and the order of its last predictor. These are plain tensors and ints in the state,
-so no scheduler object carries anything from step to step: each step loads them into a fresh scheduler
-object, runs diffusers' own step and reads them back. After ``denoise_step`` every member of the group
-holds the bit-identical state: the parallel transformer returns the same gathered output on every member
-and the guidance and the sampler's update are the same local arithmetic on it. Hence shrinking a group
-moves nothing, and growing one is ``migrate(state, group, src)``: a fixed-size int64 header that says the
-shapes (history included; absent history costs nothing), then the tensors, from one holder to the group.
+steps: the latent (in the transformer's layout, in the pipeline's dtype, NOTE [state dtypes]), the text
+conditioning (positive and, with guidance, negative embeddings), the whole sigma / timestep schedule
+(computed once from num_inference_steps, and the latent size where the schedule shifts with it, as
+Qwen-Image's dynamic shift does), the index of the next step, the guidance scale, the VAE-latent grid, and
+the sampler's history. The sampler is the folder's scheduler (gfdit.models.samplers): flow-matching Euler is
+a pure function of (latent, sigma_k, sigma_{k+1}, velocity) and keeps no history; the multistep solvers
+(UniPC, as Wan ships it, and DPM-Solver++) keep their earlier model outputs (shaped like the latent, in the
+dtype diffusers keeps them in, stacked oldest first, with their timesteps), the count of lower-order warm-up
+steps, and for UniPC the sample its corrector starts from and the order of its last predictor. These are
+plain tensors and ints in the state, so no scheduler object carries anything from step to step: each step
+loads them into a fresh scheduler object, runs diffusers' own step and reads them back. After
+``denoise_step`` every member of the group holds the bit-identical state: the parallel transformer returns
+the same gathered output on every member and the guidance and the sampler's update are the same local
+arithmetic on it. Hence shrinking a group moves nothing, and growing one is ``migrate(state, group, src)``:
+a fixed-size int64 header that says the shapes and dtypes (history included; absent history costs nothing),
+then the tensors, from one holder to the group, bit for bit in their own dtypes (bfloat16 included).
+
+NOTE [state dtypes]
+With a transformer in bfloat16 (``load(..., dtype=torch.bfloat16)``, as real checkpoints run), every op of a
+step runs in the dtype the diffusers pipeline runs it in, so the output is the pipeline's for the same dtype:
+the transformer's predictions stay in its output dtype and the guidance combines them there (WanPipeline's
+``uncond + g (cond - uncond)``, QwenImagePipeline's true CFG and its norm rescaling), nothing is upcast
+first; the sampler gets that prediction as diffusers' step does. The latent's dtype is the pipeline's:
+before step 0 float32 for Wan (WanPipeline's prepare_latents; the transformer gets ``latent.to(its
+dtype)``) and the prompt embeddings' dtype for Qwen-Image (``StagedModel.latent_dtype``); after each step
+whatever the scheduler's step returns: FlowMatchEulerDiscreteScheduler computes in float32 and returns the
+model output's dtype (``euler_step``), DPM-Solver++ likewise; UniPC returns the sample's dtype, and its
+history (converted model outputs, the corrector's sample) keeps the dtypes its step gives them. The VAE is
+in the dtype the pipeline's ``from_pretrained(dtype=...)`` gives it, and decode maps its output to [0, 1] in
+that dtype (the pipelines' postprocess) before returning float32. With float32 models all of these are
+float32.
 
 NOTE [state placement]
 While a model holds a state, its tensors that the transformer and the sampler touch every step (latent, text
@@ -52,11 +68,13 @@ member of a half gets its pass's whole output (NOTE [parallel call] in gfdit.mod
 exchange: member i of the first half and member i of the second half all_gather their predictions (a
 2-member group, the conditional one first), so every member holds both, bit-identical across the group
 (each half's output is the same on all its members). The pairs are disjoint: each member sends and receives
-one latent-sized float32 tensor. The guidance formula and the sampler's update are then the same local
-arithmetic as with cfg 1, so NOTE [portable denoise state] holds. Refused with gfdit.InvalidUsage before any
-collective, alike on every member (they all pass the same state, group and spec): cfg 2 without guidance
-(one pass per step, nothing to split), a group whose size is not ``spec.degree`` (odd sizes included) or
-that does not include the caller, and cfg 2 without a gfdit world.
+one latent-sized tensor in the transformer's output dtype, the dtype the guidance combines in
+(NOTE [state dtypes]), so CFG-parallel gives exactly what the passes in turn give. The guidance formula and
+the sampler's update are then the same local arithmetic as with cfg 1, so NOTE [portable denoise state]
+holds. Refused with gfdit.InvalidUsage before any collective, alike on every member (they all pass the same
+state, group and spec): cfg 2 without guidance (one pass per step, nothing to split), a group whose size is
+not ``spec.degree`` (odd sizes included) or that does not include the caller, and cfg 2 without a gfdit
+world.
 """
 
 from __future__ import annotations
@@ -100,11 +118,13 @@ class Conditioning:
 class DenoiseState:
     """One request between two denoising steps; see NOTE [portable denoise state].
 
-    latent: float32, the transformer's layout (Wan [1, C, F, H, W]; Qwen-Image packed [1, H/2 * W/2, 4C]).
+    latent: the transformer's layout (Wan [1, C, F, H, W]; Qwen-Image packed [1, H/2 * W/2, 4C]), in the
+    pipeline's dtype (NOTE [state dtypes]; float32 for float32 models).
     sigmas: float32 [N + 1], sigmas[N] = 0; timesteps: [N], the scheduler's t in its dtype (float32 for
     flow-matching Euler, int64 for the multistep solvers).
     step_idx: the next step to run (N when denoising is done). grid: the VAE latent (frames, height, width).
-    The sampler's history (None / 0 for Euler and before the first step): history, float32 [n, *latent],
+    The sampler's history (None / 0 for Euler and before the first step): history, [n, *latent] (dtype: as
+    diffusers keeps it),
     the multistep solver's earlier model outputs, oldest first; history_timesteps [n], their timesteps;
     last_sample, UniPC's corrector input; lower_order_nums and this_order, the solver's warm-up count and
     UniPC's last predictor order.
@@ -142,8 +162,13 @@ class DenoiseState:
 def euler_step(
     latent: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor, velocity: torch.Tensor
 ) -> torch.Tensor:
-    """Flow-matching Euler, as diffusers' FlowMatchEulerDiscreteScheduler.step: x + (s' - s) v, in float32."""
-    return (latent.float() + (sigma_next - sigma) * velocity.float()).to(latent.dtype)
+    """Flow-matching Euler, as diffusers' FlowMatchEulerDiscreteScheduler.step: float32 x + (s' - s) v with
+    (s' - s) v in the velocity's dtype, the result in the velocity's dtype (NOTE [state dtypes])."""
+    # diffusers' Euler sigmas live on the pipeline's device: (s' - s) is a float32 0-dim tensor there, so here
+    # (a fill: no copy that waits for the device), as a CPU scalar and a device tensor need not enter a CUDA
+    # bfloat16 product alike
+    dt = torch.full((), float(sigma_next - sigma), dtype=torch.float32, device=velocity.device)
+    return (latent.to(torch.float32) + dt * velocity).to(velocity.dtype)
 
 
 def flow_match_schedule(
@@ -195,7 +220,8 @@ class StagedModel(abc.ABC):
 
     @abc.abstractmethod
     def init_latent(self, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
-        """The initial noise for ``seed`` (a CPU torch.Generator; float32), in the transformer's layout."""
+        """The initial noise for ``seed`` (a CPU torch.Generator; float32), in the transformer's layout.
+        ``initial_state`` casts it to ``latent_dtype``: on the CPU, noise drawn in bfloat16 is this cast."""
 
     @abc.abstractmethod
     def schedule(
@@ -253,6 +279,11 @@ class StagedModel(abc.ABC):
         }
         return dataclasses.replace(state, **moved) if moved else state
 
+    def latent_dtype(self, conditioning: Conditioning) -> torch.dtype:
+        """The latent's dtype before step 0, as the pipeline's prepare_latents (NOTE [state dtypes]): float32
+        (WanPipeline's); Qwen-Image overrides it."""
+        return torch.float32
+
     # -- shared helpers ----------------------------------------------------------------------------------
     def _encode_options(self, prompt: Any, opts: dict) -> tuple[int, float]:
         """Checks encode's arguments; returns (max_sequence_length, guidance_scale) with defaults filled in."""
@@ -267,7 +298,8 @@ class StagedModel(abc.ABC):
 
     def _vae_decode(self, latent: torch.Tensor) -> torch.Tensor:
         """Un-normalises a VAE-layout latent [1, C, F, H, W] with the VAE's latents_mean/std and decodes it:
-        float32 [3, F, H, W] in [0, 1] (the Wan and Qwen-Image VAEs share this convention)."""
+        float32 [3, F, H, W] in [0, 1] (the Wan and Qwen-Image VAEs share this convention). As the pipelines:
+        in the VAE's dtype, mapped to [0, 1] in it too (their postprocess), then float32."""
         vae = self.vae  # type: ignore[attr-defined]
         cfg = vae.config
         dev = next(vae.parameters()).device
@@ -276,7 +308,7 @@ class StagedModel(abc.ABC):
         std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
         with torch.no_grad():
             video = vae.decode(latent / std + mean, return_dict=False)[0]
-        return (video[0].float().cpu() / 2 + 0.5).clamp(0, 1)
+        return (video[0] * 0.5 + 0.5).clamp(0, 1).float().cpu()
 
     def initial_state(
         self,
@@ -311,7 +343,7 @@ class StagedModel(abc.ABC):
         neg = conditioning.negative_prompt_embeds if scale > 1.0 else None
         dev = self.device
         return DenoiseState(
-            latent=latent.float().to(dev).contiguous(),
+            latent=latent.to(dev, self.latent_dtype(conditioning)).contiguous(),
             prompt_embeds=conditioning.prompt_embeds.to(dev),
             negative_prompt_embeds=None if neg is None else neg.to(dev),
             sigmas=sigmas,
@@ -396,8 +428,9 @@ class StagedModel(abc.ABC):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(conditional, unconditional) predictions of one step on every member of ``group`` (unconditional
         None without guidance). ``velocity(embeds, group, spec)`` runs one transformer pass and returns its
-        whole output (float32, on the model's device). spec.cfg 1: the passes in turn on the whole group; 2:
-        one per half of the group at once, then one exchange (NOTE [CFG-parallel])."""
+        whole output (in the transformer's output dtype, on the model's device; NOTE [state dtypes]).
+        spec.cfg 1: the passes in turn on the whole group; 2: one per half of the group at once, then one
+        exchange (NOTE [CFG-parallel])."""
         if spec is None or spec.cfg == 1:
             cond = velocity(state.prompt_embeds, group, spec)
             if not state.do_cfg:
@@ -430,7 +463,8 @@ class StagedModel(abc.ABC):
         conditional = me < half
         sub = world.new_group(ranks[:half] if conditional else ranks[half:])
         embeds = state.prompt_embeds if conditional else state.negative_prompt_embeds
-        mine = velocity(embeds, sub, spec.per_pass()).float().contiguous()  # type: ignore[arg-type]
+        # exchanged in the dtype the guidance combines in: the same predictions as the passes in turn
+        mine = velocity(embeds, sub, spec.per_pass()).contiguous()  # type: ignore[arg-type]
         pair = world.new_group([ranks[me % half], ranks[half + me % half]])
         both = torch.empty((2 * mine.shape[0], *mine.shape[1:]), dtype=mine.dtype, device=mine.device)
         world.all_gather_into_tensor(both, mine, group=pair)
@@ -767,8 +801,10 @@ def load(
     "tiny-wan", "tiny-qwen-image": tiny float32 models with weights drawn from ``seed`` (tokenizer and text
     encoder built in code); with ``path`` they load from a folder that ``save_pretrained`` wrote.
     "wan2.2", "wan2.1" (Wan text-to-video; a second expert ``transformer_2`` is used when the folder has
-    one) and "qwen-image": from the local diffusers folder ``path``. dtype: of the transformer and text
-    encoder when loading (default: as stored); the VAE stays float32 and latents are always float32.
+    one) and "qwen-image": from the local diffusers folder ``path``. dtype: of the transformer, text encoder
+    and VAE, as the pipeline's ``from_pretrained(dtype=...)`` (torch_dtype) makes them (default: transformer
+    and text encoder as stored, the VAE float32); latents then take the dtypes the pipeline gives them
+    (NOTE [state dtypes]): float32 throughout for float32 models.
     device: where every component goes (e.g. "cuda:0"); held states keep their per-step tensors there
     (NOTE [state placement]).
     Unknown names, a missing path or an incomplete folder raise gfdit.InvalidUsage.

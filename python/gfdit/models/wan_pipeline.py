@@ -3,8 +3,10 @@
 Follows diffusers' WanPipeline: prompts are cleaned, tokenised to ``max_sequence_length`` and encoded, the
 embeddings past each prompt's length are zeroed; guidance runs the conditional and unconditional passes
 one after the other, or with ``spec.cfg == 2`` on the two halves of the group at once (NOTE [CFG-parallel]
-in gfdit.models.staged), and combines them (``noise_uncond + g (noise_cond - noise_uncond)``); the latent is float32
-[1, C, (F-1)/4 + 1, H/8, W/8]; decode un-normalises with the VAE's latents_mean/std.
+in gfdit.models.staged), and combines them (``noise_uncond + g (noise_cond - noise_uncond)``) in the
+transformer's output dtype; the latent is [1, C, (F-1)/4 + 1, H/8, W/8], float32 before step 0 and then in
+the dtype the scheduler's step returns (NOTE [state dtypes] in gfdit.models.staged); decode un-normalises with
+the VAE's latents_mean/std.
 
 Scheduler: the folder's own (gfdit.models.samplers): Wan folders ship UniPCMultistepScheduler with flow
 prediction (WAN21_SCHEDULER), a multistep solver whose history (earlier model outputs, the corrector's
@@ -247,7 +249,7 @@ class WanStagedModel(StagedModel):
                 timestep=timestep,
                 encoder_hidden_states=embeds.to(dev, dtype),
             )
-            return out.float()
+            return out  # in the transformer's dtype: the guidance combines there (NOTE [state dtypes])
 
         # WanPipeline: the low-noise expert's steps use guidance_scale_2 when it is given
         scale = state.guidance_scale
@@ -342,7 +344,8 @@ def load_folder(
             local_files_only=True,
             **({"dtype": dtype} if dtype is not None else {}),
         )
-        vae = load_diffusers_model(AutoencoderKLWan, path, "vae", torch.float32)
+        # the VAE as WanPipeline.from_pretrained(dtype=dtype) loads it (float32 without a dtype)
+        vae = load_diffusers_model(AutoencoderKLWan, path, "vae", dtype or torch.float32)
         transformer = load_diffusers_model(WanTransformer3DModel, path, "transformer", dtype)
         transformer_2 = None
         if index.get("transformer_2", [None, None])[0] is not None and os.path.isdir(

@@ -56,6 +56,8 @@ class EngineLoop {
   const std::string& queueName() const { return queues_->name(); }
   /// Prefix of the names workers give their outputs (NOTE [outputs]).
   std::string outputNamePrefix() const { return output_prefix_; }
+  /// The WorldOptions::shm_prefix workers give their worlds (worldShmPrefix).
+  std::string worldShmPrefix() const { return runtime::worldShmPrefix(queues_->name()); }
   /// Waits until every worker posted its hello (a completion with task_id 0); returns their messages in worker
   /// order. Throws when a worker reports an error, a process in `pids` exits, or the timeout passes.
   std::vector<std::string> awaitWorkers(const std::vector<int>& pids, double timeout_s);

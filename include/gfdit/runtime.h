@@ -196,6 +196,10 @@ class QueueSet {
 
 /// The prefix of output names that belong to the queue set `queue_name`.
 std::string outputPrefix(const std::string& queue_name);
+/// The WorldOptions::shm_prefix of the workers of the queue set `queue_name`: a worker killed while its world
+/// forms leaves its region's name (NOTE [group-free collectives] in gfdit/world.h), which the engine removes
+/// at shutdown by this prefix (unlinkOutputs("/" + prefix + "-")).
+std::string worldShmPrefix(const std::string& queue_name);
 /// Writes `bytes` from `data` into a new shm object `name` (mode 0600); fills `ref` except dtype/shape.
 void writeOutput(const std::string& name, const void* data, size_t bytes, OutputRef& ref);
 /// A mapped output: the bytes, writable and no longer shared with anyone; unmapped when destroyed.

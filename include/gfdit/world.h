@@ -38,6 +38,10 @@ struct WorldOptions {
   int spin_us = -1;
   /// Prefix of the store keys, so several worlds can share a store.
   std::string key_prefix = "gfdit";
+  /// Prefix of this rank's shared-memory object's name (letters, digits, '-', '_'). The name exists only
+  /// until every peer mapped the object; a process killed before then leaves it, so a supervisor gives its
+  /// ranks a prefix of their own and removes what is left under it afterwards (gfdit::runtime::unlinkOutputs).
+  std::string shm_prefix = "gfdit";
   /// The CUDA device of this rank's device transport (collectives on device pointers with a stream), or -1
   /// for host memory only. Needs the CUDA library (gfdit::cuda; call gfdit::cuda::enable() once, which the
   /// Python module does).

@@ -322,6 +322,7 @@ class World:
         spin_us: int = -1,
         key_prefix: str = "gfdit",
         device: Any = None,
+        shm_prefix: str = "gfdit",
     ) -> None:
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
@@ -342,10 +343,11 @@ class World:
             key_prefix,
         )
         if index is None:
-            self._w = _C.World.create(*args)  # exactly the host-only call of builds without a device
+            # exactly the host-only call of builds without a device
+            self._w = _C.World.create(*args, shm_prefix=shm_prefix)
         else:
             torch.cuda.set_device(index)
-            self._w = _C.World.create(*args, device=index)
+            self._w = _C.World.create(*args, device=index, shm_prefix=shm_prefix)
             if int(self._w.device) != index:
                 raise InvalidUsage(f"gfdit: asked for device {index}, the world reports {self._w.device}")
         self._device_index = index

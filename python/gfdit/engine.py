@@ -305,6 +305,7 @@ class Engine:
                     self._store.port,
                     self._loop.queue_name,
                     self._loop.output_prefix,
+                    self._loop.world_shm_prefix,
                     model,
                     model_path,
                     timeout_s,
@@ -441,6 +442,8 @@ class Engine:
         self._kill_all()
         self._thread.join(5.0)
         rt.unlink_outputs(self._loop.output_prefix)
+        # a worker killed while its world formed left its region's name (gfdit/world.h)
+        rt.unlink_outputs("/" + self._loop.world_shm_prefix + "-")
 
     def __enter__(self) -> Engine:
         return self

@@ -44,6 +44,7 @@ class Worker:
         store_port: int,
         queue_name: str,
         output_prefix: str,
+        world_shm_prefix: str,
         model: str,
         model_path: str | None,
         timeout_s: float,
@@ -60,6 +61,7 @@ class Worker:
         self.device = comm.resolve_device(device, worker_id, "gfdit.Engine device")
         self.queues = rt.QueueSet.attach(queue_name)
         self.output_prefix = output_prefix
+        self.world_shm_prefix = world_shm_prefix  # what the engine removes if this process dies mid-setup
         self.timeout_s = timeout_s
         self.heap_bytes = heap_bytes
         self.store = dist.TCPStore(
@@ -91,6 +93,7 @@ class Worker:
             heap_bytes=self.heap_bytes,
             key_prefix=f"gfdit/epoch{epoch}",
             device=self.device,
+            shm_prefix=self.world_shm_prefix,
         )
         # The engine bumps this word to abort blocked collectives when it recovers from a failure.
         self.world._w.watch_abort(self.queues.abort_address())
@@ -284,6 +287,7 @@ def main(
     store_port: int,
     queue_name: str,
     output_prefix: str,
+    world_shm_prefix: str,
     model: str,
     model_path: str | None,
     timeout_s: float,
@@ -300,6 +304,7 @@ def main(
             store_port,
             queue_name,
             output_prefix,
+            world_shm_prefix,
             model,
             model_path,
             timeout_s,

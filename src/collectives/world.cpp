@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -156,6 +157,10 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
       << "world size " << world_size << " is outside [1, " << kMaxRanks << "]";
   GFDIT_CHECK(rank >= 0 && rank < world_size) << "rank " << rank << " is outside [0, " << world_size << ")";
   GFDIT_CHECK(options.timeout.count() > 0) << "timeout must be positive";
+  GFDIT_CHECK(!options.shm_prefix.empty() && options.shm_prefix.size() <= 64 &&
+              std::all_of(options.shm_prefix.begin(), options.shm_prefix.end(),
+                          [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; }))
+      << "gfdit: shm_prefix '" << options.shm_prefix << "' must be 1-64 letters, digits, '-' or '_'";
   GFDIT_CHECK(options.device < 0 || hasDeviceTransport())
       << "gfdit: WorldOptions::device " << options.device
       << " asks for a device transport, but none is available (a build without CUDA, or gfdit::cuda::enable() "
@@ -201,7 +206,7 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
 
   // Created under a random name, mode 0600; removed again if setup fails before the unlink below.
   impl->regions.resize(world_size);
-  impl->regions[rank] = core::SharedMemory::createUnique("gfdit", total);
+  impl->regions[rank] = core::SharedMemory::createUnique(impl->options.shm_prefix, total);
   auto* h = reinterpret_cast<RegionHeader*>(impl->regions[rank].data());  // fresh pages: every counter is 0
   h->magic = edge::kRegionMagic;
   h->version = edge::kLayoutVersion;

@@ -332,6 +332,7 @@ void register_runtime(py::module_& m) {
   r.def("discard_output", &discardOutput, py::arg("ref"));
   r.def("output_prefix", &outputPrefix, py::arg("queue_name"));
   r.def("unlink_outputs", &unlinkOutputs, py::arg("prefix"));
+  r.def("world_shm_prefix", &worldShmPrefix, py::arg("queue_name"));
 
   // ---- requests, decisions, policies ----
   py::class_<Transition>(r, "Transition")
@@ -540,6 +541,7 @@ void register_runtime(py::module_& m) {
            py::arg("node_of") = std::vector<int>(), py::arg("lookahead") = true)
       .def_property_readonly("queue_name", &EngineLoop::queueName)
       .def_property_readonly("output_prefix", &EngineLoop::outputNamePrefix)
+      .def_property_readonly("world_shm_prefix", &EngineLoop::worldShmPrefix)
       .def("await_workers", &EngineLoop::awaitWorkers, py::arg("pids"), py::arg("timeout_s"),
            py::call_guard<py::gil_scoped_release>())
       .def("start", &EngineLoop::start)

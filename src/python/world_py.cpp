@@ -136,7 +136,7 @@ void register_world(py::module_& m) {
       .def_static(
           "create",
           [](int rank, int world_size, py::object store, double timeout_s, size_t heap_bytes, size_t slot_bytes,
-             size_t num_slots, int spin_us, const std::string& key_prefix, int device) {
+             size_t num_slots, int spin_us, const std::string& key_prefix, int device, const std::string& shm_prefix) {
             WorldOptions o;
             GFDIT_CHECK(timeout_s > 0) << "timeout must be positive, got " << timeout_s;
             o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0 + 0.5));
@@ -146,6 +146,7 @@ void register_world(py::module_& m) {
             o.spin_us = spin_us;
             o.key_prefix = key_prefix;
             o.device = device;
+            o.shm_prefix = shm_prefix;
             PyStore s(std::move(store));
             std::unique_ptr<World> w;
             {
@@ -156,7 +157,7 @@ void register_world(py::module_& m) {
           },
           py::arg("rank"), py::arg("world_size"), py::arg("store"), py::arg("timeout_s"), py::arg("heap_bytes"),
           py::arg("slot_bytes") = 0, py::arg("num_slots") = 0, py::arg("spin_us") = -1, py::arg("key_prefix") = "gfdit",
-          py::arg("device") = -1)
+          py::arg("device") = -1, py::arg("shm_prefix") = "gfdit")
       .def_property_readonly("device", &World::device, "The CUDA device of the device transport, or -1.")
       .def("check", &World::checkDevice, py::call_guard<py::gil_scoped_release>(),
            "Raises an error a device transport found asynchronously (a device-side wait that expired).")

@@ -91,6 +91,7 @@ EngineLoop::EngineLoop(EngineOptions options, std::shared_ptr<Policy> policy,
 EngineLoop::~EngineLoop() {
   shutdown();
   unlinkOutputs(output_prefix_);
+  unlinkOutputs("/" + worldShmPrefix() + "-");
 }
 
 std::vector<std::string> EngineLoop::awaitWorkers(const std::vector<int>& pids, double timeout_s) {

@@ -298,10 +298,16 @@ void QueueSet::unlinkName() { shm_->unlink(); }
 
 // ---- outputs (NOTE [outputs] in runtime.h) ----
 
-std::string outputPrefix(const std::string& queue_name) {
-  std::string tail = queue_name.substr(queue_name.rfind('-') + 1);
-  return "/gfdit-o-" + tail.substr(0, 16) + "-";
+namespace {
+// The first 16 characters of the queue set's random name: what tells one engine's names from another's.
+std::string queueTag(const std::string& queue_name) {
+  return queue_name.substr(queue_name.rfind('-') + 1).substr(0, 16);
 }
+}  // namespace
+
+std::string outputPrefix(const std::string& queue_name) { return "/gfdit-o-" + queueTag(queue_name) + "-"; }
+
+std::string worldShmPrefix(const std::string& queue_name) { return "gfdit-w-" + queueTag(queue_name); }
 
 void writeOutput(const std::string& name, const void* data, size_t bytes, OutputRef& ref) {
   GFDIT_CHECK(!name.empty() && name[0] == '/' && name.size() < sizeof(ref.name)) << "output name '" << name << "'";

@@ -247,6 +247,33 @@ def test_a_task_that_never_completes_fails_or_retries_its_request(faults):
     _assert_gone(eng)
 
 
+def test_shutdown_removes_a_region_a_killed_worker_left():
+    # A worker killed while its world forms (between creating its region and every peer mapping it) leaves the
+    # region's name; the engine's workers name their regions under world_shm_prefix, which shutdown clears.
+    from multiprocessing import shared_memory
+
+    with Engine(model="tiny-wan", world_size=1, policy="static:1", timeout_s=20.0) as eng:
+        prefix = eng._loop.world_shm_prefix
+        assert prefix.startswith("gfdit-w-")
+        left = shared_memory.SharedMemory(name=f"{prefix}-0123456789abcdef", create=True, size=4096)
+        left.close()
+        assert eng.submit(Request(prompt="one", num_frames=1)).result(timeout=120).state == "DONE"
+    assert f"{prefix}-0123456789abcdef" not in _shm_names()
+
+
+def test_world_shm_prefix_is_checked():
+    import datetime
+
+    import torch.distributed as dist
+    from gfdit import comm
+
+    store = dist.TCPStore(
+        "127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10), wait_for_workers=False
+    )
+    with pytest.raises(gfdit.InvalidUsage, match="shm_prefix"):
+        comm.World(0, 1, store, shm_prefix="a/b")
+
+
 def test_python_policy_that_raises_fails_its_requests_only():
     class Broken(Policy):
         def __init__(self) -> None:

@@ -53,6 +53,15 @@ def gfdit_timeout_s() -> float:
     return _env_seconds("GFDIT_TEST_TIMEOUT_S", 20.0)
 
 
+def world(pool, n: int, heap_bytes: int):
+    """An n-rank world from ``pool`` (conftest's world_pool) with every rank on its GPU, skipped where n is too
+    big for this machine."""
+    import mp_harness
+
+    mp_harness.skip_if_too_big(n)
+    return pool.get(n, timeout=gfdit_timeout_s(), gloo=False, device="cuda", heap_bytes=heap_bytes)
+
+
 def world_sizes() -> list[int]:
     return [int(x) for x in os.environ.get("GFDIT_CUDA_WORLDS", "2,4").split(",") if x.strip()]
 

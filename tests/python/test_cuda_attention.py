@@ -13,25 +13,8 @@ import cuda_support
 import pytest
 
 pytestmark = cuda_support.requires_cuda
-GFDIT_TIMEOUT = cuda_support.gfdit_timeout_s()  # see cuda_support: GFDIT_TEST_TIMEOUT_S, default 20 s
 RUN = cuda_support.run_s()  # GFDIT_TEST_RUN_S, default 150 s
 WORLDS = cuda_support.world_sizes()
-
-
-@pytest.fixture(scope="module")
-def pool():
-    import mp_harness
-
-    p = mp_harness.WorldPool()
-    yield p
-    p.close()
-
-
-def _world(pool, n):
-    import mp_harness
-
-    mp_harness.skip_if_too_big(n)
-    return pool.get(n, timeout=GFDIT_TIMEOUT, gloo=False, device="cuda", heap_bytes=256 << 20)
 
 
 def _uneven(total: int, n: int) -> list[int]:
@@ -64,9 +47,9 @@ def cuda_cases(n: int) -> list:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("n", WORLDS)
-def test_attention_every_mode(pool, n):
+def test_attention_every_mode(world_pool, n):
     cases = cuda_cases(n)
-    reports = _world(pool, n).run(ah.case_batch, cases, timeout=RUN)
+    reports = cuda_support.world(world_pool, n, heap_bytes=256 << 20).run(ah.case_batch, cases, timeout=RUN)
     flat = [rep for per_rank in reports for rep in per_rank]
     bad = [rep for rep in flat if not rep["ok"]]
     assert not bad, bad[:5]

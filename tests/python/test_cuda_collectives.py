@@ -13,31 +13,14 @@ import cuda_support
 import pytest
 
 pytestmark = cuda_support.requires_cuda
-GFDIT_TIMEOUT = cuda_support.gfdit_timeout_s()  # see cuda_support: GFDIT_TEST_TIMEOUT_S, default 20 s
 RUN = cuda_support.run_s()  # GFDIT_TEST_RUN_S, default 150 s
 WORLDS = cuda_support.world_sizes()
 
 
-@pytest.fixture(scope="module")
-def pool():
-    import mp_harness
-
-    p = mp_harness.WorldPool()
-    yield p
-    p.close()
-
-
-def _world(pool, n):
-    import mp_harness
-
-    mp_harness.skip_if_too_big(n)
-    return pool.get(n, timeout=GFDIT_TIMEOUT, gloo=False, device="cuda", heap_bytes=64 << 20)
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("n", WORLDS)
-def test_every_rank_on_its_device(pool, n):
-    infos = _world(pool, n).run(cc.case_info, timeout=RUN)
+def test_every_rank_on_its_device(world_pool, n):
+    infos = cuda_support.world(world_pool, n, heap_bytes=64 << 20).run(cc.case_info, timeout=RUN)
     for info in infos:
         assert info["device"].startswith("cuda:"), info
         assert info["device"] == f"cuda:{info['current']}", info
@@ -45,32 +28,36 @@ def test_every_rank_on_its_device(pool, n):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("n", WORLDS)
-def test_collectives_every_dtype(pool, n):
+def test_collectives_every_dtype(world_pool, n):
     # 1 element, an odd size, and more than the staging slots hold per rank (the chunked path)
     sizes = [1, 4099, (5 << 20) // 4 + 7]
-    checks = _world(pool, n).run(cc.case_collectives, 11 * n, list(cc.CUDA_DTYPES), sizes, timeout=RUN)
+    checks = cuda_support.world(world_pool, n, heap_bytes=64 << 20).run(
+        cc.case_collectives, 11 * n, list(cc.CUDA_DTYPES), sizes, timeout=RUN
+    )
     assert all(c > 0 for c in checks)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("n", WORLDS)
-def test_overlapping_groups_stress(pool, n):
-    counts = _world(pool, n).run(cc.case_overlap_stress, 5 + n, 300, timeout=RUN)
+def test_overlapping_groups_stress(world_pool, n):
+    counts = cuda_support.world(world_pool, n, heap_bytes=64 << 20).run(
+        cc.case_overlap_stress, 5 + n, 300, timeout=RUN
+    )
     assert sum(c["cuda"] for c in counts) > 0 and sum(c["cpu"] for c in counts) > 0
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("n", WORLDS)
-def test_device_heap_and_puts(pool, n):
-    res = _world(pool, n).run(cc.case_device_heap, 3, timeout=RUN)
+def test_device_heap_and_puts(world_pool, n):
+    res = cuda_support.world(world_pool, n, heap_bytes=64 << 20).run(cc.case_device_heap, 3, timeout=RUN)
     if not res[0]["supported"]:
         pytest.skip(f"device heap refused: {res[0]['why']}")
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("n", WORLDS)
-def test_mixes_refused_and_world_usable(pool, n):
-    got = _world(pool, n).run(cc.case_refusals, timeout=RUN)
+def test_mixes_refused_and_world_usable(world_pool, n):
+    got = cuda_support.world(world_pool, n, heap_bytes=64 << 20).run(cc.case_refusals, timeout=RUN)
     for r in got:
         for name in ("mix_all_gather", "mix_all_to_all", "mix_put"):
             assert "not a mix" in r[name], (name, r[name])

@@ -17,7 +17,6 @@ pytestmark = [
         bool(cuda_support.diffusers_missing()), reason=cuda_support.diffusers_missing() or "ok"
     ),
 ]
-GFDIT_TIMEOUT = cuda_support.gfdit_timeout_s()  # see cuda_support: GFDIT_TEST_TIMEOUT_S, default 20 s
 RUN = cuda_support.run_s()  # GFDIT_TEST_RUN_S, default 150 s
 REL_TOL = 1e-3
 SPECS = {
@@ -26,23 +25,11 @@ SPECS = {
 }
 
 
-@pytest.fixture(scope="module")
-def pool():
-    import mp_harness
-
-    p = mp_harness.WorldPool()
-    yield p
-    p.close()
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model", ["tiny-wan", "tiny-qwen-image"])
 @pytest.mark.parametrize("n", [n for n in cuda_support.world_sizes() if n in SPECS])
-def test_denoise_step_matches_one_member(pool, model, n):
-    import mp_harness
-
-    mp_harness.skip_if_too_big(n)
-    world = pool.get(n, timeout=GFDIT_TIMEOUT, gloo=False, device="cuda", heap_bytes=64 << 20)
+def test_denoise_step_matches_one_member(world_pool, model, n):
+    world = cuda_support.world(world_pool, n, heap_bytes=64 << 20)
     for spec in SPECS[n]:
         res = world.run(cc.case_model_step, model, spec, 5, timeout=RUN)
         for r in res:

@@ -342,12 +342,12 @@ class World:
             int(spin_us),
             key_prefix,
         )
+        extra = {} if shm_prefix == "gfdit" else {"shm_prefix": shm_prefix}
         if index is None:
-            # exactly the host-only call of builds without a device
-            self._w = _C.World.create(*args, shm_prefix=shm_prefix)
+            self._w = _C.World.create(*args, **extra)  # exactly the host-only call of builds without a device
         else:
             torch.cuda.set_device(index)
-            self._w = _C.World.create(*args, device=index, shm_prefix=shm_prefix)
+            self._w = _C.World.create(*args, device=index, **extra)
             if int(self._w.device) != index:
                 raise InvalidUsage(f"gfdit: asked for device {index}, the world reports {self._w.device}")
         self._device_index = index

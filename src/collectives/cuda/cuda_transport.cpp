@@ -256,8 +256,9 @@ class CudaTransportImpl final : public CudaTransport {
   void begin(void* stream) override {
     DeviceGuard guard(device_);
     if (held_.active) {
-      // A collective that ended with an exception never reached end(): its last operation still goes out,
-      // on its own stream, ahead of anything of this one.
+      // The previous collective's end() failed part way (the engine ends every collective, also after an
+      // error, and records what end() reports): its last operation still goes out, on its own stream, ahead
+      // of anything of this one.
       flush();
       GFDIT_CUDA_CHECK(cudaEventRecord(done_event_, cur_));
       prev_stream_ = cur_;

@@ -261,6 +261,26 @@ def test_wan22_two_experts_equal_wan_pipeline(tmp_path):
 QWEN_FOLDERS = [("euler", None), ("unipc", UNIPC_DYNAMIC)]
 
 
+def _qwen_pixel_error(m, pipe) -> float:
+    """Max |pixel difference| between m.generate and the pipeline for one prompt, negative prompt, size, steps,
+    true-CFG scale and seed (gfdit returns float32 pixels whatever the model's dtype)."""
+    pipe.prompt_template_encode_start_idx = m.prompt_template_drop  # the byte tokenizer's template prefix
+    pipe.set_progress_bar_config(disable=True)
+    opts = {"num_inference_steps": 5, "height": 48, "width": 80}
+    want = pipe(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        true_cfg_scale=4.0,
+        generator=torch.Generator().manual_seed(4),
+        output_type="pt",
+        max_sequence_length=m.defaults.max_sequence_length,
+        **opts,
+    ).images[0]
+    got = m.generate(PROMPT, seed=4, negative_prompt=NEGATIVE, guidance_scale=4.0, **opts)
+    assert got.dtype == torch.float32
+    return (got - want.float()).abs().max().item()
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("config", [c for _, c in QWEN_FOLDERS], ids=[n for n, _ in QWEN_FOLDERS])
 def test_qwen_image_generate_equals_qwen_image_pipeline(tmp_path, config):
@@ -279,20 +299,7 @@ def test_qwen_image_generate_equals_qwen_image_pipeline(tmp_path, config):
         tokenizer=m.tokenizer,
         transformer=m.transformer,
     )
-    pipe.prompt_template_encode_start_idx = m.prompt_template_drop  # the byte tokenizer's template prefix
-    pipe.set_progress_bar_config(disable=True)
-    opts = {"num_inference_steps": 5, "height": 48, "width": 80}
-    want = pipe(
-        PROMPT,
-        negative_prompt=NEGATIVE,
-        true_cfg_scale=4.0,
-        generator=torch.Generator().manual_seed(4),
-        output_type="pt",
-        max_sequence_length=m.defaults.max_sequence_length,
-        **opts,
-    ).images[0]
-    got = m.generate(PROMPT, seed=4, negative_prompt=NEGATIVE, guidance_scale=4.0, **opts)
-    err = (got - want.float()).abs().max().item()
+    err = _qwen_pixel_error(m, pipe)
     print(f"qwen-image {m.sampler.name}: max |pixel difference| {err:.3g}")
     assert err <= PIXEL_TOL
 
@@ -346,24 +353,11 @@ def test_qwen_image_bf16_generate_equals_qwen_image_pipeline(tmp_path):
     qwen_pipeline.build_tiny().save_pretrained(tmp_path)
     m = gm.load("qwen-image", path=tmp_path, dtype=torch.bfloat16)
     pipe = QwenImagePipeline.from_pretrained(tmp_path, dtype=torch.bfloat16, local_files_only=True)
-    pipe.prompt_template_encode_start_idx = m.prompt_template_drop  # the byte tokenizer's template prefix
-    pipe.set_progress_bar_config(disable=True)
     assert m.transformer.dtype == pipe.transformer.dtype == torch.bfloat16
     assert pipe.text_encoder.dtype == m.text_encoder.dtype and pipe.vae.dtype == m.vae.dtype
-    opts = {"num_inference_steps": 5, "height": 48, "width": 80}
-    want = pipe(
-        PROMPT,
-        negative_prompt=NEGATIVE,
-        true_cfg_scale=4.0,
-        generator=torch.Generator().manual_seed(4),
-        output_type="pt",
-        max_sequence_length=m.defaults.max_sequence_length,
-        **opts,
-    ).images[0]
-    got = m.generate(PROMPT, seed=4, negative_prompt=NEGATIVE, guidance_scale=4.0, **opts)
-    err = (got - want.float()).abs().max().item()
+    err = _qwen_pixel_error(m, pipe)
     print(f"qwen-image bf16 {m.sampler.name}: max |pixel difference| {err:.3g}")
-    assert got.dtype == torch.float32 and err <= PIXEL_TOL
+    assert err <= PIXEL_TOL
 
 
 @pytest.mark.timeout(60)

@@ -478,19 +478,21 @@ class ProcessGroupGfdit(dist.ProcessGroup):
 
     allgather_coalesced = allgather
 
+    def _check_root_parts(self, parts: list[torch.Tensor], like: torch.Tensor, what: str, kind: str) -> None:
+        """The root's list of a rooted collective: one CPU tensor per member, each of like's dtype and size."""
+        if len(parts) != self._n or any(
+            p.dtype != like.dtype or p.numel() != like.numel() or p.is_cuda for p in parts
+        ):
+            raise InvalidUsage(
+                f"gfdit backend: {what}: the root needs {self._n} CPU {kind} of {tuple(like.shape)} {like.dtype}"
+            )
+
     def gather(self, out_lists: list[list[torch.Tensor]], inps: list[torch.Tensor], opts: Any = None) -> Any:
         # An all-gather that only the root keeps: gfdit has no rooted gather, and DiT code gathers little.
         root = int(_opt(opts, "rootRank", 0))
         if self.rank() == root:
             for k, inp in enumerate(inps):
-                outs = out_lists[k]
-                if len(outs) != self._n or any(
-                    o.dtype != inp.dtype or o.numel() != inp.numel() or o.is_cuda for o in outs
-                ):
-                    raise InvalidUsage(
-                        f"gfdit backend: gather: the root needs {self._n} CPU outputs of {tuple(inp.shape)} "
-                        f"{inp.dtype}"
-                    )
+                self._check_root_parts(out_lists[k], inp, "gather", "outputs")
         for k, inp in enumerate(inps):
             buf = torch.empty((self._n, *inp.shape), dtype=inp.dtype)
             self.all_gather_single(buf, inp)
@@ -507,13 +509,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
             nb = _nbytes(out)
             if self.rank() == root:
                 parts = in_lists[k]
-                if len(parts) != self._n or any(
-                    p.dtype != out.dtype or p.numel() != out.numel() or p.is_cuda for p in parts
-                ):
-                    raise InvalidUsage(
-                        f"gfdit backend: scatter: the root needs {self._n} CPU inputs of {tuple(out.shape)} "
-                        f"{out.dtype}"
-                    )
+                self._check_root_parts(parts, out, "scatter", "inputs")
                 src = torch.cat([_bytes(p.contiguous()) for p in parts])
                 in_splits = [nb] * self._n
             else:

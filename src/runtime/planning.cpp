@@ -256,9 +256,13 @@ class PlanningPolicy : public Policy {
     const double now_s = view.now_ns * 1e-9;
     cands_.clear();
     int capacity = static_cast<int>(view.free_ranks.size());
+    int decoding = 0;  // ranks a decode holds: outside the plan, but each takes a core (step 4)
     for (const RequestRecord* r : view.ready) cands_.push_back(candidate(r, true, now_s));
     for (const RequestRecord* r : view.running) {
-      if (r->state == RequestState::kDecoding) continue;
+      if (r->state == RequestState::kDecoding) {
+        ++decoding;  // a decode runs on one rank (its holders' others are free)
+        continue;
+      }
       Candidate c = candidate(r, false, now_s);
       c.current = std::max(1, r->layout.degree());
       capacity += c.current;
@@ -287,10 +291,10 @@ class PlanningPolicy : public Policy {
     // 3 and 4, class by class (priority classes are strict; the other orders have one class)
     int left = capacity;
     // Ranks that share cores (a CPU): a rank beyond the cores adds no compute, so spare ranks are lent only
-    // while every busy rank still has a core (NOTE [planning], 4). Ranks outside the capacity (decoding) are
-    // busy too: a decode takes a core as surely as a step does.
+    // while every busy rank still has a core (NOTE [planning], 4). Decoding ranks are busy too: a decode takes
+    // a core as surely as a step does (a dead rank, neither free nor running, takes none).
     const int cores = view.cost != nullptr ? view.cost->sharedCores() : 0;
-    int busy = world - capacity;
+    int busy = decoding;
     auto spare = [&] { return cores > 0 ? std::min(left, std::max(0, cores - busy)) : left; };
     for (size_t begin = 0; begin < top && left > 0;) {
       size_t end = begin + 1;

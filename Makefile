@@ -12,8 +12,9 @@ MODEL_DEPS := diffusers==0.42.1 transformers==5.24.0
 # Third-party parallel DiT code that the torch.distributed backend's tests run unchanged (yunchang's USP attention;
 # its flash-attn extra is not needed on CPU).
 BACKEND_TEST_DEPS := yunchang==0.6.4
-# plots of the simulator and the experiments; the linters CI runs (pinned: formatting must not drift).
-TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3
+# plots of the simulator and the experiments; the linters and the type checker CI runs, and the stub generator
+# of gfdit._C (pinned: formatting and types must not drift); pytest-timeout bounds every test.
+TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3 mypy==1.20.2 pybind11-stubgen==2.5.5 pytest-timeout==2.4.0
 # gfdit serve: the HTTP front end, PNG and H.264 MP4 encoding, metrics; httpx (FastAPI's TestClient and gfdit bench's client), tqdm (gfdit bench's progress bar) and the openai client for its tests.
 SERVE_DEPS := fastapi==0.163.2 uvicorn==0.54.0 pillow==13.0.0 prometheus-client==0.26.0 av==18.1.0 httpx==0.28.1 tqdm==4.70.1 openai==3.51.0
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
@@ -68,10 +69,10 @@ test: build test-cpp test-python
 # Its policy reads a profile of this machine, measured once (about 20 s) and kept in build/.
 SERVE_PROFILE := build/profile-tiny-qwen-image-4.json
 $(SERVE_PROFILE): | build
-	$(PY) -m gfdit.cli profile --model tiny-qwen-image --world-size 4 --shapes 48x80x1,128x128x1,256x256x1 --out $@
+	$(PY) -m gfdit profile --model tiny-qwen-image --world-size 4 --shapes 48x80x1,128x128x1,256x256x1 --out $@
 
 serve: build $(SERVE_PROFILE)
-	$(PY) -m gfdit.cli serve --model tiny-qwen-image --world-size 4 --policy fcfs --profile $(SERVE_PROFILE) \
+	$(PY) -m gfdit serve --model tiny-qwen-image --world-size 4 --policy fcfs --profile $(SERVE_PROFILE) \
 	  --host 127.0.0.1 --port 8000
 
 test-cpp:

@@ -15,13 +15,14 @@ import os
 import platform
 import queue
 import socket
-import statistics
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from gfdit import stats
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -123,16 +124,10 @@ def print_table(
 # statistics
 
 
-def median(xs: Sequence[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def percentile(xs: Sequence[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    k = min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))
-    return s[k]
+# One definition for every benchmark, the trace summaries and the live page: gfdit.stats (numpy's
+# percentiles). median and percentile raise ValueError on no values.
+median = stats.median
+percentile = stats.percentile
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def time_loop(ctx: C.RankContext, fn, barrier, opts: dict[str, Any]) -> dict[str
         times[i] = (time.perf_counter_ns() - t0) * 1e-9
     med = C.median(times)
     per_rank = [r[0] for r in ctx.gather_over_ranks([med])]
-    p90 = ctx.max_over_ranks([C.percentile(times, 0.9)])[0]
+    p90 = ctx.max_over_ranks([C.percentile(times, 90)])[0]
     return {
         "median_s": max(per_rank),
         "per_rank_median_s": per_rank,

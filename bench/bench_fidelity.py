@@ -23,9 +23,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _common as C  # noqa: E402
-from gfdit import profile as gprofile  # noqa: E402
-from gfdit.simulate import replay_trace, simulate_trace  # noqa: E402
-from gfdit.trace import TraceRequest, write_trace  # noqa: E402
+from gfdit.planning.simulate import simulate_trace  # noqa: E402
+from gfdit.planning.trace import TraceRequest, write_trace  # noqa: E402
+from gfdit.tools import profile as gprofile  # noqa: E402
+from gfdit.tools.replay import replay_trace  # noqa: E402
 
 VIDEO = (64, 64, 9, 8)  # height, width, frames, steps
 IMAGE = (32, 32, 1, 4)

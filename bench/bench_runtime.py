@@ -15,7 +15,6 @@ import json
 import multiprocessing as mp
 import os
 import socket
-import statistics
 import sys
 import time
 
@@ -25,11 +24,6 @@ from gfdit import Engine, Request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
 
 
 def bench_latency(pings: int) -> dict:
@@ -43,8 +37,8 @@ def bench_latency(pings: int) -> dict:
     c2e = [(seen - p) / 1e3 for d, s, p, seen in rows]
     return {
         "pings": len(rows),
-        "dispatch_to_start_us": {"median": statistics.median(d2s), "p99": pct(d2s, 0.99)},
-        "completion_to_engine_us": {"median": statistics.median(c2e), "p99": pct(c2e, 0.99)},
+        "dispatch_to_start_us": {"median": C.median(d2s), "p99": C.percentile(d2s, 99)},
+        "completion_to_engine_us": {"median": C.median(c2e), "p99": C.percentile(c2e, 99)},
     }
 
 
@@ -73,8 +67,8 @@ def bench_control(num_requests: int, steps: int) -> dict:
         "steps": total_steps,
         "wall_s": wall,
         "control_cpu_ns_per_step": per_step,
-        "median_step_ns": statistics.median(step_ns),
-        "control_fraction": per_step / statistics.median(step_ns),
+        "median_step_ns": C.median(step_ns),
+        "control_fraction": per_step / C.median(step_ns),
         "idle_core_fraction": idle,
         "lookahead_hits": s1["lookahead_hits"] - s0["lookahead_hits"],
         "loop_wakeups_per_step": (s1["loop_wakeups"] - s0["loop_wakeups"]) / total_steps,
@@ -119,7 +113,7 @@ def _migrate_rank(rank: int, port: int, sizes: list[int], reps: int, out: mp.Que
             times.append(time.perf_counter() - t0)
         if rank == 1:
             assert got.latent.numel() == nbytes // 4
-        res.append((nbytes, statistics.median(times[1:])))
+        res.append((nbytes, C.median(times[1:])))
     if rank == 0:
         # single-core memcpy at the same sizes, same process, same run
         mc = []
@@ -132,7 +126,7 @@ def _migrate_rank(rank: int, port: int, sizes: list[int], reps: int, out: mp.Que
                 t0 = time.perf_counter()
                 b.copy_(a)
                 ts.append(time.perf_counter() - t0)
-            mc.append(statistics.median(ts[1:]))
+            mc.append(C.median(ts[1:]))
         out.put((res, mc))
     gfdit.barrier()
     gfdit.destroy()

@@ -23,15 +23,14 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from gfdit.engine import Engine, Request
-from gfdit.loadgen import PROMPT
-from gfdit.server import create_app, serving
+from gfdit.serving.engine import Engine, Request
+from gfdit.serving.server import create_app, serving
+from gfdit.tools.loadgen import PROMPT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
@@ -49,7 +48,7 @@ def bench_cli(url: str, args: list[str]) -> dict:
         cmd = [
             sys.executable,
             "-m",
-            "gfdit.cli",
+            "gfdit.tools.cli",
             "bench",
             "--url",
             url,
@@ -74,7 +73,16 @@ def serve_process(world_size: int, policy: str, cost_args: list[str]) -> tuple[s
     import httpx
 
     port = free_port()
-    cmd = [sys.executable, "-m", "gfdit.cli", "serve", "--model", MODEL, "--world-size", str(world_size)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gfdit.tools.cli",
+        "serve",
+        "--model",
+        MODEL,
+        "--world-size",
+        str(world_size),
+    ]
     cmd += ["--policy", policy, "--port", str(port), *cost_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -108,7 +116,7 @@ def policy_runs(world_size: int, quick: bool) -> list[dict]:
         cmd = [
             sys.executable,
             "-m",
-            "gfdit.cli",
+            "gfdit.tools.cli",
             "profile",
             "--model",
             MODEL,
@@ -220,7 +228,7 @@ def main() -> int:
                 url, ["--rate", str(rate), "--duration", str(duration), "--workload", "image"]
             )
 
-    med_direct, med_http = statistics.median(direct), statistics.median(http)
+    med_direct, med_http = C.median(direct), C.median(http)
     overhead_ms = (med_http - med_direct) * 1e3
     statuses = sorted({r["status"] for r in overload["records"]}, key=str)
     answered = all(r["status"] in (200, 429) for r in overload["records"])
@@ -230,9 +238,9 @@ def main() -> int:
         [
             [
                 name,
-                f"{statistics.median(xs) * 1e3:.2f}",
-                f"{statistics.mean(xs) * 1e3:.2f}",
-                f"{C.percentile(xs, 0.99) * 1e3:.2f}",
+                f"{C.median(xs) * 1e3:.2f}",
+                f"{C.stats.mean(xs) * 1e3:.2f}",
+                f"{C.percentile(xs, 99) * 1e3:.2f}",
             ]
             for name, xs in (("Engine.submit", direct), ("HTTP (gfdit bench)", http))
         ],
@@ -241,7 +249,7 @@ def main() -> int:
             f"(target <= {OVERHEAD_TARGET_MS} ms), "
             f"ratio {med_http / med_direct:.3f}",
             f"per request, client latency - the server's engine time (Server-Timing): median "
-            f"{statistics.median(outside) * 1e3:.2f} ms, p99 {C.percentile(outside, 0.99) * 1e3:.2f} ms",
+            f"{C.median(outside) * 1e3:.2f} ms, p99 {C.percentile(outside, 99) * 1e3:.2f} ms",
         ],
     )
     C.print_table(

@@ -20,9 +20,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _common as C  # noqa: E402
-from gfdit import cost  # noqa: E402
 from gfdit._C import cost as cost_c  # noqa: E402
 from gfdit._C import runtime as rt  # noqa: E402
+from gfdit.planning import cost  # noqa: E402
 
 
 def trace(n: int, rate: float, seed: int = 0) -> list:

@@ -44,12 +44,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from gfdit import simulate, workload
 from gfdit._C import Error as GfditError
 from gfdit._C import InvalidUsage
 from gfdit._C import runtime as rt
 from gfdit._errors import user_message
-from gfdit.trace import Outcome, TraceRequest, summarize
+from gfdit.planning import simulate, workload
+from gfdit.planning.trace import Outcome, TraceRequest, summarize
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 1
@@ -113,7 +113,7 @@ SCENARIOS = (
     Scenario("image-bursty", "image", "qwen-image", "bursty"),
     Scenario("video-steady", "video", "wan2.2", "poisson", requests=2000),
     Scenario("video-bursty", "video", "wan2.2", "bursty", requests=2000),
-    # one-frame images and videos of one model, served together (gfdit.workload's "mixed")
+    # one-frame images and videos of one model, served together (gfdit.planning.workload's "mixed")
     Scenario("mixed-steady", "mixed", "wan2.2", "poisson", requests=2000),
     Scenario("mixed-bursty", "mixed", "wan2.2", "bursty", requests=2000),
 )
@@ -178,7 +178,7 @@ class Lab:
     def has_sim_option(self, option: str, value: Any) -> bool:
         """Whether the simulator takes ``option`` (probed once); a note when it does not."""
         if option not in self._option_ok:
-            from gfdit import cost
+            from gfdit.planning import cost
 
             try:
                 rt.Simulator(
@@ -235,7 +235,7 @@ class Lab:
         tag: str = "",
         keep_outcomes: bool = False,
     ) -> dict[str, Any]:
-        """The summary of one replay (gfdit.trace.summarize's keys plus load, rate and wall time), or
+        """The summary of one replay (gfdit.planning.trace.summarize's keys plus load, rate and wall time), or
         {"error": ...} when the simulator refuses the combination. ``requests`` replaces the scenario's
         trace (``tag`` then names it in the cache); ``keep_outcomes`` keeps the per-request outcomes under
         "_outcomes" (left out of the JSON)."""
@@ -760,7 +760,7 @@ def fixed_shape_trace(
     pricer: workload.Pricer, sc: Scenario, rate: float, duration: float
 ) -> list[TraceRequest]:
     """Requests of the scenario's one shape (h, w, frames, steps) at its arrivals, deadlines as
-    gfdit.workload sets them."""
+    gfdit.planning.workload sets them."""
     assert sc.shape is not None
     h, w, f, steps = sc.shape
     budget = pricer.alone_latency(sc.model, h, w, f, steps)
@@ -774,7 +774,7 @@ def fixed_shape_trace(
 
 def layout_steps(sc: Scenario) -> list[dict[str, Any]]:
     """Predicted seconds of one step per layout family, for long videos on one and two nodes."""
-    from gfdit import cost
+    from gfdit.planning import cost
 
     cm = cost.cost_model(sc.model, sc.cluster)
     families = {f: getattr(rt.LayoutFamily, f.upper()) for f in LAYOUTS}
@@ -1076,7 +1076,7 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     md = [
         f"gfdit's engine on this machine ({os.cpu_count()} cores, shared with other work: load average "
         f"{load_before[0]:.1f} before the runs, {load_after[0]:.1f} after), tiny-wan (random weights), one worker "
-        f"process per rank, the control plane given the profiled cost model (`gfdit.simulate.replay_trace(..., "
+        f"process per rank, the control plane given the profiled cost model (`gfdit.tools.replay.replay_trace(..., "
         f"profile=...)`), so the dynamic policies plan with measured stage times. Each cell is the median of "
         f"{repeats} replays on one engine per policy (all engines of a world size alive at once, the policies "
         f"taking turns in each repeat); the spread is the min..max of the mean latency over the repeats.\n",
@@ -1295,11 +1295,11 @@ REPORT_ORDER = ("headline", "main", "regroup", "layouts", "priority", "real")
 def method(lab: Lab) -> str:
     built = ", ".join(rt.policy_names())
     return f"""The simulator is gfdit's control plane with its built-in policies on a virtual clock
-(`gfdit._C.runtime.Simulator`, through `gfdit.simulate.simulate_trace`), each stage taking the time of the
+(`gfdit._C.runtime.Simulator`, through `gfdit.planning.simulate.simulate_trace`), each stage taking the time of the
 analytic cost model of an H20 cluster (`h20x8`: one node of 8; `h20x16`: two). Policies built into this
 build: {built}.
 
-- **Workloads** (`gfdit.workload`, seed {SEED}): Qwen-Image images (512-1536 px, 1024 px most common, 20-50
+- **Workloads** (`gfdit.planning.workload`, seed {SEED}): Qwen-Image images (512-1536 px, 1024 px most common, 20-50
   steps) and Wan 2.2 videos (480p and 720p, 33-121 frames, 20-50 steps, 40 most common), and both served
   together by Wan 2.2 (mixed: 30% videos, the rest one-frame images); the size distributions are stated in
   `python/gfdit/workload.py`. Arrivals are Poisson (steady) or Gamma with a
@@ -1310,7 +1310,7 @@ build: {built}.
   rank-seconds over the static degrees (degree x (encode + steps x step) + decode), i.e. the rate at which
   every rank is busy with each request at its most efficient degree. Loads: {", ".join(f"{x:g}" for x in LOADS)}.
 - **Deadlines**: arrival + {SLO_SCALE:g} x the request's latency alone at its best static degree.
-- **Metrics** (`gfdit.trace.summarize`): throughput = completed / (last finish - first arrival); latency =
+- **Metrics** (`gfdit.planning.trace.summarize`): throughput = completed / (last finish - first arrival); latency =
   finish - arrival (mean, p50, p99); SLO attainment = share of requests done by their deadline;
   utilisation = busy rank-seconds / (ranks x span). Every trace runs to its end (no request is dropped),
   so past capacity the queue, and the latency, grows with the trace's length.

@@ -348,7 +348,7 @@ done
 
 # ---- copy-table: the copy paths timed on this GPU; the bench then runs with the measured table ------------------
 if ((GFDIT_OK && CUDA_BUILD)); then
-  if step copy-table 40 "$PYTHON -m gfdit.cli profile --collectives --out '$OUTDIR/copy_table.json'"; then
+  if step copy-table 40 "$PYTHON -m gfdit.tools.cli profile --collectives --out '$OUTDIR/copy_table.json'"; then
     table=$(sed -n 's/^export GFDIT_CUDA_COPY_TABLE=//p' "$LOGS/copy-table.log" | tail -n 1)
     if [ -n "$table" ]; then
       export GFDIT_CUDA_COPY_TABLE=$table

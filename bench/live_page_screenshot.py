@@ -135,7 +135,7 @@ def main() -> int:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])
     )
-    cmd = [sys.executable, "-m", "gfdit.cli", "serve", "--model", args.model, "--world-size"]
+    cmd = [sys.executable, "-m", "gfdit.tools.cli", "serve", "--model", args.model, "--world-size"]
     cmd += [str(args.world_size), "--policy", args.policy, "--port", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -21,11 +21,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from gfdit import cost, simulate, workload
-from gfdit import profile as gprofile
 from gfdit._C import Error as GfditError
 from gfdit._errors import user_message
-from gfdit.trace import TraceRequest
+from gfdit.planning import cost, simulate, workload
+from gfdit.planning.trace import TraceRequest
+from gfdit.tools import profile as gprofile
+from gfdit.tools import replay as run_trace
 
 MODEL = "tiny-wan"
 PROFILE_WORLD = 4
@@ -178,7 +179,7 @@ def make_trace(
     slo_scale: float,
 ) -> RealTrace:
     """``n`` requests with Poisson arrivals at ``rate``, each of a class drawn by its share; deadlines
-    ``slo_scale`` x the request's alone latency at its best static degree (as gfdit.workload sets them)."""
+    ``slo_scale`` x the request's alone latency at its best static degree (as gfdit.planning.workload sets them)."""
     rng = np.random.Generator(np.random.PCG64(seed))
     gaps = rng.exponential(1.0 / rate, n)
     times = np.cumsum(gaps) - gaps[0]  # the first request at t = 0
@@ -260,7 +261,7 @@ def run_world(
     todo = [t for t in traces if world in t.worlds]
     if not todo:
         return out
-    cm, _ = simulate.engine_cost_model(MODEL, world, prof_path)
+    cm, _ = run_trace.engine_cost_model(MODEL, world, prof_path)
     engines: dict[str, Any] = {}
     try:
         for p in policies:
@@ -282,7 +283,7 @@ def run_world(
                     if "error" in cell:
                         continue
                     try:
-                        replay = simulate.replay_on_engine(engines[p], list(t.requests), timeout_s=timeout_s)
+                        replay = run_trace.replay_on_engine(engines[p], list(t.requests), timeout_s=timeout_s)
                     except (GfditError, RuntimeError, TimeoutError) as e:
                         cell["error"] = user_message(e) if isinstance(e, GfditError) else str(e)
                         log(f"real: {t.name} world {world} {p}: failed: {cell['error']}")

@@ -1,15 +1,20 @@
 """gfdit: a serving runtime for Diffusion Transformers on group-free collectives.
 
 The collectives mirror ``torch.distributed``: ``gfdit.init``, ``gfdit.new_group``, ``gfdit.all_reduce``, ...
+The package is in layers (docs/architecture.md, "Layers"), each importing only the ones below it:
+``gfdit.comm`` (worlds, groups, collectives, the torch.distributed backend), ``gfdit.attention``,
+``gfdit.models``, ``gfdit.planning`` (cost models, workloads, traces, the simulator), ``gfdit.serving`` (the
+engine, its workers, the HTTP server) and ``gfdit.tools`` (the ``gfdit`` command). This module only gathers
+their public names.
 """
 
 from gfdit import (
-    attention,  # noqa: E402  (the package: gfdit.attention.attention(q, k, v, ...))
-    models,  # noqa: E402  (diffusers is imported only when a model is wrapped)
+    attention,  # the package: gfdit.attention.attention(q, k, v, ...)
+    models,  # diffusers is imported only when a model is wrapped
 )
 from gfdit._C import Error, InvalidUsage, RemoteError, Timeout
 from gfdit._C import build_info as _build_info
-from gfdit.attention import ParallelSpec  # noqa: E402
+from gfdit.attention import ParallelSpec
 from gfdit.comm import (
     Group,
     World,
@@ -35,13 +40,14 @@ from gfdit.comm import (
     send,
     wait_signal,
 )
-from gfdit.engine import Decision, Engine, Layout, Policy, Request, RequestFailed, Result  # noqa: E402
-from gfdit.process_group import register as _register_torch_backend  # noqa: E402
-from gfdit.topology import Topology  # noqa: E402
+from gfdit.comm.topology import Topology
+from gfdit.comm.torch_backend import register as _register_torch_backend
+from gfdit.planning import cost
+from gfdit.serving.engine import Decision, Engine, Layout, Policy, Request, RequestFailed, Result
 
 __version__ = "0.1.0"
 
-_register_torch_backend()  # dist.init_process_group("gfdit"): see gfdit.process_group
+_register_torch_backend()  # dist.init_process_group("gfdit"): see gfdit.comm.torch_backend
 
 
 def build_info() -> dict:
@@ -61,6 +67,7 @@ __all__ = [
     "ParallelSpec",
     "Topology",
     "attention",
+    "cost",
     "models",
     "Group",
     "InvalidUsage",

@@ -341,21 +341,21 @@ def case_stream_paths_on_cpu(ctx, cases: list) -> dict:
 
     import attn_harness as ah
     from gfdit import comm
-    from gfdit.attention import core, torus
+    from gfdit.attention import pipeline, torus, usp
 
     fake = _FakeStream()
     saved_cuda = {
         name: getattr(torch.cuda, name)
         for name in ("Event", "Stream", "current_stream", "stream", "current_device")
     }
-    saved = (core._executor_for, torus._executor_for, torus._uses_streams, comm.World.wait_signal)
+    saved = (usp.executor_for, torus.executor_for, torus._uses_streams, comm.World.wait_signal)
     host_wait = comm.World.wait_signal
 
     def wait_signal(self, peer, count=1, stream=None):
         host_wait(self, peer, count)
 
     submits = {"n": 0, "ready": 0}
-    real_submit = core._StreamExecutor.submit
+    real_submit = pipeline.StreamExecutor.submit
 
     def counting_submit(self, fn, *args):
         submits["n"] += 1
@@ -363,7 +363,7 @@ def case_stream_paths_on_cpu(ctx, cases: list) -> dict:
         return real_submit(self, fn, *args)
 
     def stream_executor(device):
-        ex = core._StreamExecutor(device)
+        ex = pipeline.StreamExecutor(device)
         ex.submit = counting_submit.__get__(ex)
         return ex
 
@@ -371,14 +371,14 @@ def case_stream_paths_on_cpu(ctx, cases: list) -> dict:
     torch.cuda.current_stream = lambda device=None: fake
     torch.cuda.stream = lambda s: contextlib.nullcontext()
     torch.cuda.current_device = lambda: 0
-    core._executor_for = torus._executor_for = stream_executor
+    usp.executor_for = torus.executor_for = stream_executor
     torus._uses_streams = lambda t: True
     comm.World.wait_signal = wait_signal
-    core._comm_streams.clear()
+    pipeline._comm_streams.clear()
     try:
         return {"reports": ah.case_batch(ctx, cases), "submits": submits}
     finally:
         for name, value in saved_cuda.items():
             setattr(torch.cuda, name, value)
-        core._executor_for, torus._executor_for, torus._uses_streams, comm.World.wait_signal = saved
-        core._comm_streams.clear()
+        usp.executor_for, torus.executor_for, torus._uses_streams, comm.World.wait_signal = saved
+        pipeline._comm_streams.clear()

@@ -34,7 +34,7 @@ def setup(ctx) -> str:
 
 def _pair(ranks: list[int]):
     """(gfdit group, gloo group) over ranks; every rank calls this for every group, as torch requires."""
-    from gfdit.process_group import ProcessGroupGfdit
+    from gfdit.comm.torch_backend import ProcessGroupGfdit
 
     gf = dist.new_group(ranks)
     key = tuple(ranks)
@@ -378,7 +378,7 @@ def gfdit_groups(ctx) -> dict:
     """gfdit's own groups over the backend's world: a non-member's handle describes the group and refuses
     its collectives; a member's handle runs gfdit operations on ranks that torch code grouped."""
     import gfdit
-    from gfdit.process_group import group_of
+    from gfdit.comm.torch_backend import group_of
 
     whole = group_of()
     world = whole._world

@@ -7,7 +7,6 @@ import those modules whatever pytest's import mode is.
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import sys
 
@@ -19,33 +18,15 @@ if _HERE not in sys.path:
 
 import mp_harness  # noqa: E402
 
-# Hard bound of a test without an explicit @pytest.mark.timeout (seconds).
-DEFAULT_TIMEOUT = 120.0
+# Every test is bounded by pytest-timeout (pinned in the Makefile; the default bound is in pyproject.toml,
+# @pytest.mark.timeout(seconds) sets another): past it the test fails with its stacks and the session goes on.
 
 
 def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "timeout(seconds): hard bound on the test; past it the run dumps stacks and exits "
-        "(pytest-timeout handles it when installed)",
-    )
+    if not config.pluginmanager.hasplugin("timeout"):
+        raise pytest.UsageError("the tests need pytest-timeout (make venv installs it)")
     config.addinivalue_line("markers", "multirank(n): the test starts an n-rank world")
     config.addinivalue_line("markers", "ws8: a test_collectives test that also runs at world size 8")
-
-
-@pytest.fixture(autouse=True)
-def _hard_timeout(request):
-    """Never hang: without pytest-timeout, arm faulthandler to dump stacks and exit past the bound."""
-    if request.config.pluginmanager.hasplugin("timeout"):
-        yield
-        return
-    marker = request.node.get_closest_marker("timeout")
-    seconds = float(marker.args[0]) if marker and marker.args else DEFAULT_TIMEOUT
-    faulthandler.dump_traceback_later(seconds, exit=True)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="module")

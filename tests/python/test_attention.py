@@ -254,7 +254,6 @@ def test_plan_disagreement_fails_on_every_member(world, kind, mode):
     for rank, res in enumerate(results):
         assert "PlanMismatch" in res["types"] and "InvalidUsage" in res["types"], f"rank {rank}: {res}"
         assert "disagree about this call" in res["message"], f"rank {rank}: {res['message']}"
-        assert res["elapsed"] < GFDIT_TIMEOUT / 2, f"rank {rank} took {res['elapsed']:.1f} s: {res}"
         assert not res["usable"] and "unusable" in res["after"], f"rank {rank}: {res}"
         assert res["fresh"] == [float(n)] * 3, f"rank {rank}: {res}"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import gfdit
 import pytest
-from gfdit import cost
 from gfdit._C import cost as C
+from gfdit.planning import cost
 
 
 # -- the tiny architectures are the tiny models ---------------------------------------------------------------
@@ -235,11 +235,11 @@ def test_load_profile_not_json(tmp_path: Path) -> None:
 
 # -- the command ----------------------------------------------------------------------------------------------
 def _cli(argv: list[str]) -> int:
-    """`gfdit <argv>` through gfdit.cli when every subcommand module is importable, else the cost module's
+    """`gfdit <argv>` through gfdit.tools.cli when every subcommand module is importable, else the cost module's
     own add_arguments/run on the same kind of subparser (other subcommands may not exist yet)."""
     import importlib
 
-    from gfdit import cli
+    from gfdit.tools import cli
 
     try:
         for module, _ in cli.COMMANDS.values():

@@ -12,8 +12,9 @@ import gfdit
 import pytest
 import torch
 from gfdit import comm
-from gfdit.attention import core
+from gfdit.attention import core, pipeline, plan
 from gfdit.attention.torus import _put_order
+from gfdit.comm import devices
 
 NO_TRANSPORT = "no CUDA transport"
 
@@ -83,7 +84,7 @@ def test_engine_refuses_cuda_before_starting_workers():
 
 
 def test_engine_devices(monkeypatch):
-    from gfdit.engine import worker_devices
+    from gfdit.serving.engine import worker_devices
 
     monkeypatch.delenv("GFDIT_DEVICE", raising=False)
     assert worker_devices(None, 3) == [None, None, None]
@@ -100,7 +101,7 @@ def test_transport_present_but_no_gpu(monkeypatch):
     """What a CUDA build says on a machine where torch sees no GPU (as here once the transport lands)."""
     if torch.cuda.is_available():
         pytest.skip("torch sees a GPU here")
-    monkeypatch.setattr(comm, "_HAS_CUDA_TRANSPORT", True)
+    monkeypatch.setattr(devices, "_HAS_CUDA_TRANSPORT", True)
     with pytest.raises(gfdit.InvalidUsage, match="torch sees no CUDA device"):
         comm.resolve_device("cuda:0")
     with pytest.raises(gfdit.InvalidUsage, match="host only"):
@@ -138,8 +139,8 @@ def test_stream_handle_of_the_default_stream():
         def __init__(self, h):
             self.cuda_stream = h
 
-    assert comm._stream_handle(S(0)) == 1  # cudaStreamLegacy: 0 would mean host pointers
-    assert comm._stream_handle(S(0x7F00_0000_1000)) == 0x7F00_0000_1000
+    assert devices._stream_handle(S(0)) == 1  # cudaStreamLegacy: 0 would mean host pointers
+    assert devices._stream_handle(S(0x7F00_0000_1000)) == 0x7F00_0000_1000
 
 
 def test_collectives_refuse_cuda_on_a_host_world(world):
@@ -214,15 +215,15 @@ def test_attention_members_on_different_devices_refused():
 
 def test_cpu_plan_keys_and_put_order_unchanged():
     spec = gfdit.ParallelSpec(ulysses=2)
-    key = core._plan_key(spec, "ulysses-low", 1, 4, 8, 1, 0, 0, [3, 5])
+    key = plan.plan_key(spec, "ulysses-low", 1, 4, 8, 1, 0, 0, [3, 5])
     assert key == ((2, 1, "usp", "ulysses-low", None), (1, 4, 8, 1, 0, 0), (3, 5))
-    assert core._plan_key(spec, "ulysses-low", 1, 4, 8, 1, 0, 0, [3, 5], 1) != key
+    assert plan.plan_key(spec, "ulysses-low", 1, 4, 8, 1, 0, 0, [3, 5], 1) != key
     assert _put_order(2) == {"f0": 1, "f1": 2, "o0": 3, "o1": 4}
     assert _put_order(2, ready=True) == {"r": 1, "f0": 2, "f1": 3, "o0": 4, "o1": 5}
 
 
 def test_stream_executor_only_on_cuda():
-    assert core._executor_for(torch.device("cpu")) is core._comm_executor()
+    assert pipeline.executor_for(torch.device("cpu")) is pipeline._comm_executor()
 
 
 def test_cuda_block_attention_falls_back_off_cuda():
@@ -348,8 +349,8 @@ def test_world_passes_the_device_to_the_core(monkeypatch):
         def check(self):
             calls.append("check")
 
-    monkeypatch.setattr(comm._C, "World", FakeCoreWorld)
-    monkeypatch.setattr(comm, "_HAS_CUDA_TRANSPORT", True)
+    monkeypatch.setattr(gfdit._C, "World", FakeCoreWorld)
+    monkeypatch.setattr(devices, "_HAS_CUDA_TRANSPORT", True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     set_to = []

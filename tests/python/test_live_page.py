@@ -20,9 +20,9 @@ pytest.importorskip("httpx")
 pytest.importorskip("PIL")
 
 from fastapi.testclient import TestClient  # noqa: E402
-from gfdit.engine import Engine, Result, Stage  # noqa: E402
-from gfdit.live import MERGE_GAP_NS, ActivityRecorder, layout_label  # noqa: E402
-from gfdit.server import create_app, serving  # noqa: E402
+from gfdit.serving.engine import Engine, Result, Stage  # noqa: E402
+from gfdit.serving.server import create_app, serving  # noqa: E402
+from gfdit.serving.server.live import MERGE_GAP_NS, ActivityRecorder, layout_label  # noqa: E402
 
 MODEL = "tiny-qwen-image"
 KEY = "live-key"

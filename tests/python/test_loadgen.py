@@ -14,11 +14,11 @@ pytest.importorskip("httpx")
 pytest.importorskip("tqdm")
 uvicorn = pytest.importorskip("uvicorn")
 
-from gfdit import cli, loadgen  # noqa: E402
-from gfdit.engine import Engine  # noqa: E402
-from gfdit.loadgen import BenchError, RequestRecord, run_bench, summarize_records  # noqa: E402
-from gfdit.server import create_app, serving  # noqa: E402
-from gfdit.trace import TraceRequest, write_trace  # noqa: E402
+from gfdit.planning.trace import TraceRequest, write_trace  # noqa: E402
+from gfdit.serving.engine import Engine  # noqa: E402
+from gfdit.serving.server import create_app, serving  # noqa: E402
+from gfdit.tools import cli, loadgen  # noqa: E402
+from gfdit.tools.loadgen import BenchError, RequestRecord, run_bench, summarize_records  # noqa: E402
 
 MODEL = "tiny-qwen-image"
 VIDEO_MODEL = "tiny-wan"

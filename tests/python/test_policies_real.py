@@ -15,9 +15,10 @@ import time
 import gfdit
 import pytest
 import torch
-from gfdit import Decision, Engine, Layout, Policy, Request, cost, simulate
+from gfdit import Decision, Engine, Layout, Policy, Request
 from gfdit._C import cost as cost_c
-from gfdit.trace import TraceRequest
+from gfdit.planning import cost, simulate
+from gfdit.planning.trace import TraceRequest
 
 WORLD = 2
 MODEL = "tiny-wan"

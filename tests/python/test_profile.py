@@ -6,12 +6,12 @@ import argparse
 import json
 
 import pytest
-from gfdit import profile
 from gfdit._C import InvalidUsage
+from gfdit.tools import profile
 
 
 def _cli(argv: list[str]) -> int:
-    """What `gfdit profile ARGV` runs (gfdit.cli dispatches to these two functions)."""
+    """What `gfdit profile ARGV` runs (gfdit.tools.cli dispatches to these two functions)."""
     parser = argparse.ArgumentParser(prog="gfdit profile")
     profile.add_arguments(parser, "profile")
     return profile.run(parser.parse_args(argv), "profile")

@@ -7,19 +7,19 @@ import json
 import os
 
 import pytest
-from gfdit import simulate
 from gfdit._C import InvalidUsage
 from gfdit._C import cost as cost_c
-from gfdit.trace import SUMMARY_KEYS, TraceRequest, load_trace, write_trace
+from gfdit.planning.trace import SUMMARY_KEYS, TraceRequest, load_trace, write_trace
+from gfdit.tools import replay as run_trace
 
 WORLD = 2
 
 
 def _cli(command: str, argv: list[str]) -> int:
-    """What `gfdit COMMAND ARGV` runs (gfdit.cli dispatches to these two functions)."""
+    """What `gfdit COMMAND ARGV` runs (gfdit.tools.cli dispatches to these two functions)."""
     parser = argparse.ArgumentParser(prog=f"gfdit {command}")
-    simulate.add_arguments(parser, command)
-    return simulate.run(parser.parse_args(argv), command)
+    run_trace.add_arguments(parser, command)
+    return run_trace.run(parser.parse_args(argv), command)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_run_trace_reports_sane_metrics(trace, tmp_path, policy, capsys):
 @pytest.mark.timeout(90)
 def test_replay_records_every_request(trace):
     reqs = load_trace(trace, model="tiny-wan")
-    replay = simulate.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="static:1", timeout_s=60)
+    replay = run_trace.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="static:1", timeout_s=60)
     assert [o.id for o in replay.outcomes] == [r.id for r in reqs]
     assert all(o.completed and o.latency_s > 0 for o in replay.outcomes)
     for o, r in zip(replay.outcomes, reqs):
@@ -151,7 +151,7 @@ def test_replay_with_a_profile_gives_the_policy_predictions(trace, tmp_path):
     prof = _synthetic_profile(tmp_path / "p.json", trace)
     # fcfs without predictions assumes perfect scaling and spreads a lone request over both ranks; with
     # this profile's (two ranks ten times slower) it keeps every request on one rank
-    replay = simulate.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=prof)
+    replay = run_trace.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=prof)
     assert all(o.completed for o in replay.outcomes)
     assert "profile of tiny-wan" in replay.where
     steps = [iv for iv in replay.intervals if iv.kind == "step"]
@@ -167,14 +167,14 @@ def test_replay_refuses_a_profile_of_another_model_or_a_smaller_world(trace, tmp
     other = _synthetic_profile(tmp_path / "qwen.json", trace, model="tiny-qwen-image")
     small = _synthetic_profile(tmp_path / "w1.json", trace, world_size=1)
     with pytest.raises(InvalidUsage, match="measured for 'tiny-qwen-image', not 'tiny-wan'"):
-        simulate.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=other)
+        run_trace.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=other)
     with pytest.raises(InvalidUsage, match="world size 1, below the replay's 2"):
-        simulate.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=small)
+        run_trace.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=small)
     # a request the profile cannot price (its sizes were never measured) is refused by name
     bigger = [*reqs, TraceRequest(99, reqs[-1].arrival_s, "tiny-wan", 64, 64, 9, 3)]
     prof = _synthetic_profile(tmp_path / "p.json", trace)
     with pytest.raises(InvalidUsage, match="request 99 .64x64x9. is outside what the profile measured"):
-        simulate.replay_trace(bigger, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=prof)
+        run_trace.replay_trace(bigger, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=prof)
     argv = ["--trace", trace, "--model", "tiny-wan", "--world-size", str(WORLD), "--policy", "fcfs"]
     assert _cli("run-trace", [*argv, "--profile", small]) == 2
     err = capsys.readouterr().err

@@ -9,13 +9,14 @@ import random
 
 import gfdit
 import pytest
-from gfdit import profile, simulate
 from gfdit._C import cost as cost_c
-from gfdit.trace import SUMMARY_KEYS, Interval, Outcome, TraceRequest, write_trace
+from gfdit.planning import simulate
+from gfdit.planning.trace import SUMMARY_KEYS, Interval, Outcome, TraceRequest, write_trace
+from gfdit.tools import profile
 
 
 def _cli(argv: list[str]) -> int:
-    """What `gfdit simulate ARGV` runs (gfdit.cli dispatches to these two functions)."""
+    """What `gfdit simulate ARGV` runs (gfdit.tools.cli dispatches to these two functions)."""
     parser = argparse.ArgumentParser(prog="gfdit simulate")
     simulate.add_arguments(parser, "simulate")
     return simulate.run(parser.parse_args(argv), "simulate")
@@ -196,7 +197,7 @@ def test_plots_stay_readable_with_many_requests(tmp_path):
 def test_regroup_cost_is_charged_on_new_groups(tmp_path):
     """A group-formation cost (NCCL's ~0.78 s) slows fcfs, whose groups change, and never static:2 beyond
     the first use of each of its four groups."""
-    from gfdit.trace import load_trace
+    from gfdit.planning.trace import load_trace
 
     reqs = load_trace(_trace(tmp_path / "t.jsonl", "qwen-image", n=30, gap_s=5.0, budget_s=None))
 

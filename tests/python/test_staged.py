@@ -113,11 +113,12 @@ def test_cfg_spec_checks_and_local_refusal():
     with pytest.raises(gfdit.InvalidUsage, match="needs gfdit.init"):
         m.denoise_step(sh.start(m, PROMPT, 1), 0, spec=gfdit.ParallelSpec(cfg=2))
     # the engine's mapping between runtime layouts and specs keeps cfg
-    from gfdit.engine import layout_of, spec_of
 
-    layout = layout_of(spec)
+    layout = spec.layout()
     assert (layout.ulysses, layout.ring, layout.mode, layout.cfg, layout.degree()) == (2, 2, 1, 2, 8)
-    assert spec_of(layout) == gfdit.ParallelSpec(ulysses=2, ring=2, mode="torus", placement="auto", cfg=2)
+    assert gfdit.ParallelSpec.of(layout) == gfdit.ParallelSpec(
+        ulysses=2, ring=2, mode="torus", placement="auto", cfg=2
+    )
     with pytest.raises(gfdit.InvalidUsage, match="cfg must be 1 or 2"):
         gfdit.Layout(cfg=3)
 

@@ -1,4 +1,4 @@
-"""The torch.distributed backend "gfdit" (gfdit.process_group) against gloo, on the same ranks and inputs."""
+"""The torch.distributed backend "gfdit" (gfdit.comm.torch_backend) against gloo, on the same ranks and inputs."""
 
 from __future__ import annotations
 

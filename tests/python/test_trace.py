@@ -1,4 +1,4 @@
-"""Trace format (gfdit.trace): good traces load, malformed ones are refused naming the line, round trips;
+"""Trace format (gfdit.planning.trace): good traces load, malformed ones are refused naming the line, round trips;
 replay metrics against hand-computed values."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import gfdit
 import pytest
 from gfdit._C import cost as cost_c
-from gfdit.trace import (
+from gfdit.planning.trace import (
     SUMMARY_KEYS,
     Outcome,
     TraceRequest,

@@ -1,6 +1,6 @@
-"""gfdit trace (gfdit.workload): traces are deterministic per seed, arrival processes have the stated rate
+"""gfdit trace (gfdit.planning.workload): traces are deterministic per seed, arrival processes have the stated rate
 and burstiness, sizes stay in the stated ranges and load as traces, deadlines equal arrival + K x the alone
-latency computed independently from gfdit.cost.estimate, the CLI writes a loadable file."""
+latency computed independently from gfdit.planning.cost.estimate, the CLI writes a loadable file."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import statistics
 import gfdit
 import numpy as np
 import pytest
-from gfdit import cost, workload
-from gfdit.trace import load_trace, write_trace
+from gfdit.planning import cost, workload
+from gfdit.planning.trace import load_trace, write_trace
 
 
 def _cli(argv: list[str]) -> int:
-    """What `gfdit trace ARGV` runs (gfdit.cli dispatches to these two functions)."""
+    """What `gfdit trace ARGV` runs (gfdit.tools.cli dispatches to these two functions)."""
     parser = argparse.ArgumentParser(prog="gfdit trace")
     workload.add_arguments(parser, "trace")
     return workload.run(parser.parse_args(argv), "trace")
@@ -152,7 +152,7 @@ def test_refuses_a_video_workload_of_an_image_model(pricer):
 
 # ------------------------------------------------------------------------------------------------ deadlines
 def _alone_by_estimate(r) -> float:
-    """Independent alone latency: gfdit.cost.estimate per degree (Ulysses), best of 1, 2, 4, 8 (both
+    """Independent alone latency: gfdit.planning.cost.estimate per degree (Ulysses), best of 1, 2, 4, 8 (both
     models' head counts allow 8, and h20x8 has 8 ranks)."""
     best = float("inf")
     for d in (1, 2, 4, 8):
@@ -233,6 +233,6 @@ def test_cli_writes_a_trace(tmp_path, capsys):
 
 
 def test_cli_is_registered():
-    from gfdit.cli import COMMANDS
+    from gfdit.tools.cli import COMMANDS
 
-    assert COMMANDS["trace"][0] == "gfdit.workload"
+    assert COMMANDS["trace"][0] == "gfdit.planning.workload"

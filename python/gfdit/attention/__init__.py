@@ -9,7 +9,7 @@ sequence split across the group; see ``gfdit.attention.core`` for the protocol a
 from gfdit.attention.core import PlanMismatch, attention, clear_plan_cache, plan_cache_info, ring_attention
 from gfdit.attention.local import PartialMerger, block_attention
 from gfdit.attention.spec import GridLayout, ParallelSpec, resolve_placement
-from gfdit.topology import Topology
+from gfdit.comm.topology import Topology
 
 __all__ = [
     "GridLayout",

@@ -7,16 +7,16 @@ degree: Ulysses member x of a grid with ulysses = u works on ``H // u + (x < H %
 (``comm.even_head_splits``), so u may be anything up to H.
 
 NOTE [attention call protocol]
-1. A call's plan (``_Call``: the grid, every member's sequence length and heads) comes from one all_gather
-   of a small int64 record per member (shapes, dtype, joint tokens, seq_splits, plan cache switch, a local
+1. A call's plan (``Plan`` in gfdit.attention.plan: the grid, every member's sequence length and heads)
+   comes from one all_gather of a small int64 record per member (shapes, dtype, joint tokens, seq_splits, plan cache switch, a local
    error code). Every member validates the *same* gathered records, so bad input raises the same
    gfdit.InvalidUsage on every member and nobody is left waiting in a collective. When the caller passes
    ``seq_splits`` the validated plan is kept and later calls with the same arguments skip the exchange
    (NOTE [attention plan cache]); without it every call exchanges.
-2. Every collective of a call carries a message tag: the exchange ``_EXCHANGE_TAG``, the plan's
+2. Every collective of a call carries a message tag: the exchange ``EXCHANGE_TAG``, the plan's
    collectives the plan's fingerprint (NOTE [plan disagreement]).
 3. Collectives run either on the calling thread or on the single communication thread
-   (``_comm_executor``), never on both at once: the world serialises calls (one collective at a time), so
+   (gfdit.attention.pipeline), never on both at once: the world serialises calls (one collective at a time), so
    a blocking wait on one thread would stall the other thread's transfer.
 4. Ring steps exchange K/V blocks with send/recv on the communication thread while the calling thread
    computes the current block (torch kernels and gfdit calls release the GIL). Members at even ring
@@ -26,24 +26,10 @@ NOTE [attention call protocol]
 5. Non-causal attention does not depend on the order of the keys, so where the joint (text) tokens sit
    ("front" or "rear") and in which order a member sees the sequence blocks change only rounding, never
    the result; the output rows always come back to the member that owns the queries.
-6. CUDA tensors (all of a call's on the world's device: NOTE [device tensors] in comm.py) take the same
-   steps with streams in place of the thread (NOTE [stream pipeline]). The plan, its cache and the
+6. CUDA tensors (all of a call's on the world's device: NOTE [device tensors] in gfdit.comm.devices) take the same
+   steps with streams in place of the thread (NOTE [stream pipeline] in gfdit.attention.pipeline). The plan, its cache and the
    metadata exchange stay host-side (CPU int64 records over the host transport), so a call that hits the
    cache enqueues its work without waiting for the device.
-
-NOTE [stream pipeline]
-On CUDA the communication thread becomes one communication stream per device (``_StreamExecutor``) and
-``submit(fn)`` keeps the thread's meaning: fn's transfers run after everything the calling thread enqueued
-on the current (compute) stream before the submit (the communication stream waits on an event recorded
-there: the compute that produced the send buffers and last read the receive buffers), and in submit order
-among themselves (one stream, FIFO, as the one thread). ``future.result()`` makes the compute stream wait on
-an event recorded after fn, where the CPU path blocks the thread. Ring step t thus enqueues the K/V exchange
-of step t + 1 on the communication stream, computes block t on the compute stream, and orders the next
-step's compute after the exchange with an event. fn runs on the calling thread (it only enqueues work), so
-host-side errors raise at submit. Tensors given to fn stay referenced, and the compute stream waits for the
-communication stream (``join``) before the call returns, so the caching allocator never reuses a buffer
-that a transfer still reads or writes (the caller's tensors and the call's outputs are used on the compute
-stream afterwards, after that wait).
 
 NOTE [attention plan cache]
 Plans are kept per (world, group ranks) in a small LRU (``PLAN_CAPACITY`` plans) under the key
@@ -71,7 +57,7 @@ Members that do not pass the arguments of one call (one passes new shapes or seq
 reuse a plan, or a member's own input is bad while the others hit) take different paths: some run the
 exchange, others a cached plan, or different plans. The message tags (NOTE [message tags] in edge.h)
 make that an error on the first message that crosses between two such members: the exchange sends to and
-receives from every member with ``_EXCHANGE_TAG``, and a plan's collectives carry that plan's fingerprint
+receives from every member with ``EXCHANGE_TAG``, and a plan's collectives carry that plan's fingerprint
 (32 bits of a hash of the group and the key; the same on every member, whether computed from the gathered
 records or from a cached plan). The receiver refuses the message before reading its bytes, so nothing is
 ever computed from data of another shape; members blocked on a member that failed stop too (NOTE [failure
@@ -86,8 +72,6 @@ collective kind and size checks still apply then.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
-import hashlib
 import operator
 import os
 import threading
@@ -100,9 +84,10 @@ import torch.nn.functional as F
 
 from gfdit import comm
 from gfdit._C import Error, InvalidUsage, RemoteError
-from gfdit.attention.local import PartialMerger, block_attention
-from gfdit.attention.spec import GridLayout, ParallelSpec, resolve_placement
-from gfdit.topology import Topology
+from gfdit.attention.plan import EXCHANGE_TAG, Plan, digest, plan_key
+from gfdit.attention.spec import ParallelSpec, resolve_placement
+from gfdit.attention.usp import ring_attention, usp
+from gfdit.comm.topology import Topology
 
 _FLOAT_DTYPES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 _DTYPE_NAMES = {1: "float32", 2: "bfloat16", 3: "float16"}
@@ -137,8 +122,6 @@ _META_LEN = 12
 _DEVICE_KINDS = {"cpu": 0, "cuda": 1}
 _DEVICE_NAMES = {0: "CPU", 1: "CUDA"}
 
-# Message tags (NOTE [plan disagreement]): the exchange's; plan fingerprints are never 0 or this.
-_EXCHANGE_TAG = 0x9F1D_E7C4
 _TAG_MISMATCH = "message tag mismatch"
 
 PLAN_CACHE = os.environ.get("GFDIT_ATTENTION_PLAN_CACHE", "1").strip().lower() not in (
@@ -149,9 +132,6 @@ PLAN_CACHE = os.environ.get("GFDIT_ATTENTION_PLAN_CACHE", "1").strip().lower() n
 )
 PLAN_CAPACITY = 16  # plans kept per group (NOTE [attention plan cache])
 
-_executor: concurrent.futures.ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
-
 
 class PlanMismatch(InvalidUsage, RemoteError):
     """The members of a group did not pass the arguments of one attention call (NOTE [plan disagreement]).
@@ -159,86 +139,10 @@ class PlanMismatch(InvalidUsage, RemoteError):
     An InvalidUsage (the callers disagree) and a RemoteError (the world is unusable afterwards)."""
 
 
-def _comm_executor() -> concurrent.futures.ThreadPoolExecutor:
-    """The one communication thread of this process (FIFO; see NOTE [attention call protocol])."""
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="gfdit-attn-comm"
-            )
-        return _executor
-
-
-class _StreamFuture:
-    """What ``_StreamExecutor.submit`` returns: ``result()`` orders the compute stream after the work."""
-
-    __slots__ = ("_done", "_compute")
-
-    def __init__(self, done: Any, compute: Any) -> None:
-        self._done = done
-        self._compute = compute
-
-    def result(self) -> None:
-        self._compute.wait_event(self._done)
-
-
-class _StreamExecutor:
-    """The communication thread's counterpart on CUDA: a communication stream (NOTE [stream pipeline])."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.compute = torch.cuda.current_stream(device)
-        self.comm = _comm_stream(device)
-        self._held: list[tuple] = []
-
-    def submit(self, fn: Any, *args: Any) -> _StreamFuture:
-        ready = torch.cuda.Event()
-        ready.record(self.compute)  # after the compute that made fn's inputs and last read its outputs
-        self.comm.wait_event(ready)
-        self._held.append(args)  # the buffers stay allocated until join (see NOTE [stream pipeline])
-        with torch.cuda.stream(self.comm):
-            fn(*args)
-            done = torch.cuda.Event()
-            done.record(self.comm)
-        return _StreamFuture(done, self.compute)
-
-    def join(self) -> None:
-        """The compute stream waits for every transfer submitted so far; the held buffers are released."""
-        self.compute.wait_stream(self.comm)
-        self._held.clear()
-
-
-_comm_streams: dict[int, Any] = {}
-
-
-def _comm_stream(device: torch.device) -> Any:
-    """The one communication stream of this process on a device (FIFO, as the communication thread)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with _executor_lock:
-        stream = _comm_streams.get(index)
-        if stream is None:
-            stream = _comm_streams[index] = torch.cuda.Stream(device=index)
-        return stream
-
-
-def _executor_for(device: torch.device) -> Any:
-    """Where a call's transfers run: the communication thread, or on CUDA a communication stream."""
-    if device.type == "cuda":
-        return _StreamExecutor(device)
-    return _comm_executor()
-
-
-def _digest(obj: Any, nbytes: int) -> int:
-    """A hash of repr(obj) that is the same in every process (unlike hash(), which is salted)."""
-    return int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=nbytes).digest(), "little")
-
-
 def _splits_hash(splits: Sequence[int]) -> int:
-    return _digest(tuple(int(x) for x in splits), 8) >> 2  # fits an int64
+    return digest(tuple(int(x) for x in splits), 8) >> 2  # fits an int64
 
 
-# ------------------------------------------------------------------------------------------- validation
 def _local_record(
     q: Any,
     k: Any,
@@ -394,221 +298,17 @@ def _gather_records(world: comm.World, group: comm.Group, rec: list[int]) -> lis
     return out.view(n, _META_LEN).tolist()
 
 
-# --------------------------------------------------------------------------------------------- pieces
-def _sub_group(world: comm.World, group: comm.Group, members: Sequence[int]) -> comm.Group:
-    if len(members) == group.size() and list(members) == list(range(group.size())):
-        return group
-    ranks = group.ranks
-    return world.new_group([ranks[i] for i in members])
-
-
-def ring_attention(
-    world: comm.World,
-    q_b: torch.Tensor,
-    kv: torch.Tensor,
-    block_sizes: Sequence[int],
-    ring_ranks: Sequence[int],
-    ring_idx: int,
-    merger: PartialMerger,
-) -> None:
-    """Ring attention of this member's queries q_b [B, h, Sq, D] over every ring member's K/V block.
-
-    kv: this member's block [2, B, h, S_blk, D], contiguous. block_sizes[y]: S_blk of ring member y.
-    The block held at step t is ring member (ring_idx - t)'s; it is sent to the next member while the
-    next one arrives from the previous member (NOTE [attention call protocol], 3), double-buffered.
-    """
-    r = len(ring_ranks)
-    _, b, h, _, d = kv.shape
-    cur = kv
-    executor = None
-    if r > 1:
-        max_blk = max(block_sizes)
-        spare = [torch.empty(2 * b * h * max_blk * d, dtype=kv.dtype, device=kv.device) for _ in range(2)]
-        nxt_rank, prv_rank = ring_ranks[(ring_idx + 1) % r], ring_ranks[(ring_idx - 1) % r]
-        send_first = ring_idx % 2 == 0
-        executor = _executor_for(kv.device)  # a thread, or a stream on CUDA (NOTE [stream pipeline])
-    try:
-        for t in range(r):
-            fut = None
-            if t < r - 1:
-                s_next = block_sizes[(ring_idx - t - 1) % r]
-                nxt = spare[t % 2][: 2 * b * h * s_next * d].view(2, b, h, s_next, d)
-                fut = executor.submit(_exchange, world, cur, nxt, nxt_rank, prv_rank, send_first)
-            try:
-                merger.add_block(q_b, cur[0], cur[1])
-            finally:
-                if fut is not None:
-                    fut.result()  # the transfer finishes (or raises) before its buffers are touched again
-            if fut is not None:
-                cur = nxt
-    finally:
-        if isinstance(executor, _StreamExecutor):
-            executor.join()
-
-
-def _exchange(
-    world: comm.World, send_buf: torch.Tensor, recv_buf: torch.Tensor, dst: int, src: int, send_first: bool
-) -> None:
-    if send_first:
-        world.send(send_buf, dst)
-        world.recv(recv_buf, src)
-    else:
-        world.recv(recv_buf, src)
-        world.send(send_buf, dst)
-
-
-def _joint_partials_merge(
-    world: comm.World,
-    group: comm.Group,
-    layout: GridLayout,
-    part: torch.Tensor,
-    head_splits: Sequence[int],
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """Combines every member's joint-query partial [B, h_x, S_joint, D + 1] (out | lse) into joint_out.
-
-    Members of one Ring group saw disjoint key sets of the same heads: merged through their lse. Ulysses
-    groups own disjoint heads (head_splits[x] of Ulysses member x): concatenated. Partials are padded to
-    the largest head count, so one all_gather of equal blocks carries them.
-    """
-    n = group.size()
-    b, hu, sj, d1 = part.shape
-    h_max = max(head_splits)
-    if hu != h_max:
-        padded = part.new_zeros((b, h_max, sj, d1))
-        padded[:, :hu] = part
-        part = padded
-    gathered = torch.empty((n, b, h_max, sj, d1), dtype=torch.float32, device=part.device)
-    if n > 1:
-        world.all_gather_into_tensor(gathered, part.contiguous(), group=group)
-    else:
-        gathered[0] = part
-    u, r = layout.ulysses, layout.ring
-    heads = sum(head_splits)
-    out = torch.empty((b, sj, heads, d1 - 1), dtype=dtype, device=part.device)
-    lo = 0
-    for x in range(u):
-        hx = head_splits[x]
-        idx = [GridLayout.index(layout.placement, u, r, x, y) for y in range(r)]
-        parts = gathered[idx][:, :, :hx]  # [r, B, h_x, Sj, D + 1]
-        o, lse = parts[..., :-1], parts[..., -1]
-        m = torch.logsumexp(lse, dim=0)
-        w = torch.exp(lse - m.unsqueeze(0)).nan_to_num_(0.0)
-        merged = (o * w.unsqueeze(-1)).sum(dim=0)  # [B, h_x, Sj, D]
-        out[:, :, lo : lo + hx] = merged.transpose(1, 2).to(dtype)
-        lo += hx
-    return out
-
-
-class _Call:
-    """What one validated call knows: the group, the grid, every member's sequence length and heads.
-
-    Built from the gathered records; kept and reused by later calls with the same key (NOTE [attention
-    plan cache]), so it holds nothing that belongs to one call, and only a weak reference to its world (a
-    kept plan must not keep a destroyed world's regions mapped).
-    """
-
-    def __init__(
-        self, world: comm.World, group: comm.Group, spec: ParallelSpec, placement: str, recs: list[list[int]]
-    ) -> None:
-        self._world = weakref.ref(world)
-        self._group = group._g  # the descriptors, not comm.Group (which holds its world)
-        self.spec = spec
-        self.n = group.size()
-        self.me = group.rank()
-        self.layout = GridLayout.build(spec.ulysses, spec.ring, placement, self.me)
-        self.splits = [r[2] for r in recs]
-        self.b, self.h, self.d = recs[0][1], recs[0][3], recs[0][4]
-        u, r = spec.ulysses, spec.ring
-        lay = self.layout
-        # Heads of each Ulysses member (by Ulysses index), the first H % u hold one more.
-        self.head_splits = comm.even_head_splits(self.h, u)
-        self.head_offsets = [sum(self.head_splits[:x]) for x in range(u)]
-        self.hu = self.head_splits[lay.ulysses_idx]  # this member's heads
-        self.head_lo = self.head_offsets[lay.ulysses_idx]
-        self.has_joint = bool(recs[0][6])
-        self.s_joint = recs[0][7]
-        self.ul_splits = [self.splits[m] for m in lay.ulysses_members]
-        # Sequence a ring member holds after its Ulysses all-to-all: its whole Ulysses group's shards.
-        self.ring_blocks = [
-            sum(self.splits[GridLayout.index(placement, u, r, x, y)] for x in range(u)) for y in range(r)
-        ]
-        self._ul_group = None
-        self._ring_ranks = [group.ranks[m] for m in lay.ring_members]
-        self.key = _plan_key(
-            spec,
-            placement,
-            recs[0][1],
-            recs[0][3],
-            recs[0][4],
-            recs[0][5],
-            recs[0][6],
-            recs[0][7],
-            self.splits,
-            recs[0][11],
-        )
-        self.device_kind = recs[0][11]
-        self.tag = _plan_tag(group.ranks, self.key)
-
-    @property
-    def world(self) -> comm.World:
-        world = self._world()
-        if world is None:
-            raise InvalidUsage("gfdit.attention: this plan's world was destroyed")
-        return world
-
-    @property
-    def group(self) -> comm.Group:
-        return comm.Group(self.world, self._group)
-
-    @property
-    def ul_group(self) -> comm.Group:
-        if self._ul_group is None:
-            self._ul_group = _sub_group(self.world, self.group, self.layout.ulysses_members)._g
-        return comm.Group(self.world, self._ul_group)
-
-
-def _plan_key(
-    spec: ParallelSpec,
-    placement: str,
-    b: int,
-    h: int,
-    d: int,
-    dtype: int,
-    has_joint: int,
-    s_joint: int,
-    splits: Sequence[int],
-    device_kind: int = 0,
-) -> tuple:
-    """See NOTE [attention plan cache]: the same on every member of one call. CUDA calls add the device
-    kind (CPU keys, and so their tags, are those of builds without CUDA support)."""
-    key = (
-        (spec.ulysses, spec.ring, spec.mode, placement, spec.torus_chunks),
-        (int(b), int(h), int(d), int(dtype), int(has_joint), int(s_joint) if has_joint else 0),
-        tuple(int(x) for x in splits),
-    )
-    return key if device_kind == 0 else (*key, ("device", int(device_kind)))
-
-
-def _plan_tag(group_ranks: Sequence[int], key: tuple) -> int:
-    """The plan's message tag (NOTE [plan disagreement]): 32 bits, never 0 nor the exchange's."""
-    tag = _digest((tuple(group_ranks), key), 4)
-    if tag in (0, _EXCHANGE_TAG):
-        tag ^= 0x5A5A_5A5A
-    return tag
-
-
 class _PlanCache:
     """The plans of one group on one world: an LRU of PLAN_CAPACITY (NOTE [attention plan cache])."""
 
     __slots__ = ("plans", "hits", "misses")
 
     def __init__(self) -> None:
-        self.plans: collections.OrderedDict[tuple, _Call] = collections.OrderedDict()
+        self.plans: collections.OrderedDict[tuple, Plan] = collections.OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: tuple) -> _Call | None:
+    def get(self, key: tuple) -> Plan | None:
         plan = self.plans.get(key)
         if plan is None:
             self.misses += 1
@@ -617,7 +317,7 @@ class _PlanCache:
         self.hits += 1
         return plan
 
-    def put(self, key: tuple, plan: _Call) -> None:
+    def put(self, key: tuple, plan: Plan) -> None:
         self.plans[key] = plan
         self.plans.move_to_end(key)
         while len(self.plans) > PLAN_CAPACITY:
@@ -659,64 +359,6 @@ def clear_plan_cache() -> None:
         _caches.clear()
 
 
-def _usp(
-    call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: tuple | None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """USP: Ulysses all-to-all (heads <-> sequence) along one grid axis, Ring along the other."""
-    world, lay = call.world, call.layout
-    u, hu, b, d = lay.ulysses, call.hu, call.b, call.d
-    s_local = q.shape[1]
-    dtype = q.dtype
-    if u > 1:
-        # One all-to-all for q, k and v: Ulysses member x gets [q | k | v] of its heads, 3 * h_x "heads".
-        hs, ho = call.head_splits, call.head_offsets
-        packed = torch.cat([t[:, :, ho[x] : ho[x] + hs[x]] for x in range(u) for t in (q, k, v)], dim=2)
-        s_u = sum(call.ul_splits)
-        gathered = torch.empty((b, s_u, 3 * hu, d), dtype=dtype, device=q.device)
-        world.all_to_all_4d(
-            gathered,
-            packed,
-            2,
-            1,
-            group=call.ul_group,
-            seq_splits=call.ul_splits,
-            head_splits=[3 * x for x in hs],
-        )
-        g5 = gathered.view(b, s_u, 3, hu, d)
-        q_b = g5[:, :, 0].transpose(1, 2)
-        kv = g5[:, :, 1:3].permute(2, 0, 3, 1, 4).contiguous()  # [2, B, hu, S_u, D]
-    else:
-        s_u = s_local
-        q_b = q.transpose(1, 2)
-        kv = torch.stack([k.transpose(1, 2), v.transpose(1, 2)], dim=0)  # contiguous copy
-    heads = slice(call.head_lo, call.head_lo + hu)
-    merger = PartialMerger()
-    joint_part = None
-    if joint is not None:
-        jq, jk, jv = (t[:, :, heads].transpose(1, 2) for t in joint)
-        merger.add_block(q_b, jk, jv)
-        jmerger = PartialMerger()
-        if lay.ring_idx == 0:
-            jmerger.add_block(jq, jk, jv)  # joint keys count once for the joint queries
-        jmerger.add_block(jq, kv[0], kv[1])  # this member's sequence block, before the ring moves it
-    ring_attention(world, q_b, kv, call.ring_blocks, call._ring_ranks, lay.ring_idx, merger)
-    out_b, _ = merger.result(q_b)  # [B, hu, S_u, D] float32
-    out_u = out_b.transpose(1, 2).to(dtype).contiguous()  # [B, S_u, hu, D]
-    if u > 1:
-        out = torch.empty((b, s_local, call.h, d), dtype=dtype, device=q.device)
-        world.all_to_all_4d(
-            out, out_u, 1, 2, group=call.ul_group, seq_splits=call.ul_splits, head_splits=call.head_splits
-        )
-    else:
-        out = out_u
-    joint_out = None
-    if joint is not None:
-        jo, jl = jmerger.result(jq)
-        joint_part = torch.cat([jo, jl.unsqueeze(-1)], dim=-1)
-        joint_out = _joint_partials_merge(world, call.group, lay, joint_part, call.head_splits, dtype)
-    return out, joint_out
-
-
 def _local(q, k, v, joint, joint_front: bool):
     """One member: one scaled_dot_product_attention over the whole sequence (the joint tokens concatenated
     where the model puts them), in the inputs' dtype: the computation diffusers' own attention processors
@@ -736,7 +378,7 @@ def _local(q, k, v, joint, joint_front: bool):
 
 def _plan_mismatch(exc: Error, group: comm.Group, ran: str, local_detail: str) -> PlanMismatch:
     """A PlanMismatch naming the problem, from the tag-mismatch error a collective of the call raised."""
-    text = str(exc).replace(f"tag 0x{_EXCHANGE_TAG:x}", f"tag 0x{_EXCHANGE_TAG:x} (the metadata exchange)")
+    text = str(exc).replace(f"tag 0x{EXCHANGE_TAG:x}", f"tag 0x{EXCHANGE_TAG:x} (the metadata exchange)")
     msg = (
         f"gfdit.attention: the members of group {group.ranks} disagree about this call: they did not all pass "
         "the arguments of one call (e.g. one member's shapes or seq_splits changed while the others reused a "
@@ -826,20 +468,20 @@ def attention(
     call = None
     if cache is not None:  # a bad local record has no splits, so it always goes to the exchange
         call = cache.get(
-            _plan_key(spec, placement, rec[1], rec[3], rec[4], rec[5], rec[6], rec[7], splits, rec[11])
+            plan_key(spec, placement, rec[1], rec[3], rec[4], rec[5], rec[6], rec[7], splits, rec[11])
         )
     saved_tag = world.message_tag
     ran = f"the cached plan (tag 0x{call.tag:x})" if call is not None else "the metadata exchange"
     try:
         if call is None:
-            world.set_message_tag(_EXCHANGE_TAG)
+            world.set_message_tag(EXCHANGE_TAG)
             recs = _gather_records(world, g, rec)
             _check_records(recs, me, detail, spec, g.ranks)
             if spec.mode == "torus":
                 from gfdit.attention.torus import check_torus
 
                 check_torus(spec, recs[0][3])
-            call = _Call(world, g, spec, placement, recs)
+            call = Plan(world, g, spec, placement, recs)
             if cache is not None and recs[0][8]:
                 cache.put(call.key, call)
             ran = f"the metadata exchange, then plan 0x{call.tag:x}"
@@ -851,7 +493,7 @@ def attention(
 
             out, joint_out = torus(call, q, k, v, joint_t)
         else:
-            out, joint_out = _usp(call, q, k, v, joint_t)
+            out, joint_out = usp(call, q, k, v, joint_t)
     except Error as exc:
         if _TAG_MISMATCH in str(exc) and not isinstance(exc, PlanMismatch):
             raise _plan_mismatch(exc, g, ran, detail) from exc
@@ -864,7 +506,6 @@ def attention(
 __all__ = [
     "PlanMismatch",
     "attention",
-    "block_attention",
     "clear_plan_cache",
     "plan_cache_info",
     "ring_attention",

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from gfdit._C import InvalidUsage
-from gfdit.topology import Topology
+from gfdit._C import runtime as _rt
+from gfdit.comm.topology import Topology
 
 MODES = ("usp", "torus")
 PLACEMENTS = ("ulysses-low", "ring-low", "auto")
+# The runtime's Layout numbers the modes and placements (include/gfdit/layout.h).
+_MODE_OF_CODE = {0: "usp", 1: "torus"}
+_PLACEMENT_OF_CODE = {0: "auto", 1: "ulysses-low", 2: "ring-low"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +77,27 @@ class ParallelSpec:
     def per_pass(self) -> ParallelSpec:
         """The spec of one pass: this one with cfg 1 (itself when cfg is 1)."""
         return self if self.cfg == 1 else dataclasses.replace(self, cfg=1)
+
+    @classmethod
+    def of(cls, layout: Any) -> ParallelSpec:
+        """The spec of a runtime ``gfdit.Layout`` (what a worker runs a denoise task with); cfg carries over."""
+        return cls(
+            ulysses=int(layout.ulysses),
+            ring=int(layout.ring),
+            mode=_MODE_OF_CODE.get(int(layout.mode), "usp"),
+            placement=_PLACEMENT_OF_CODE.get(int(layout.placement), "auto"),
+            cfg=int(layout.cfg),
+        )
+
+    def layout(self) -> Any:
+        """This spec as the runtime's ``gfdit.Layout`` (for a Decision of a Python policy); cfg carries over."""
+        return _rt.Layout(
+            ulysses=self.ulysses,
+            ring=self.ring,
+            mode=MODES.index(self.mode),
+            placement={v: k for k, v in _PLACEMENT_OF_CODE.items()}[self.placement],
+            cfg=self.cfg,
+        )
 
 
 @dataclasses.dataclass(frozen=True)

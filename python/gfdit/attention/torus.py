@@ -56,15 +56,11 @@ import torch
 
 from gfdit import comm
 from gfdit._C import InvalidUsage
-from gfdit.attention.core import (
-    _Call,
-    _executor_for,
-    _joint_partials_merge,
-    _StreamExecutor,
-    ring_attention,
-)
 from gfdit.attention.local import PartialMerger
+from gfdit.attention.pipeline import StreamExecutor, executor_for
+from gfdit.attention.plan import Plan
 from gfdit.attention.spec import ParallelSpec
+from gfdit.attention.usp import merge_joint_partials, ring_attention, usp
 
 _PAD = 256  # spare elements at the end of the workspace: empty puts still need a non-empty heap view
 
@@ -143,7 +139,7 @@ def _uses_streams(t: torch.Tensor) -> bool:
 
 
 def torus(
-    call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: tuple | None
+    call: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: tuple | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     world, lay, group = call.world, call.layout, call.group
     u = lay.ulysses
@@ -176,9 +172,7 @@ def torus(
             RuntimeWarning,
             stacklevel=3,
         )
-        from gfdit.attention.core import _usp
-
-        return _usp(call, q, k, v, joint)
+        return usp(call, q, k, v, joint)
 
     me_u = lay.ulysses_idx
     ul_ranks = [group.ranks[m] for m in lay.ulysses_members]
@@ -186,7 +180,7 @@ def torus(
     prefix = [sum(ul_splits[:x]) for x in range(u)]
     pos = _put_order(num_c, ready=on_cuda)
     waiter = _PutWaiter(world, peers, q.device if on_cuda else None)
-    ex = _executor_for(q.device)  # the communication thread, or stream (NOTE [stream pipeline])
+    ex = executor_for(q.device)  # the communication thread, or stream (NOTE [stream pipeline])
 
     def fwd_view(c: int, x: int, hc: int) -> torch.Tensor:
         """Receive area of chunk c from Ulysses member x on a member whose chunk c has hc heads:
@@ -266,7 +260,7 @@ def torus(
     finally:
         for f in futures:
             f.result()
-        if isinstance(ex, _StreamExecutor):
+        if isinstance(ex, StreamExecutor):
             ex.join()
     # Assemble [B, S_me, H, D]: the heads of chunk c of Ulysses member x come from area (c, x), which holds
     # a contiguous [B, S_me, ch[x][c], D] at its start (its slot is sized for S_max rows of hc_max heads).
@@ -285,6 +279,6 @@ def torus(
     joint_out = None
     if joint is not None:
         part = torch.cat(joint_parts, dim=1)  # [B, h_me, S_joint, D + 1]
-        joint_out = _joint_partials_merge(world, group, lay, part, call.head_splits, dtype)
+        joint_out = merge_joint_partials(world, group, lay, part, call.head_splits, dtype)
     areas = area = ws = None  # the workspace goes back to the heap before the caller continues
     return out, joint_out

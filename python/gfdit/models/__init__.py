@@ -13,12 +13,12 @@ from gfdit.models.sharding import SequenceShards, even_splits
 __all__ = ["ModelAdapter", "ParallelTransformer", "SequenceShards", "even_splits", "parallelize"]
 
 # Staged models (encode -> denoise steps -> decode) for the runtime; see gfdit.models.staged.
+from gfdit.models.loading import load
 from gfdit.models.staged import (
     Conditioning,
     DenoiseState,
     StageDefaults,
     StagedModel,
-    load,
     migrate,
     pack_state,
     state_digest,

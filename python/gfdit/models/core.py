@@ -23,7 +23,6 @@ bad input raises the same gfdit.InvalidUsage on every member before any collecti
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,55 +30,12 @@ import torch
 from gfdit import comm
 from gfdit._C import InvalidUsage
 from gfdit.attention.spec import ParallelSpec
+from gfdit.models.adapter import ModelAdapter, Undo
+from gfdit.models.qwenimage import QwenImageAdapter
 from gfdit.models.sharding import SequenceShards
-
-Undo = Callable[[], None]
-
-
-class ModelAdapter:
-    """What gfdit needs to know about one family of diffusers transformers (see NOTE [parallel call])."""
-
-    name = "model"
-
-    @staticmethod
-    def matches(model: Any) -> bool:
-        raise NotImplementedError
-
-    def heads(self, model: torch.nn.Module) -> int:
-        raise NotImplementedError
-
-    def prepare(self, model: torch.nn.Module, bound: inspect.BoundArguments, shards: SequenceShards) -> None:
-        """Checks the call's arguments and cuts the token-indexed ones (in bound.arguments)."""
-
-    def install(self, model: torch.nn.Module, shards: SequenceShards) -> list[Undo]:
-        """Installs this call's hooks and processors; returns what undoes them."""
-        raise NotImplementedError
-
-
-def _adapters() -> list[type[ModelAdapter]]:
-    from gfdit.models.qwenimage import QwenImageAdapter
-    from gfdit.models.wan import WanAdapter
-
-    return [WanAdapter, QwenImageAdapter]
-
+from gfdit.models.wan import WanAdapter
 
 SUPPORTED = ("diffusers.WanTransformer3DModel", "diffusers.QwenImageTransformer2DModel")
-
-
-def swap_processor(attn: torch.nn.Module, processor: Any) -> Undo:
-    """Replaces attn.processor for one call; returns what puts the original back."""
-    old = attn.processor
-    attn.processor = processor
-
-    def undo() -> None:
-        attn.processor = old
-
-    return undo
-
-
-def hook(handle: Any) -> Undo:
-    """A torch hook handle as an Undo."""
-    return handle.remove
 
 
 class ParallelTransformer(torch.nn.Module):
@@ -168,7 +124,7 @@ def parallelize(transformer: Any) -> ParallelTransformer:
     """
     if isinstance(transformer, ParallelTransformer):
         return transformer
-    for cls in _adapters():
+    for cls in (WanAdapter, QwenImageAdapter):
         if cls.matches(transformer):
             return ParallelTransformer(transformer, cls())
     raise InvalidUsage(

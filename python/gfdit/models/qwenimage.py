@@ -1,6 +1,6 @@
 """Qwen-Image (diffusers ``QwenImageTransformer2DModel``, an MMDiT) on gfdit sequence parallelism.
 
-Each block attends jointly over [text tokens, image tokens]. Per NOTE [parallel call] (core.py): the image
+Each block attends jointly over [text tokens, image tokens]. Per NOTE [parallel call] (gfdit.models.core): the image
 tokens are cut along the sequence (the image rotary table from ``pos_embed``, the hidden states entering
 ``transformer_blocks[0]``, Qwen-Image-Edit's ``modulate_index`` and ControlNet residuals), while the text
 stream stays whole on every member and enters gfdit.attention as the joint tokens (placed in front, as
@@ -21,9 +21,8 @@ import torch
 
 from gfdit._C import InvalidUsage
 from gfdit.attention.core import attention
-from gfdit.models.core import ModelAdapter, Undo, hook, swap_processor
+from gfdit.models.adapter import ModelAdapter, Undo, call_arg, hook, set_call_arg, swap_processor
 from gfdit.models.sharding import SequenceShards
-from gfdit.models.wan import _arg, _set_arg
 
 
 class QwenJointAttentionProcessor:
@@ -153,22 +152,22 @@ class QwenImageAdapter(ModelAdapter):
             return shards.take(img_freqs, 0, "the image rotary table"), txt_freqs
 
         def cut_hidden_states(_module, args, kwargs):
-            found, hs = _arg(args, kwargs, "hidden_states", _BLOCK_HIDDEN_STATES)
+            found, hs = call_arg(args, kwargs, "hidden_states", _BLOCK_HIDDEN_STATES)
             if not found:
                 return None
-            return _set_arg(
+            return set_call_arg(
                 args, kwargs, "hidden_states", _BLOCK_HIDDEN_STATES, shards.take(hs, 1, "the hidden states")
             )
 
         memo: dict[str, Any] = {"src": None, "cut": None}
 
         def cut_modulate_index(_module, args, kwargs):
-            found, idx = _arg(args, kwargs, "modulate_index", _BLOCK_MODULATE_INDEX)
+            found, idx = call_arg(args, kwargs, "modulate_index", _BLOCK_MODULATE_INDEX)
             if not found or idx is None:
                 return None
             if memo["src"] is not idx:  # the model passes one tensor to every block: cut it once
                 memo["src"], memo["cut"] = idx, shards.take(idx, 1, "modulate_index")
-            return _set_arg(args, kwargs, "modulate_index", _BLOCK_MODULATE_INDEX, memo["cut"])
+            return set_call_arg(args, kwargs, "modulate_index", _BLOCK_MODULATE_INDEX, memo["cut"])
 
         def gather_output(_module, _inputs, output):
             return shards.gather(output, 1)

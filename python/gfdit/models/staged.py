@@ -713,7 +713,6 @@ def migrate(
 
 
 # ---------------------------------------------------------------------------------------------- loading
-_MODELS = ("tiny-wan", "tiny-qwen-image", "wan2.2", "wan2.1", "qwen-image")
 GFDIT_CONFIG = "gfdit.json"  # written by save_pretrained of a staged model: its name and defaults
 
 
@@ -786,36 +785,3 @@ def load_diffusers_model(cls: Any, path: str, subfolder: str, dtype: torch.dtype
             if any(k in name for k in keep):
                 module.float()
     return model.eval()
-
-
-def load(
-    name: str,
-    path: str | os.PathLike | None = None,
-    *,
-    seed: int = 0,
-    dtype: torch.dtype | None = None,
-    device: str | torch.device = "cpu",
-) -> StagedModel:
-    """A staged model by name.
-
-    "tiny-wan", "tiny-qwen-image": tiny float32 models with weights drawn from ``seed`` (tokenizer and text
-    encoder built in code); with ``path`` they load from a folder that ``save_pretrained`` wrote.
-    "wan2.2", "wan2.1" (Wan text-to-video; a second expert ``transformer_2`` is used when the folder has
-    one) and "qwen-image": from the local diffusers folder ``path``. dtype: of the transformer, text encoder
-    and VAE, as the pipeline's ``from_pretrained(dtype=...)`` (torch_dtype) makes them (default: transformer
-    and text encoder as stored, the VAE float32); latents then take the dtypes the pipeline gives them
-    (NOTE [state dtypes]): float32 throughout for float32 models.
-    device: where every component goes (e.g. "cuda:0"); held states keep their per-step tensors there
-    (NOTE [state placement]).
-    Unknown names, a missing path or an incomplete folder raise gfdit.InvalidUsage.
-    """
-    if not isinstance(name, str) or name not in _MODELS:
-        raise InvalidUsage(f"gfdit.models.load: unknown model {name!r}; known: {', '.join(_MODELS)}")
-    if name in ("tiny-wan", "wan2.2", "wan2.1"):
-        from gfdit.models import wan_pipeline as mod
-    else:
-        from gfdit.models import qwen_pipeline as mod  # type: ignore[no-redef]
-    if name.startswith("tiny-") and path is None:
-        model = mod.build_tiny(seed=seed)
-        return model if torch.device(device).type == "cpu" else model.to(device)
-    return mod.load_folder(name, path, dtype=dtype, device=device)

@@ -1,7 +1,7 @@
 """Wan 2.x (diffusers ``WanTransformer3DModel``) on gfdit sequence parallelism.
 
 The video latent [B, C, F, H, W] becomes S = F/p_t * H/p_h * W/p_w tokens. Per NOTE [parallel call]
-(core.py): the rotary tables (``rope`` output, [1, S, 1, D] cos and sin) and the hidden states entering
+(gfdit.models.core): the rotary tables (``rope`` output, [1, S, 1, D] cos and sin) and the hidden states entering
 ``blocks[0]`` are cut along the token axis; with Wan 2.2 TI2V's per-token timesteps ([B, S]) the condition
 embedder's per-token outputs are cut too. Each block's self-attention (``attn1``) runs gfdit.attention;
 its cross-attention (``attn2``, to the replicated text and image context) is local. ``proj_out``'s output
@@ -18,7 +18,7 @@ import torch
 
 from gfdit._C import InvalidUsage
 from gfdit.attention.core import attention
-from gfdit.models.core import ModelAdapter, Undo, hook, swap_processor
+from gfdit.models.adapter import ModelAdapter, Undo, call_arg, hook, set_call_arg, swap_processor
 from gfdit.models.sharding import SequenceShards
 
 
@@ -66,23 +66,6 @@ class WanSelfAttentionProcessor:
         out = out.flatten(2, 3).type_as(query)
         out = attn.to_out[0](out)
         return attn.to_out[1](out)
-
-
-def _arg(args: tuple, kwargs: dict, name: str, pos: int) -> tuple[bool, Any]:
-    if name in kwargs:
-        return True, kwargs[name]
-    if len(args) > pos:
-        return True, args[pos]
-    return False, None
-
-
-def _set_arg(args: tuple, kwargs: dict, name: str, pos: int, value: Any) -> tuple[tuple, dict]:
-    if name in kwargs:
-        kwargs = dict(kwargs)
-        kwargs[name] = value
-    else:
-        args = args[:pos] + (value,) + args[pos + 1 :]
-    return args, kwargs
 
 
 class WanAdapter(ModelAdapter):
@@ -145,10 +128,10 @@ class WanAdapter(ModelAdapter):
             )
 
         def cut_hidden_states(_module, args, kwargs):
-            found, hs = _arg(args, kwargs, "hidden_states", 0)
+            found, hs = call_arg(args, kwargs, "hidden_states", 0)
             if not found:
                 return None
-            return _set_arg(args, kwargs, "hidden_states", 0, shards.take(hs, 1, "the hidden states"))
+            return set_call_arg(args, kwargs, "hidden_states", 0, shards.take(hs, 1, "the hidden states"))
 
         def gather_output(_module, _inputs, output):
             return shards.gather(output, 1)

@@ -2,8 +2,8 @@
 
 The model lives in C++ (``gfdit._C.cost``); this module fills in defaults, reads profile files and prints.
 
-    >>> import gfdit.cost
-    >>> gfdit.cost.estimate("qwen-image", "h20", ulysses=4)["step_s"]  # doctest: +SKIP
+    >>> import gfdit.planning.cost
+    >>> gfdit.planning.cost.estimate("qwen-image", "h20", ulysses=4)["step_s"]  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -70,13 +70,13 @@ def estimate(
     """
     arch = model_arch(model)
     if mode not in MODES:
-        raise InvalidUsage(f"gfdit.cost: mode must be one of {sorted(MODES)}, got {mode!r}")
+        raise InvalidUsage(f"gfdit.planning.cost: mode must be one of {sorted(MODES)}, got {mode!r}")
     height = arch.default_height if height is None else height
     width = arch.default_width if width is None else width
     num_frames = arch.default_frames if num_frames is None else num_frames
     guidance = arch.default_guidance if guidance_scale is None else guidance_scale
     if cfg not in (1, 2) or isinstance(cfg, bool):
-        raise InvalidUsage(f"gfdit.cost: cfg must be 1 or 2, got {cfg!r}")
+        raise InvalidUsage(f"gfdit.planning.cost: cfg must be 1 or 2, got {cfg!r}")
     degree = ulysses * ring * cfg
     cm = _C.analytic(model, _cluster_for(hardware, max(degree, 2), num_nodes))
     common = {"num_steps": arch.default_steps, "guidance_scale": guidance}
@@ -106,7 +106,7 @@ def _positive(value: Any, where: str, *, integer: bool) -> Any:
         ok = float(value).is_integer()
     if not ok or not math.isfinite(value) or value <= 0:
         kind = "a positive integer" if integer else "a positive number"
-        raise InvalidUsage(f"gfdit.cost: {where} must be {kind}, got {value!r}")
+        raise InvalidUsage(f"gfdit.planning.cost: {where} must be {kind}, got {value!r}")
     return int(value) if integer else float(value)
 
 
@@ -116,16 +116,16 @@ def load_profile(path: str | Path) -> Profile:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise InvalidUsage(f"gfdit.cost: cannot read profile {path}: {e}") from e
+        raise InvalidUsage(f"gfdit.planning.cost: cannot read profile {path}: {e}") from e
     if not isinstance(data, dict):
-        raise InvalidUsage(f"gfdit.cost: profile {path} must be a JSON object")
+        raise InvalidUsage(f"gfdit.planning.cost: profile {path} must be a JSON object")
     if data.get("format") != PROFILE_FORMAT:
         raise InvalidUsage(
-            f"gfdit.cost: profile {path}: format must be {PROFILE_FORMAT!r}, got {data.get('format')!r}"
+            f"gfdit.planning.cost: profile {path}: format must be {PROFILE_FORMAT!r}, got {data.get('format')!r}"
         )
     if data.get("model") not in model_names():
         raise InvalidUsage(
-            f"gfdit.cost: profile {path}: unknown model {data.get('model')!r}; valid models: "
+            f"gfdit.planning.cost: profile {path}: unknown model {data.get('model')!r}; valid models: "
             f"{', '.join(model_names())}"
         )
     p = Profile()
@@ -136,35 +136,41 @@ def load_profile(path: str | Path) -> Profile:
     for key, default in (("dispatch_s", 0.0), ("completion_s", 0.0), ("collective_efficiency", 1.0)):
         value = data.get(key, default)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise InvalidUsage(f"gfdit.cost: profile {path}: {key} must be a number >= 0, got {value!r}")
+            raise InvalidUsage(
+                f"gfdit.planning.cost: profile {path}: {key} must be a number >= 0, got {value!r}"
+            )
         setattr(p, key, float(value))
     entries = data.get("entries")
     if not isinstance(entries, list) or not entries:
-        raise InvalidUsage(f"gfdit.cost: profile {path}: entries must be a non-empty list")
+        raise InvalidUsage(f"gfdit.planning.cost: profile {path}: entries must be a non-empty list")
     out = []
     for i, e in enumerate(entries):
         where = f"profile {path}: entry {i}"
         if not isinstance(e, dict):
-            raise InvalidUsage(f"gfdit.cost: {where} must be an object")
+            raise InvalidUsage(f"gfdit.planning.cost: {where} must be an object")
         if e.get("stage") not in STAGES:
             raise InvalidUsage(
-                f"gfdit.cost: {where}: stage must be one of {list(STAGES)}, got {e.get('stage')!r}"
+                f"gfdit.planning.cost: {where}: stage must be one of {list(STAGES)}, got {e.get('stage')!r}"
             )
         if e.get("mode", "usp") not in MODES:
             raise InvalidUsage(
-                f"gfdit.cost: {where}: mode must be one of {list(MODES)}, got {e.get('mode')!r}"
+                f"gfdit.planning.cost: {where}: mode must be one of {list(MODES)}, got {e.get('mode')!r}"
             )
         guidance = e.get("guidance", False)
         if not isinstance(guidance, bool):
-            raise InvalidUsage(f"gfdit.cost: {where}: guidance must be true or false, got {guidance!r}")
+            raise InvalidUsage(
+                f"gfdit.planning.cost: {where}: guidance must be true or false, got {guidance!r}"
+            )
         num_new = e.get("num_new", 0)
         if isinstance(num_new, bool) or not isinstance(num_new, int) or num_new < 0:
-            raise InvalidUsage(f"gfdit.cost: {where}: num_new must be an integer >= 0, got {num_new!r}")
+            raise InvalidUsage(
+                f"gfdit.planning.cost: {where}: num_new must be an integer >= 0, got {num_new!r}"
+            )
         cfg = e.get("cfg", 1)  # profiles from before CFG-parallel: cfg 1
         if isinstance(cfg, bool) or cfg not in (1, 2):
-            raise InvalidUsage(f"gfdit.cost: {where}: cfg must be 1 or 2, got {cfg!r}")
+            raise InvalidUsage(f"gfdit.planning.cost: {where}: cfg must be 1 or 2, got {cfg!r}")
         if cfg == 2 and not guidance:
-            raise InvalidUsage(f"gfdit.cost: {where}: cfg 2 (CFG-parallel) needs guidance true")
+            raise InvalidUsage(f"gfdit.planning.cost: {where}: cfg 2 (CFG-parallel) needs guidance true")
         entry = ProfileEntry(
             stage=STAGES[e["stage"]],
             tokens=_positive(e.get("tokens"), f"{where}: tokens", integer=True),
@@ -180,7 +186,7 @@ def load_profile(path: str | Path) -> Profile:
         if entry.stage == Stage.STEP and entry.ulysses * entry.ring * entry.cfg != entry.degree:
             cfg_part = f" x cfg {entry.cfg}" if entry.cfg != 1 else ""
             raise InvalidUsage(
-                f"gfdit.cost: {where}: ulysses {entry.ulysses} x ring {entry.ring}{cfg_part} != degree {entry.degree}"
+                f"gfdit.planning.cost: {where}: ulysses {entry.ulysses} x ring {entry.ring}{cfg_part} != degree {entry.degree}"
             )
         out.append(entry)
     p.entries = out
@@ -194,7 +200,7 @@ def cost_model(
     if profile is not None:
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
         if prof.model != model:
-            raise InvalidUsage(f"gfdit.cost: the profile is of {prof.model!r}, not {model!r}")
+            raise InvalidUsage(f"gfdit.planning.cost: the profile is of {prof.model!r}, not {model!r}")
         return _C.profiled(prof)
     cl = cluster if isinstance(cluster, Cluster) else _C.cluster(cluster)
     return _C.analytic(model, cl)

@@ -1,13 +1,11 @@
-"""``gfdit simulate`` and ``gfdit run-trace``: one trace, replayed on the simulator or on the real engine.
+"""``gfdit simulate``: a trace replayed on the simulator, the C++ control plane on a virtual clock
+(``gfdit._C.runtime.Simulator``) with the cost model of a cluster (analytic, or fitted from ``gfdit profile``'s
+file).
 
-Both produce the same records (``gfdit.trace.Outcome`` per request, ``gfdit.trace.Interval`` per task and
-rank), summarised by the same ``gfdit.trace.summarize`` and drawn by the same plots, so a simulated and a
-real replay of a trace compare line by line.
-
-- ``simulate``: the C++ control plane on a virtual clock (``gfdit._C.runtime.Simulator``) with the cost
-  model of a cluster (analytic, or fitted from ``gfdit profile``'s file).
-- ``run-trace``: a ``gfdit.Engine`` through its public API, each request submitted at its arrival time
-  (relative to the replay's start) by a thread that sleeps until then.
+A replay on the real engine (``gfdit run-trace``, gfdit.tools.replay) produces the same records
+(``gfdit.planning.trace.Outcome`` per request, ``gfdit.planning.trace.Interval`` per task and rank), summarised
+by the same ``summarize`` and drawn by the same plots here, so a simulated and a real replay of a trace
+compare line by line.
 """
 
 from __future__ import annotations
@@ -17,15 +15,13 @@ import dataclasses
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import CancelledError
 from typing import Any
 
 from gfdit._C import InvalidUsage
 from gfdit._errors import user_message
-from gfdit.trace import (
+from gfdit.planning.trace import (
     Interval,
     Outcome,
     TraceRequest,
@@ -74,19 +70,18 @@ def simulate_trace(
 
     ``regroup_s``: the cost of forming a group (None: the cluster's hardware value, about a microsecond for
     gfdit's group-free collectives). ``regroup_every_change``: charge it each time a request's group changes
-    rather than on the first use of a rank set (None: the simulator's default); InvalidUsage if this build's
-    simulator has no such option."""
+    rather than on the first use of a rank set (None: the simulator's default)."""
     from gfdit._C import cost as cost_c
     from gfdit._C import runtime as rt
 
     if cluster == "cpu" and profile is None:
         raise InvalidUsage("the cpu cluster is this machine: it needs --profile (written by `gfdit profile`)")
-    from gfdit import cost
+    from gfdit.planning import cost
 
     prof = cost.load_profile(profile) if profile is not None else None
     num_ranks = prof.world_size if cluster == "cpu" else 0
     cl = cost_c.cluster(cluster, num_ranks)  # unknown names: InvalidUsage listing the valid ones
-    _check_policy(policy, int(cl.num_ranks))
+    check_policy(policy, int(cl.num_ranks))
     cm = cost.cost_model(model, cluster, profile=prof)
     sim_requests = [
         rt.SimRequest(
@@ -116,19 +111,14 @@ def simulate_trace(
         overheads["regroup_s"] = regroup_s
     if regroup_every_change is not None:
         overheads["regroup_every_change"] = regroup_every_change
-    try:
-        sim = rt.Simulator(
-            cm,
-            cl,
-            policy,
-            max_inflight_steps=max_inflight_steps,
-            record_intervals=record_intervals,
-            **overheads,
-        )
-    except TypeError as e:  # an option this build's simulator lacks
-        raise InvalidUsage(
-            f"the simulator does not take these options ({', '.join(overheads)}): {e}"
-        ) from None
+    sim = rt.Simulator(
+        cm,
+        cl,
+        policy,
+        max_inflight_steps=max_inflight_steps,
+        record_intervals=record_intervals,
+        **overheads,
+    )
     t0 = time.perf_counter()
     res = sim.run(sim_requests)
     wall = time.perf_counter() - t0
@@ -161,7 +151,7 @@ def simulate_trace(
     )
 
 
-def _check_policy(policy: str | Any, num_ranks: int) -> None:
+def check_policy(policy: str | Any, num_ranks: int) -> None:
     """Refuses an unknown policy with the valid names (from the runtime, the one place that knows them), and
     anything that is neither a name nor a ``gfdit.Policy``."""
     from gfdit._C import runtime as rt
@@ -184,211 +174,6 @@ def _check_policy(policy: str | Any, num_ranks: int) -> None:
 
 def _policy_name(policy: str | Any) -> str:
     return policy if isinstance(policy, str) else str(policy.name())
-
-
-# ------------------------------------------------------------------------------------------------ run-trace
-def engine_cost_model(model: str, world_size: int, profile: str | os.PathLike | Any) -> tuple[Any, Any]:
-    """(cost model, profile): the profiled cost model an engine of ``world_size`` ranks serving ``model``
-    hands its policies, and the profile it was built from.
-
-    ``profile``: a file written by ``gfdit profile`` or a ``gfdit.cost.Profile``. It must have been measured
-    for ``model`` at a world size of at least ``world_size`` (degrees above its world were never measured);
-    otherwise InvalidUsage says what to measure."""
-    from gfdit import cost
-
-    prof = profile if isinstance(profile, cost.Profile) else cost.load_profile(profile)
-    where = f"the profile {profile}" if not isinstance(profile, cost.Profile) else "the profile"
-    if prof.model != model:
-        raise InvalidUsage(
-            f"{where} was measured for {prof.model!r}, not {model!r}: "
-            f"run `gfdit profile --model {model} --world-size {world_size}`"
-        )
-    if int(prof.world_size) < world_size:
-        raise InvalidUsage(
-            f"{where} was measured at world size {prof.world_size}, below the replay's {world_size}: "
-            f"run `gfdit profile --model {model} --world-size {world_size}`"
-        )
-    return cost.cost_model(model, "cpu", profile=prof), prof
-
-
-def _check_priceable(requests: Sequence[TraceRequest], model: str, prof: Any) -> None:
-    """Refuses a trace with a shape the profile cannot price at any degree: its policies would schedule it
-    without predictions (the shape-only rules) and say nothing about it."""
-    from gfdit import workload
-
-    pricer = workload.Pricer("cpu", prof)
-    for r in requests:
-        if pricer.best(model, r.height, r.width, r.num_frames, r.num_inference_steps) is None:
-            raise InvalidUsage(
-                f"request {r.id} ({r.height}x{r.width}x{r.num_frames}) is outside what the profile measured: "
-                f"profile its size with `gfdit profile --shapes {r.height}x{r.width}x{r.num_frames} ...`"
-            )
-
-
-def _engine_request(
-    r: TraceRequest, prompt: str | None = None, num_steps: int | None = None, deadline: bool = True
-) -> Any:
-    import gfdit
-
-    rel_deadline = r.deadline_s - r.arrival_s if deadline and r.deadline_s is not None else None
-    return gfdit.Request(
-        prompt=prompt or f"trace request {r.id}",
-        height=r.height,
-        width=r.width,
-        num_frames=r.num_frames,
-        num_inference_steps=num_steps or r.num_inference_steps,
-        seed=r.id,
-        deadline_s=rel_deadline,
-        priority=r.priority,
-    )
-
-
-def replay_trace(
-    requests: Sequence[TraceRequest],
-    *,
-    model: str,
-    world_size: int,
-    policy: str | Any,
-    profile: str | os.PathLike | Any = None,
-    timeout_s: float = 600.0,
-    threads_per_worker: int = 1,
-) -> Replay:
-    """Replays the trace on a real ``gfdit.Engine`` in real time (see ``replay_on_engine``), started for
-    this replay and shut down after it.
-
-    ``policy``: a built-in's name or a ``gfdit.Policy`` object. ``profile`` (a file from ``gfdit profile`` or
-    a ``gfdit.cost.Profile``, measured for ``model`` at a world size >= ``world_size``): the engine's policies
-    get the profiled cost model's predictions (see ``engine_cost_model``); every request of the trace must be
-    a size the profile can price. Without it the dynamic policies fall back to shape-only rules (perfect
-    scaling assumed).
-    """
-    import gfdit
-
-    _check_policy(policy, world_size)
-    cost_model = None
-    if profile is not None:
-        cost_model, prof = engine_cost_model(model, world_size, profile)
-        _check_priceable(requests, model, prof)
-    with gfdit.Engine(
-        model=model,
-        world_size=world_size,
-        policy=policy,
-        threads_per_worker=threads_per_worker,
-        cost_model=cost_model,
-    ) as eng:
-        return replay_on_engine(eng, requests, timeout_s=timeout_s)
-
-
-def replay_on_engine(engine: Any, requests: Sequence[TraceRequest], *, timeout_s: float = 600.0) -> Replay:
-    """Replays the trace on a running ``gfdit.Engine`` in real time; the engine keeps running after it, so
-    one engine (one policy) can replay several traces in turn, each after the previous one has ended.
-
-    One small warm-up request runs before the replay clock starts; then a thread submits each request at
-    its arrival time. Latency is the request's DONE time minus its QUEUED time, a deadline is met when DONE
-    comes by the replay's start + deadline_s. Requests that fail, are cancelled or are not done ``timeout_s``
-    after the replay's start count as not completed (those still running are cancelled).
-    """
-    import gfdit
-    from gfdit._C import runtime as rt
-
-    eng = engine
-    smallest = min(requests, key=lambda r: (r.height * r.width * r.num_frames, r.num_inference_steps))
-    eng.submit(_engine_request(smallest, prompt="warm-up", num_steps=1, deadline=False)).result(timeout=120)
-
-    start_ns = rt.now_ns()
-    t0 = time.perf_counter()
-    handles: list[tuple[TraceRequest, Any, BaseException | None]] = []
-    stop = threading.Event()
-
-    def submit_all() -> None:
-        for r in requests:
-            delay = (start_ns + int(r.arrival_s * 1e9) - rt.now_ns()) / 1e9
-            if delay > 0 and stop.wait(delay):
-                return
-            try:
-                handles.append((r, eng.submit(_engine_request(r)), None))
-            except (gfdit.Error, ValueError, RuntimeError) as e:  # refused at submit: not completed
-                handles.append((r, None, e))
-
-    submitter = threading.Thread(target=submit_all, name="gfdit-trace-submit", daemon=True)
-    submitter.start()
-    end = time.monotonic() + timeout_s
-    submitter.join(max(0.0, end - time.monotonic()))
-    stop.set()
-    submitter.join()
-
-    outcomes: list[Outcome] = []
-    intervals: list[Interval] = []
-    busy_ns = 0
-    submitted = {r.id for r, _, _ in handles}
-    for r, handle, error in handles:
-        state, finish = "FAILED", None
-        arrival = r.arrival_s
-        if handle is not None:
-            try:
-                res = handle.result(timeout=max(0.0, end - time.monotonic()))
-            except gfdit.RequestFailed:
-                state = "FAILED"
-            except CancelledError:
-                state = "CANCELLED"
-            except TimeoutError:
-                state = "TIMEOUT"
-                handle.cancel()
-            else:
-                times = {name: t_ns for name, _, t_ns in res.transitions}
-                state = res.state
-                arrival = (res.transitions[0][2] - start_ns) / 1e9  # QUEUED, at submit
-                finish = (times["DONE"] - start_ns) / 1e9
-                for s in res.timeline:
-                    busy_ns += (s.end_ns - s.start_ns) * len(s.ranks)
-                    kind = "step" if s.kind == "denoise" else s.kind
-                    for rank in s.ranks:
-                        intervals.append(
-                            Interval(
-                                rank=rank,
-                                request_id=r.id,
-                                kind=kind,
-                                start_s=(s.start_ns - start_ns) / 1e9,
-                                end_s=(s.end_ns - start_ns) / 1e9,
-                            )
-                        )
-        elif error is not None:
-            state = "REFUSED"
-        outcomes.append(
-            Outcome(
-                id=r.id,
-                arrival_s=arrival,
-                finish_s=finish,
-                deadline_s=r.deadline_s,
-                state=state,
-                priority=r.priority,
-            )
-        )
-    outcomes += [
-        Outcome(
-            id=r.id,
-            arrival_s=r.arrival_s,
-            finish_s=None,
-            deadline_s=r.deadline_s,
-            state="NOT_SUBMITTED",
-            priority=r.priority,
-        )
-        for r in requests
-        if r.id not in submitted
-    ]
-    wall = time.perf_counter() - t0
-    where = f"engine {eng.model_name} x{eng.world_size}"
-    if eng.cost_model is not None:
-        where += f", {eng.cost_model.describe()}"
-    return Replay(
-        policy=eng.policy_name,
-        outcomes=outcomes,
-        busy_rank_s=busy_ns / 1e9,
-        num_ranks=eng.world_size,
-        intervals=intervals,
-        wall_s=wall,
-        where=where,
-    )
 
 
 # ------------------------------------------------------------------------------------------------ plots
@@ -543,78 +328,36 @@ def write_plots(replay: Replay, directory: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    """Arguments of ``gfdit simulate`` and ``gfdit run-trace``."""
-    parser.add_argument("--trace", required=True, help="JSONL trace (see gfdit.trace)")
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments ``gfdit simulate`` and ``gfdit run-trace`` share (the trace, the policy, the outputs)."""
+    parser.add_argument("--trace", required=True, help="JSONL trace (see gfdit.planning.trace)")
     parser.add_argument("--policy", required=True, help="scheduling policy: fcfs, static:D, ...")
-    if command == "simulate":
-        parser.add_argument(
-            "--cluster",
-            required=True,
-            help="simulated cluster: h20x8, a100x8, h100x8, h200x8, h20x16, or cpu (needs --profile)",
-        )
-        parser.add_argument(
-            "--model", required=True, help="model name of the cost model (qwen-image, wan2.2, ...)"
-        )
-        parser.add_argument(
-            "--max-inflight-steps",
-            type=int,
-            default=2,
-            help="steps of one request dispatched ahead of completions (as the engine)",
-        )
-    else:
-        parser.add_argument(
-            "--model", required=True, help="model the engine serves (tiny-wan, tiny-qwen-image)"
-        )
-        parser.add_argument("--world-size", type=int, required=True, help="ranks (worker processes)")
-        parser.add_argument(
-            "--timeout",
-            type=float,
-            default=600.0,
-            help="seconds after the replay's start past which unfinished requests count as "
-            "not completed (default 600)",
-        )
-    parser.add_argument(
-        "--profile",
-        help="profile file from `gfdit profile`: stage times from measurements"
-        + (
-            ""
-            if command == "simulate"
-            else " (the same model, world size >= --world-size): the policies' predictions"
-        ),
-    )
     parser.add_argument("--json", metavar="OUT", help="also write the metrics to this JSON file")
     parser.add_argument("--plot", metavar="DIR", help="write latency_cdf.png and timeline.png into DIR")
 
 
-def run(args: argparse.Namespace, command: str) -> int:
-    """Runs ``gfdit simulate`` or ``gfdit run-trace``; 2 for bad input (message on stderr)."""
-    try:
-        requests = load_trace(args.trace, model=args.model)
-        if command == "simulate":
-            replay = simulate_trace(
-                requests,
-                model=args.model,
-                cluster=args.cluster,
-                policy=args.policy,
-                profile=args.profile,
-                max_inflight_steps=args.max_inflight_steps,
-                record_intervals=bool(args.plot),
-            )
-        else:
-            if args.world_size < 1:
-                raise InvalidUsage(f"--world-size must be positive, got {args.world_size}")
-            replay = replay_trace(
-                requests,
-                model=args.model,
-                world_size=args.world_size,
-                policy=args.policy,
-                profile=args.profile,
-                timeout_s=args.timeout,
-            )
-    except InvalidUsage as e:
-        print(f"gfdit {command}: {user_message(e)}", file=sys.stderr)
-        return 2
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Arguments of ``gfdit simulate``."""
+    add_common_arguments(parser)
+    parser.add_argument(
+        "--cluster",
+        required=True,
+        help="simulated cluster: h20x8, a100x8, h100x8, h200x8, h20x16, or cpu (needs --profile)",
+    )
+    parser.add_argument(
+        "--model", required=True, help="model name of the cost model (qwen-image, wan2.2, ...)"
+    )
+    parser.add_argument(
+        "--max-inflight-steps",
+        type=int,
+        default=2,
+        help="steps of one request dispatched ahead of completions (as the engine)",
+    )
+    parser.add_argument("--profile", help="profile file from `gfdit profile`: stage times from measurements")
+
+
+def report(replay: Replay, args: argparse.Namespace, command: str) -> int:
+    """Prints a replay's summary, and writes its JSON and plots when asked; returns 0."""
     summary = replay.summary()
     completed = sum(o.completed for o in replay.outcomes)
     print(
@@ -630,3 +373,22 @@ def run(args: argparse.Namespace, command: str) -> int:
         for p in write_plots(replay, args.plot):
             print(f"wrote {p}")
     return 0
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    """Runs ``gfdit simulate``; 2 for bad input (message on stderr)."""
+    try:
+        requests = load_trace(args.trace, model=args.model)
+        replay = simulate_trace(
+            requests,
+            model=args.model,
+            cluster=args.cluster,
+            policy=args.policy,
+            profile=args.profile,
+            max_inflight_steps=args.max_inflight_steps,
+            record_intervals=bool(args.plot),
+        )
+    except InvalidUsage as e:
+        print(f"gfdit {command}: {user_message(e)}", file=sys.stderr)
+        return 2
+    return report(replay, args, command)

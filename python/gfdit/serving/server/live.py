@@ -2,16 +2,15 @@
 
 ``ActivityRecorder`` keeps the stages of requests that finished in the last ``window_s`` seconds as spans
 (one per stage; consecutive denoise steps on the same ranks with the same layout become one span) and knows
-the requests still running. ``add_live_routes`` adds ``GET /`` (the page: plain HTML and JavaScript from
-``live.html``, nothing to build, nothing fetched from elsewhere) and ``GET /v1/timeline`` (its JSON) to an
-app.
+the requests still running. ``router`` serves ``GET /`` (the page: plain HTML and JavaScript from
+``live.html``, nothing to build, nothing fetched from elsewhere) and ``GET /v1/timeline`` (its JSON).
 
 Times: the runtime stamps stages with CLOCK_MONOTONIC nanoseconds (``gfdit._C.runtime.now_ns``, the clock of
 Python's ``time.monotonic`` on Linux, shared by every process of a machine). The JSON gives them as seconds
 relative to ``now_s``, the server's monotonic time when it answered, so a page needs no clock of its own.
 """
 
-# No `from __future__ import annotations`: FastAPI reads the endpoints' annotations (Request) at run time.
+from __future__ import annotations
 
 import collections
 import dataclasses
@@ -22,6 +21,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from gfdit import stats
 from gfdit._C import runtime as rt
 
 DEFAULT_WINDOW_S = 300.0
@@ -69,12 +72,6 @@ def layout_label(ulysses: int, ring: int, mode: str = "usp", cfg: int = 1) -> st
     if cfg == 2:
         return "C2" + label + ("t" if mode == "torus" and label else "")
     return (label or "U1") + ("t" if mode == "torus" else "")
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of a sorted, non-empty list."""
-    idx = max(0, min(len(sorted_values) - 1, math.ceil(q / 100.0 * len(sorted_values)) - 1))
-    return sorted_values[idx]
 
 
 @dataclasses.dataclass
@@ -233,14 +230,8 @@ class ActivityRecorder:
                 for rid, r in sorted(self._running.items())
                 if rid in states and rid in self._handles and not self._handles[rid].done()
             ]
-        latencies = sorted(f.latency_s for f in finished)
-        latency = {"count": len(latencies), "mean_s": None, "p50_s": None, "p95_s": None}
-        if latencies:
-            latency.update(
-                mean_s=sum(latencies) / len(latencies),
-                p50_s=_percentile(latencies, 50),
-                p95_s=_percentile(latencies, 95),
-            )
+        lat = stats.summary([f.latency_s for f in finished], (50, 95))
+        latency = {"count": lat["count"], "mean_s": lat["mean"], "p50_s": lat["p50"], "p95_s": lat["p95"]}
         return {
             "now_s": now / 1e9,
             "wall_time": time.time(),
@@ -335,50 +326,42 @@ class ActivityRecorder:
 
 def page_html() -> str:
     """The live page: one HTML file with its CSS and JavaScript inline."""
-    return importlib.resources.files("gfdit").joinpath("live.html").read_text(encoding="utf-8")
+    return importlib.resources.files("gfdit.serving.server").joinpath("live.html").read_text(encoding="utf-8")
 
 
-def add_live_routes(
-    app: Any,
-    engine: Any,
-    *,
-    model: str,
-    check_key: Callable[[Any], None],
-    window_s: float = DEFAULT_WINDOW_S,
-    max_spans: int = DEFAULT_MAX_SPANS,
-) -> ActivityRecorder:
-    """Adds ``GET /`` (the live page) and ``GET /v1/timeline`` to ``app``; returns the recorder to feed.
+router = APIRouter()
+_PAGE: str | None = None
 
-    The page needs no key (it holds no data); ``/v1/timeline`` goes through ``check_key`` like all of /v1.
+
+@router.get("/", response_class=HTMLResponse)
+def live_page() -> HTMLResponse:
+    """The live page; it needs no key (it holds no data)."""
+    global _PAGE
+    if _PAGE is None:
+        _PAGE = page_html()
+    return HTMLResponse(_PAGE, headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/v1/timeline")
+def timeline(request: Request) -> dict:
+    """The live page's data, through the API key like all of /v1.
+
     Its JSON: ``now_s`` (the server's monotonic seconds; every other time is relative to it, so negative),
     ``wall_time``, ``window_s``, ``model``, ``is_video``, ``defaults``, ``policy``, ``world_size``, ``alive``
     (per rank), ``queued`` and ``running`` (engine requests), ``latency`` (count, mean_s, p50_s, p95_s of the
     requests that finished in the window, submit to done), ``spans`` (request_id, kind, ranks, ulysses, ring,
-    mode, cfg, layout, step_begin, num_steps, start_s, end_s, regroup), ``live`` (requests running now: request_id,
-    state, ranks, step, num_steps, since_s: when first seen on these ranks, earlier: the rank sets it held
-    before, each with start_s and end_s, as sampled) and ``requests`` (one line per finished request:
+    mode, cfg, layout, step_begin, num_steps, start_s, end_s, regroup), ``live`` (requests running now:
+    request_id, state, ranks, step, num_steps, since_s: when first seen on these ranks, earlier: the rank sets
+    it held before, each with start_s and end_s, as sampled) and ``requests`` (one line per finished request:
     request_id, end_s, latency_s, num_steps, max_degree, regroups).
     """
-    from fastapi import Request
-    from fastapi.responses import HTMLResponse
-
-    recorder = ActivityRecorder(window_s, max_spans=max_spans)
-    html = page_html()
-    info = engine.model_info
+    server = request.app.state.server  # a gfdit.serving.server.state.ServerState
+    server.check_key(request)
+    engine = server.engine
     about = {
-        "model": model,
-        "is_video": bool(info["is_video"]),
-        "defaults": dict(info["defaults"]),
+        "model": server.model,
+        "is_video": bool(server.info["is_video"]),
+        "defaults": dict(server.defaults),
         "policy": getattr(engine, "policy_name", None),
     }
-
-    @app.get("/", response_class=HTMLResponse)
-    def live_page() -> HTMLResponse:
-        return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
-
-    @app.get("/v1/timeline")
-    def timeline(request: Request) -> dict:
-        check_key(request)
-        return {**about, **recorder.snapshot(engine)}
-
-    return recorder
+    return {**about, **server.live.snapshot(engine)}

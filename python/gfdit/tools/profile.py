@@ -10,7 +10,7 @@ ranks outnumber the cores, two-rank groups running at once give the collective e
 share of the cores a collective task gets done), which the simulator's core sharing uses.
 
 The file (format ``gfdit-profile/1``) holds the median of each stage's samples; ``gfdit simulate --cluster
-cpu --profile FILE`` and ``gfdit.cost.cost_model(..., profile=FILE)`` read it.
+cpu --profile FILE`` and ``gfdit.planning.cost.cost_model(..., profile=FILE)`` read it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import time
 from typing import Any
 
 from gfdit._C import InvalidUsage
+from gfdit._C import runtime as rt
 from gfdit._errors import user_message
+from gfdit.serving.engine import Engine, Request
 
 FORMAT = "gfdit-profile/1"
 STAGES = ("encode", "step", "migrate", "decode")
@@ -63,9 +65,7 @@ class LayoutSpec:
         return self.ulysses * self.ring * self.cfg
 
     def layout(self) -> Any:
-        import gfdit
-
-        return gfdit.Layout(
+        return rt.Layout(
             ulysses=self.ulysses, ring=self.ring, mode=1 if self.mode == "torus" else 0, cfg=self.cfg
         )
 
@@ -144,7 +144,7 @@ class _ModelFacts:
         )
 
     def check(self, h: int, w: int, f: int) -> None:
-        from gfdit.trace import check_size
+        from gfdit.planning.trace import check_size
 
         check_size(self.name, h, w, f, 1)
 
@@ -171,9 +171,7 @@ class PinnedPolicy:
 
     @staticmethod
     def make() -> Any:
-        import gfdit
-
-        class _Pinned(gfdit.Policy):
+        class _Pinned(rt.Policy):
             def __init__(self) -> None:
                 super().__init__()
                 self.plan: list[Phase] = []
@@ -192,8 +190,8 @@ class PinnedPolicy:
                             break
                         ranks = sorted(free)[:d]
                         free -= set(ranks)
-                        layout = gfdit.Layout(ulysses=d)
-                        out.append(gfdit.Decision(r.id, ranks, layout, max(1, r.num_steps - r.step)))
+                        layout = rt.Layout(ulysses=d)
+                        out.append(rt.Decision(r.id, ranks, layout, max(1, r.num_steps - r.step)))
                     return out
                 for r in view.ready:
                     begin = 0
@@ -204,7 +202,7 @@ class PinnedPolicy:
                     if not set(phase.ranks) <= free:
                         continue
                     steps = max(1, min(begin + phase.num_steps, r.num_steps) - r.step)
-                    out.append(gfdit.Decision(r.id, list(phase.ranks), phase.layout.layout(), steps))
+                    out.append(rt.Decision(r.id, list(phase.ranks), phase.layout.layout(), steps))
                     free -= set(phase.ranks)
                 return out
 
@@ -215,13 +213,11 @@ def _run(
     engine: Any, policy: Any, plan: list[Phase], shape: tuple[int, int, int], seed: int, timeout_s: float
 ) -> list[Any]:
     """One request with ``plan``; its timeline."""
-    import gfdit
-
     policy.plan = plan
     h, w, f = shape
     steps = sum(p.num_steps for p in plan)
     handle = engine.submit(
-        gfdit.Request(
+        Request(
             prompt=f"profile {h}x{w}x{f}",
             height=h,
             width=w,
@@ -240,8 +236,6 @@ def _collective_efficiency(
     cores: a request of the largest shape on every group of two ranks at once, each step compared with the
     same step alone times ranks / cores (its members wait in collectives for peers the OS is not running).
     1 when the ranks do not outnumber the cores, or two groups of two do not fit."""
-    import gfdit
-
     world = eng.world_size
     cores = os.cpu_count() or 1
     heads = int(eng.model_info.get("heads", 1))
@@ -256,7 +250,7 @@ def _collective_efficiency(
     try:
         handles = [
             eng.submit(
-                gfdit.Request(
+                Request(
                     prompt="profile collectives",
                     height=h,
                     width=w,
@@ -294,8 +288,6 @@ def measure(
 ) -> dict[str, Any]:
     """Measures every stage of ``model`` on this machine at ``world_size`` ranks; returns the profile
     (the JSON object ``gfdit profile`` writes)."""
-    import gfdit
-
     if world_size < 1:
         raise InvalidUsage(f"--world-size must be positive, got {world_size}")
     if steps < 1 or repeats < 1:
@@ -310,7 +302,7 @@ def measure(
     policy = PinnedPolicy.make()
     samples: dict[tuple, list[float]] = {}
     t0 = time.perf_counter()
-    with gfdit.Engine(model=model, world_size=world_size, policy=policy) as eng:
+    with Engine(model=model, world_size=world_size, policy=policy) as eng:
         heads = int(eng.model_info.get("heads", 1))
         guidance = float(eng.model_info.get("defaults", {}).get("guidance_scale", 1.0)) > 1.0
         layouts = layouts_for(world_size, heads, guidance)

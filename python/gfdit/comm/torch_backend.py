@@ -19,8 +19,9 @@ NOTE [torch backend]
 - ``dist.new_group`` takes torch's fast path for process groups that make their own subgroups (a default group
   with a ``new_group`` method, which torch calls instead of its per-device creator loop): about 20 us instead
   of 60 us, most of it torch's own bookkeeping. That hook does not pass the requested backend, so the method is
-  offered only to a call that asks for gfdit (read from torch's frame); any other call, or a torch whose frame
-  differs, sees no such method and takes the ordinary creator path, which is correct, only slower.
+  offered only to a call that asks for gfdit (read from torch's frame, gfdit.comm.torch_internals); any other
+  call, or a torch whose frame differs, sees no such method and takes the ordinary creator path, which is
+  correct, only slower.
 - Collectives finish before they return (the CPU shared-memory backend has no stream to enqueue on); their
   ``Work`` is already completed.
 - Point-to-point: ``isend``/``irecv`` (and ``batch_isend_irecv``) queue; the first ``wait()``, or the next
@@ -30,18 +31,18 @@ NOTE [torch backend]
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 from gfdit import _C
 from gfdit._C import InvalidUsage
-from gfdit.comm import _DTYPES, Group, World
+from gfdit.comm import torch_internals
+from gfdit.comm.dtypes import TORCH_TO_DTYPE as _DTYPES
+from gfdit.comm.world import Group, World
 
 BACKEND_NAME = "gfdit"
 
@@ -52,17 +53,9 @@ _DEFAULT_HEAP_BYTES = 8 << 20
 
 def register() -> None:
     """Registers "gfdit" with torch.distributed (idempotent; ``import gfdit`` calls it)."""
-    if not dist.is_available() or BACKEND_NAME.upper() in dist.Backend._plugins:
+    if not dist.is_available() or torch_internals.registered(BACKEND_NAME):
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
-
-
-def _caller_local(function: str, name: str, depth: int = 2) -> Any:
-    """A local variable of torch's calling function, or None when the caller is not that function."""
-    frame = sys._getframe(depth)
-    if frame.f_code.co_name != function:
-        return None
-    return frame.f_locals.get(name)
 
 
 def _only_gfdit(config: str) -> bool:
@@ -74,7 +67,7 @@ def _create(opts: Any, backend_options: Any) -> ProcessGroupGfdit:
     """torch's creator hook: the default group makes the world; every other group is a descriptor."""
     ranks = [int(r) for r in opts.global_ranks_in_group]
     timeout = opts.timeout
-    config = _caller_local("_new_process_group_helper", "backend_config")
+    config = torch_internals.caller_local(*torch_internals.CREATOR_CALLER)
     if config is not None and not _only_gfdit(config):
         # torch keeps a Python process group as the group of every device: the other backend would be dropped.
         raise InvalidUsage(
@@ -93,7 +86,7 @@ def _create(opts: Any, backend_options: Any) -> ProcessGroupGfdit:
             key_prefix="gfdit-pg",
         )
         return ProcessGroupGfdit(world, world._whole, _P2PQueue(world))
-    default = dist.distributed_c10d._world.default_pg
+    default = dist.group.WORLD
     if not isinstance(default, ProcessGroupGfdit) or default._world is None:
         raise InvalidUsage(
             "gfdit: a group with backend 'gfdit' needs the default process group on gfdit too: "
@@ -111,7 +104,9 @@ def group_of(pg: Any = None) -> Group:
     """The gfdit group behind a torch process group on the gfdit backend (None: the default group), so that
     gfdit's own operations (``all_to_all_4d``, ``gfdit.attention``) run on groups that torch code made."""
     if pg is None:
-        pg = dist.distributed_c10d._get_default_group()
+        pg = dist.group.WORLD
+        if pg is None:
+            raise InvalidUsage("gfdit: no default process group; call dist.init_process_group('gfdit', ...) first")
     if pg is dist.GroupMember.NON_GROUP_MEMBER:
         raise InvalidUsage("gfdit: this rank is not a member of that process group")
     if not isinstance(pg, ProcessGroupGfdit) or pg._world is None:
@@ -120,9 +115,7 @@ def group_of(pg: Any = None) -> Group:
 
 
 def _done(result: Any = None) -> Any:
-    fut: Future = Future()
-    fut.set_result(result)
-    return _create_work_from_future(fut)
+    return torch_internals.completed_work(result)
 
 
 def _cpu(t: Any, what: str, op: str) -> torch.Tensor:
@@ -290,7 +283,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
 
     @property
     def new_group(self) -> Any:
-        backend = _caller_local("_new_group_with_tag", "backend")
+        backend = torch_internals.caller_local(*torch_internals.NEW_GROUP_CALLER)
         if backend is None or not _only_gfdit(backend) or self._world is None:
             raise AttributeError("new_group")  # torch then makes the group through the creator
         return self._new_group

@@ -25,7 +25,10 @@ from typing import Any
 
 import torch
 
+from gfdit import comm
+from gfdit._C import InvalidUsage, RemoteError, Timeout
 from gfdit._C import runtime as rt
+from gfdit.attention.spec import ParallelSpec
 
 POLL_S = 1.0  # how often an idle worker checks that the engine still exists
 TaskError = rt.TaskError
@@ -53,9 +56,6 @@ class Worker:
     ) -> None:
         import torch.distributed as dist
 
-        import gfdit  # noqa: F401  (imports the extension in the child)
-        from gfdit import comm
-
         self.id = worker_id
         # this worker's GPU (None: CPU); "cuda" picks comm.default_device(worker_id)
         self.device = comm.resolve_device(device, worker_id, "gfdit.Engine device")
@@ -80,12 +80,10 @@ class Worker:
         self._init_world(0, list(range(num_workers)))
 
     def _init_world(self, epoch: int, workers: list[int]) -> None:
-        import gfdit
-
-        if gfdit.is_initialized():
-            gfdit.destroy()
+        if comm.is_initialized():
+            comm.destroy()
         self.rank_of = {w: i for i, w in enumerate(workers)}
-        self.world = gfdit.init(
+        self.world = comm.init(
             self.rank_of[self.id],
             len(workers),
             self.store,
@@ -103,10 +101,8 @@ class Worker:
         return self.world.new_group([self.rank_of[w] for w in ranks])
 
     @staticmethod
-    def _spec(task: Any) -> Any:
-        from gfdit.engine import spec_of
-
-        return spec_of(task.layout)  # Layout.cfg -> ParallelSpec.cfg: denoise_step splits the passes
+    def _spec(task: Any) -> ParallelSpec:
+        return ParallelSpec.of(task.layout)  # Layout.cfg -> ParallelSpec.cfg: denoise_step splits the passes
 
     def load_model(self) -> dict:
         """Loads the model; returns what the engine needs to check requests (hello message)."""
@@ -164,8 +160,6 @@ class Worker:
             self.execute(task, payload)
 
     def execute(self, task: Any, payload: bytes) -> None:
-        import gfdit
-
         c = rt.Completion()
         c.task_id = task.task_id
         c.request_id = task.request_id
@@ -177,7 +171,7 @@ class Worker:
         try:
             kind = task.kind
             if self.broken and kind in (rt.TaskKind.DENOISE, rt.TaskKind.MIGRATE):
-                raise gfdit.RemoteError("the collectives world is down until the engine re-creates it")
+                raise RemoteError("the collectives world is down until the engine re-creates it")
             if kind == rt.TaskKind.ENCODE:
                 self.encode(rid, json.loads(payload.decode()))
             elif kind == rt.TaskKind.REINIT:
@@ -204,7 +198,7 @@ class Worker:
                 self.states.pop(rid, None)
                 self.steps.pop(rid, None)
             self._device_done()
-        except (gfdit.Timeout, gfdit.RemoteError) as e:
+        except (Timeout, RemoteError) as e:
             # The world is unusable: report, and wait for the engine to re-create it (a REINIT task).
             self.broken = True
             c.error = TaskError.COMM_ERROR
@@ -212,7 +206,7 @@ class Worker:
         except _StateLost as e:
             c.error = TaskError.STATE_LOST
             c.message = str(e)
-        except gfdit.InvalidUsage as e:
+        except InvalidUsage as e:
             c.error = TaskError.INVALID_REQUEST
             c.message = f"InvalidUsage: {e}"
         except Exception as e:

@@ -6,8 +6,8 @@
 
 Open loop (``--trace`` or ``--rate``): each request is sent at its arrival time whatever became of the
 earlier ones, so a slow server builds a queue (or answers 429) as it would under real traffic. A trace is
-replayed as written (``gfdit.trace`` format); ``--rate R --duration S --workload image|video|mixed`` draws
-Poisson arrivals and request sizes from ``gfdit.workload`` for the served model (asked of ``GET /v1/models``).
+replayed as written (``gfdit.planning.trace`` format); ``--rate R --duration S --workload image|video|mixed`` draws
+Poisson arrivals and request sizes from ``gfdit.planning.workload`` for the served model (asked of ``GET /v1/models``).
 Closed loop (``--concurrency C --requests N``): C clients, each sends its next request when its last one is
 answered, which measures a request's latency without queueing at C = 1.
 
@@ -39,7 +39,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gfdit.trace import TraceRequest, percentile
+from gfdit.planning.trace import TraceRequest
+from gfdit.stats import percentile
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_MAX_CONNECTIONS = 1024
@@ -123,7 +124,7 @@ def summarize_records(records: Sequence[RequestRecord]) -> dict[str, Any]:
     throughput_rps: successes / duration_s. send_rate_rps: (sent - 1) / (last send - first send), the rate
     the client achieved; offered_rate_rps the same over the due times (what the trace asked for). send_lag:
     send time minus due time (how far the client fell behind its schedule; open loop). Latency (answer minus
-    send) of successes: mean, percentiles (``gfdit.trace.percentile``, as the simulator) and max, None when
+    send) of successes: mean, percentiles (``gfdit.stats``, as the simulator and the live page) and max, None when
     nothing succeeded. slo_attainment: the share of requests with a deadline that succeeded within it (those
     not sent or failed count as missed); None when no request has one. errors: count by kind, most first;
     num_5xx: answers with a 5xx status.
@@ -264,13 +265,13 @@ def workload_requests(
     cluster: str = "h20x8",
     profile: Any = None,
 ) -> list[TraceRequest]:
-    """Poisson arrivals at ``rate`` over ``duration_s`` of a ``gfdit.workload`` for the served ``model`` (its
+    """Poisson arrivals at ``rate`` over ``duration_s`` of a ``gfdit.planning.workload`` for the served ``model`` (its
     menus fitted to the model: the tiny models get small sizes). Deadlines only with ``slo_scale`` (times
     the alone latency on ``cluster`` or ``profile``, as ``gfdit trace``). BenchError for a workload the model
     cannot serve."""
     from gfdit._C import InvalidUsage
     from gfdit._errors import user_message
-    from gfdit.workload import generate
+    from gfdit.planning.workload import generate
 
     name = arch_name(model)
     if workload in ("video", "mixed") and is_video_model(model) is False:
@@ -799,7 +800,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     parser.add_argument(
         "--trace",
-        help="send this JSONL trace's requests (gfdit.trace format), open loop at its arrival times",
+        help="send this JSONL trace's requests (gfdit.planning.trace format), open loop at its arrival times",
     )
     parser.add_argument(
         "--rate", type=float, help="open loop: Poisson arrivals, requests/s (with --duration)"
@@ -856,7 +857,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 def _requests_of(args: argparse.Namespace, model: str) -> list[TraceRequest]:
     from gfdit._C import InvalidUsage
     from gfdit._errors import user_message
-    from gfdit.trace import load_trace
+    from gfdit.planning.trace import load_trace
 
     gen = {"slo_scale": args.slo_scale, "cluster": args.cluster, "profile": args.profile}
     if args.trace is not None:

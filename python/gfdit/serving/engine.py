@@ -1,9 +1,9 @@
-"""``gfdit.Engine``: a thin facade over the C++ control plane (DESIGN.md, "Runtime").
+"""``gfdit.Engine``: a thin facade over the C++ control plane (docs/architecture.md, "The runtime").
 
 The control plane (``gfdit._C.runtime.EngineLoop``: requests, the trajectory task graph, the policy,
 completions, deadlines, recovery) runs on its own C++ thread without the GIL; it takes the GIL only to ask
 a policy written in Python. This module checks requests at ``submit``, starts one worker process per rank
-(``gfdit.worker``), hands finished requests to their handles (one thread that waits in C++), and maps
+(``gfdit.serving.worker``), hands finished requests to their handles (one thread that waits in C++), and maps
 decoded outputs from shared memory without copying them.
 """
 
@@ -25,6 +25,8 @@ from gfdit._C import Error, InvalidUsage
 from gfdit._C import runtime as rt
 from gfdit._errors import user_message
 from gfdit.attention.spec import ParallelSpec
+from gfdit.comm.devices import parse_device, resolve_device
+from gfdit.serving import worker
 
 RequestState = rt.RequestState
 TaskKind = rt.TaskKind
@@ -44,32 +46,6 @@ _DTYPES = {
 }
 # Limits an engine enforces besides the model's strides; defaults from the model's registry entry.
 LIMIT_FIELDS = ("max_steps", "max_pixels", "max_frames", "max_tokens")
-_MODES = {0: "usp", 1: "torus"}
-_PLACEMENTS = {0: "auto", 1: "ulysses-low", 2: "ring-low"}
-
-
-def spec_of(layout: Any) -> ParallelSpec:
-    """The ParallelSpec of a runtime Layout (what a worker runs a denoise task with); cfg carries over."""
-    return ParallelSpec(
-        ulysses=int(layout.ulysses),
-        ring=int(layout.ring),
-        mode=_MODES.get(int(layout.mode), "usp"),
-        placement=_PLACEMENTS.get(int(layout.placement), "auto"),
-        cfg=int(layout.cfg),
-    )
-
-
-def layout_of(spec: ParallelSpec) -> Any:
-    """The runtime Layout of a ParallelSpec (for a Decision of a Python policy); cfg carries over."""
-    if not isinstance(spec, ParallelSpec):
-        raise InvalidUsage(f"gfdit: layout_of needs a gfdit.ParallelSpec, got {type(spec).__name__}")
-    return Layout(
-        ulysses=spec.ulysses,
-        ring=spec.ring,
-        mode=1 if spec.mode == "torus" else 0,
-        placement={v: k for k, v in _PLACEMENTS.items()}[spec.placement],
-        cfg=spec.cfg,
-    )
 
 
 @dataclasses.dataclass
@@ -200,10 +176,6 @@ def worker_devices(device: Any, world_size: int) -> list[str | None]:
     a bad value or a build without the CUDA transport is refused before any worker starts."""
     import os
 
-    import torch
-
-    from gfdit import comm
-
     if device is None:
         device = os.environ.get("GFDIT_DEVICE") or None
     if isinstance(device, (list, tuple)):
@@ -214,7 +186,7 @@ def worker_devices(device: Any, world_size: int) -> list[str | None]:
         specs = list(device)
     else:
         specs = [device] * world_size
-    parsed = [comm.parse_device(spec) for spec in specs]
+    parsed = [parse_device(spec) for spec in specs]
     if len({p is None for p in parsed}) > 1:
         raise InvalidUsage(f"gfdit.Engine: device {device!r} puts some workers on the CPU and some on GPUs")
     out: list[Any] = []
@@ -222,7 +194,7 @@ def worker_devices(device: Any, world_size: int) -> list[str | None]:
         if p is None:
             out.append(None)
             continue
-        comm.resolve_device(spec, w, "gfdit.Engine device")  # the transport, CUDA and the index
+        resolve_device(spec, w, "gfdit.Engine device")  # the transport, CUDA and the index
         # "cuda": worker w on w modulo the visible devices (not LOCAL_RANK: the workers are this engine's)
         index = w % torch.cuda.device_count() if p == "cuda" else int(p)
         out.append(f"cuda:{index}")
@@ -241,7 +213,7 @@ class Engine:
     device: where the workers run (default: the ``GFDIT_DEVICE`` environment variable, else the CPU): None or
     "cpu"; "cuda" (worker w on ``gfdit.comm.default_device(w)``: w modulo the visible devices); "cuda:N" or N
     (every worker on device N); or a list with one device per worker. Each worker then joins the world with
-    its device and holds the model and its states there (see gfdit.worker). Use as a context manager or call
+    its device and holds the model and its states there (see gfdit.serving.worker). Use as a context manager or call
     shutdown().
     """
 
@@ -290,7 +262,6 @@ class Engine:
             "127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
         )
         ctx = mp.get_context("spawn")
-        from gfdit import worker
 
         self._procs = []
         for w in range(world_size):
@@ -542,7 +513,7 @@ class Engine:
                 ranks=list(s.ranks),
                 ulysses=s.layout.ulysses,
                 ring=s.layout.ring,
-                mode="torus" if s.layout.mode == 1 else "usp",
+                mode=ParallelSpec.of(s.layout).mode,
                 cfg=s.layout.cfg,
                 step_begin=s.step_begin,
                 num_steps=s.num_steps,

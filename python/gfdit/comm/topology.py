@@ -57,7 +57,7 @@ class Topology:
     def from_env(cls, world_size: int | None = None) -> Topology:
         """From ``GFDIT_NODE_IDS``; all ranks on one node when it is unset or empty."""
         if world_size is None:
-            from gfdit.comm import get_world_size
+            from gfdit.comm.world import get_world_size
 
             world_size = get_world_size()
         text = os.environ.get(NODE_IDS_ENV, "").strip()

@@ -23,6 +23,7 @@ from typing import Any
 
 from gfdit._C import InvalidUsage
 from gfdit._errors import user_message
+from gfdit.stats import mean, percentile
 
 # field -> (accepted Python types, required)
 _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
@@ -209,18 +210,6 @@ class Interval:
     end_s: float
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) by linear interpolation between the closest ranks: the sorted values
-    sit at positions 0 .. n-1 and the percentile is read at position q/100 * (n-1) (numpy's default)."""
-    if not values:
-        raise ValueError("percentile of no values")
-    xs = sorted(values)
-    pos = q / 100.0 * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 SUMMARY_KEYS = (
     "policy",
     "num_requests",
@@ -237,7 +226,7 @@ def summarize(policy: str, outcomes: Sequence[Outcome], busy_rank_s: float, num_
     """The metrics of a replay.
 
     latency: finish - arrival of each completed request; mean and percentiles (p50, p99, by linear
-    interpolation between closest ranks, see ``percentile``) over them, None when none completed.
+    interpolation between closest ranks, ``gfdit.stats``) over them, None when none completed.
     The span of the replay runs from the first arrival to the last finish (over completed requests);
     throughput = completed / span; utilization = busy_rank_s / (num_ranks * span); both None without a
     span (nothing completed, or a single instantaneous request).
@@ -252,7 +241,7 @@ def summarize(policy: str, outcomes: Sequence[Outcome], busy_rank_s: float, num_
         "policy": policy,
         "num_requests": len(outcomes),
         "throughput_rps": len(latencies) / span if span > 0 else None,
-        "mean_latency_s": sum(latencies) / len(latencies) if latencies else None,
+        "mean_latency_s": mean(latencies) if latencies else None,
         "p50_latency_s": percentile(latencies, 50) if latencies else None,
         "p99_latency_s": percentile(latencies, 99) if latencies else None,
         "slo_attainment": (

@@ -26,7 +26,7 @@ Workloads: ``image`` (image requests), ``video`` (video requests), ``mixed`` (ea
 probability ``video_share``, default 0.3, else an image). The simulator and the engine serve one model per
 run, so a ``mixed`` trace is one model by default: a video model (``wan2.2``) serving one-frame images and
 videos. ``--video-model`` different from ``--model`` gives a two-model trace instead (images of ``--model``,
-videos of ``--video-model``), which ``gfdit.trace.load_trace`` reads but a single-model replay refuses.
+videos of ``--video-model``), which ``gfdit.planning.trace.load_trace`` reads but a single-model replay refuses.
 
 Arrivals at mean rate ``rate`` (requests/s) over ``duration_s`` seconds:
 
@@ -38,7 +38,7 @@ Arrivals at mean rate ``rate`` (requests/s) over ``duration_s`` seconds:
 
 Deadlines: ``deadline_s = arrival_s + slo_scale x`` the request's latency alone on the cluster at the best
 static degree for its shape, where the latency at degree d is encode + steps x step(d) + decode from the
-cost model the simulator uses (``gfdit.cost.cost_model``: analytic on the cluster, or the profile's), the
+cost model the simulator uses (``gfdit.planning.cost.cost_model``: analytic on the cluster, or the profile's), the
 layout Ulysses x d with the guidance passes in turn, and d ranges over the divisors of the cluster's rank
 count (the group sizes ``static:d`` tiles it with) up to the model's largest Ulysses degree (its head count,
 at most 64). One-off group formation is left out.
@@ -59,7 +59,7 @@ import numpy as np
 
 from gfdit._C import InvalidUsage
 from gfdit._errors import user_message
-from gfdit.trace import TraceRequest, write_trace
+from gfdit.planning.trace import TraceRequest, write_trace
 
 WORKLOADS = ("image", "video", "mixed")
 ARRIVALS = ("poisson", "bursty", "onoff")
@@ -118,10 +118,10 @@ class Pricer:
     """Alone latencies of request shapes on one cluster, from the cost models the simulator uses.
 
     ``cluster``: a cluster name (``cpu`` needs ``profile``, whose world size gives its rank count).
-    ``profile``: a path or a ``gfdit.cost.Profile``; its model must be every priced model."""
+    ``profile``: a path or a ``gfdit.planning.cost.Profile``; its model must be every priced model."""
 
     def __init__(self, cluster: str = "h20x8", profile: Any = None) -> None:
-        from gfdit import cost
+        from gfdit.planning import cost
 
         self._prof = None
         if profile is not None:
@@ -138,7 +138,7 @@ class Pricer:
 
     def cost_model(self, model: str) -> Any:
         """The cost model of ``model`` on this cluster (the profile's when there is one)."""
-        from gfdit import cost
+        from gfdit.planning import cost
 
         if model not in self._models:
             self._models[model] = cost.cost_model(model, self.cluster, profile=self._prof)
@@ -146,7 +146,7 @@ class Pricer:
 
     def degrees(self, model: str) -> list[int]:
         """Degrees that divide the cluster's rank count, up to the model's largest Ulysses degree."""
-        from gfdit import cost
+        from gfdit.planning import cost
 
         ranks = int(self.cluster.num_ranks)
         limit = min(ranks, max_ulysses_degree(int(cost.model_arch(model).heads)))
@@ -157,7 +157,7 @@ class Pricer:
     ) -> float:
         """encode + steps x step + decode of one request alone on a ``static:degree`` group (Ulysses x degree,
         on contiguous ranks). Raises InvalidUsage when the cost model cannot price it (a profile's gaps)."""
-        from gfdit import cost
+        from gfdit.planning import cost
 
         cm = self.cost_model(model)
         guidance = float(cost.model_arch(model).default_guidance)
@@ -199,7 +199,7 @@ class Pricer:
     def rank_seconds(self, model: str, height: int, width: int, num_frames: int, num_steps: int) -> float:
         """The least rank-seconds the request occupies on any static degree: degree x (encode + steps x
         step) + decode (which runs on one rank)."""
-        from gfdit import cost
+        from gfdit.planning import cost
 
         best = math.inf
         for d in self.degrees(model):
@@ -264,7 +264,7 @@ def fit_menu(
     """The cross product of a size, frame and step menu, fitted to ``model`` (see the module's docstring):
     sizes on the model's stride, scaled down together until every shape passes the request check; with a
     pricer, shapes it cannot price are dropped. InvalidUsage when nothing is left."""
-    from gfdit import cost
+    from gfdit.planning import cost
 
     arch = cost.model_arch(model)
     m = int(arch.spatial_multiple())
@@ -300,7 +300,7 @@ def fit_menu(
 
 def _resolve_models(workload: str, model: str | None, video_model: str | None) -> tuple[str, str | None]:
     """(model of the image requests, model of the video requests or None) of a workload."""
-    from gfdit import cost
+    from gfdit.planning import cost
 
     if workload not in WORKLOADS:
         raise InvalidUsage(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)}")
@@ -326,7 +326,7 @@ def workload_menus(
     pricer: Pricer | None = None,
 ) -> list[tuple[float, list[Shape]]]:
     """The workload's menus as (share of requests, fitted menu): images and/or videos."""
-    from gfdit import cost
+    from gfdit.planning import cost
 
     image_model, vid_model = _resolve_models(workload, model, video_model)
     if not 0.0 <= video_share <= 1.0:

@@ -9,23 +9,23 @@ import sys
 
 # subcommand -> (module, help). A module provides add_arguments(parser, command) and run(args, command) -> int.
 COMMANDS = {
-    "cost": ("gfdit.cost", "predicted stage times of one request (analytic cost model)"),
+    "cost": ("gfdit.planning.cost", "predicted stage times of one request (analytic cost model)"),
     "profile": (
-        "gfdit.profile",
+        "gfdit.tools.profile",
         "measure every stage on this machine and write a profile for the cost model",
     ),
     "trace": (
-        "gfdit.workload",
+        "gfdit.planning.workload",
         "generate a synthetic request trace (image, video or mixed; Poisson or bursty arrivals; deadlines)",
     ),
     "simulate": (
-        "gfdit.simulate",
+        "gfdit.planning.simulate",
         "replay a trace on the simulated cluster (the control plane on a virtual clock)",
     ),
-    "run-trace": ("gfdit.simulate", "replay a trace on the real engine in real time"),
-    "serve": ("gfdit.server", "serve a model over HTTP (OpenAI-compatible /v1/images/generations)"),
+    "run-trace": ("gfdit.tools.replay", "replay a trace on the real engine in real time"),
+    "serve": ("gfdit.serving.server.main", "serve a model over HTTP (OpenAI-compatible /v1/images/generations)"),
     "bench": (
-        "gfdit.loadgen",
+        "gfdit.tools.loadgen",
         "load a running server: replay a trace or Poisson arrivals (or a closed loop); latency, SLO, errors",
     ),
 }
@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         importlib.import_module(module).add_arguments(p, command)
     args = parser.parse_args(argv)
     if args.command == "info":
-        import gfdit
+        from gfdit._C import build_info
 
-        print(json.dumps(gfdit.build_info(), indent=2))
+        print(json.dumps(dict(build_info()), indent=2))
         return 0
     module = importlib.import_module(COMMANDS[args.command][0])
     return int(module.run(args, args.command) or 0)

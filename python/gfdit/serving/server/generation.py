@@ -1,0 +1,205 @@
+"""From an HTTP body to engine requests and back: reading and validating the body, the fields images and
+videos share, submitting to the engine, and awaiting results on the event loop without a waiting thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import re
+import secrets
+import time
+from concurrent.futures import CancelledError
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from gfdit._C import InvalidUsage
+from gfdit.serving.engine import Request as EngineRequest
+from gfdit.serving.server.errors import APIError, ClientDisconnected, EngineCancelled
+from gfdit.serving.server.schemas import GenerationRequest
+from gfdit.serving.server.state import ServerState
+
+_SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
+# Which request field an engine message is about (the engine names its own fields; "size" stands for both
+# height and width, "slo_ms" for the deadline).
+_PARAM_OF = (
+    ("num_inference_steps", "num_inference_steps"),
+    ("height", "size"),
+    ("width", "size"),
+    ("pixels", "size"),
+    ("tokens", "size"),
+    ("guidance_scale_2", "guidance_scale_2"),
+    ("guidance_scale", "guidance_scale"),
+    ("prompt", "prompt"),
+    ("seed", "seed"),
+    ("priority", "priority"),
+    ("deadline", "slo_ms"),
+)
+
+
+async def read_json(request: Request, max_body_bytes: int) -> dict:
+    """The body as a JSON object; 413 past max_body_bytes, 400 when it is not a JSON object."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_body_bytes:
+        raise APIError(413, f"request body of {length} bytes exceeds the limit of {max_body_bytes}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_body_bytes:
+            raise APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return data
+
+
+def parse(body_model: type[BaseModel], data: dict) -> Any:
+    """The body validated by its schema; the first bad field becomes a 400 naming it."""
+    try:
+        return body_model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise APIError(400, f"{param}: {first['msg']}", param=param) from None
+
+
+def check_common(server: ServerState, b: GenerationRequest) -> tuple[int, int, int]:
+    """Checks the fields images and videos share; returns (width, height, seed)."""
+    if b.model is not None and b.model != server.model:
+        raise APIError(
+            404,
+            f"the model {b.model!r} does not exist; served: {server.model!r}",
+            param="model",
+            code="model_not_found",
+        )
+    if not b.prompt.strip():
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    width, height = server.defaults["width"], server.defaults["height"]
+    stride = int(server.info["vae_stride_s"]) * int(server.info["patch_s"])
+    if b.size not in (None, "auto"):
+        m = _SIZE.match(b.size)
+        if m is None:
+            raise APIError(400, f"size {b.size!r} is not of the form 'WIDTHxHEIGHT'", param="size")
+        width, height = int(m.group(1)), int(m.group(2))
+        if width % stride or height % stride:
+            raise APIError(
+                400, f"size {b.size}: width and height must be multiples of {stride}", param="size"
+            )
+        max_pixels = server.engine.limits["max_pixels"]
+        if width * height > max_pixels:
+            raise APIError(400, f"size {b.size} has more than {max_pixels} pixels", param="size")
+    max_steps = server.engine.limits["max_steps"]
+    if b.num_inference_steps is not None and not 1 <= b.num_inference_steps <= max_steps:
+        raise APIError(
+            400,
+            f"num_inference_steps {b.num_inference_steps} is outside [1, {max_steps}]",
+            param="num_inference_steps",
+        )
+    if b.guidance_scale is not None and not (math.isfinite(b.guidance_scale) and b.guidance_scale >= 0):
+        raise APIError(400, "guidance_scale must be a finite number >= 0", param="guidance_scale")
+    if b.guidance_scale_2 is not None and not (math.isfinite(b.guidance_scale_2) and b.guidance_scale_2 >= 0):
+        raise APIError(400, "guidance_scale_2 must be a finite number >= 0", param="guidance_scale_2")
+    if b.slo_ms is not None and not (math.isfinite(b.slo_ms) and b.slo_ms > 0):
+        raise APIError(400, "slo_ms must be a positive number", param="slo_ms")
+    if b.seed is not None and not 0 <= b.seed < 2**63:
+        raise APIError(400, "seed must be in [0, 2^63)", param="seed")
+    if not -(2**31) <= b.priority < 2**31:
+        raise APIError(400, "priority must be a 32-bit integer", param="priority")
+    return width, height, secrets.randbits(31) if b.seed is None else b.seed
+
+
+def engine_request(
+    b: GenerationRequest, width: int, height: int, num_frames: int, seed: int
+) -> EngineRequest:
+    return EngineRequest(
+        prompt=b.prompt,
+        negative_prompt=b.negative_prompt,
+        height=height,
+        width=width,
+        num_frames=num_frames,
+        num_inference_steps=b.num_inference_steps,
+        guidance_scale=b.guidance_scale,
+        guidance_scale_2=b.guidance_scale_2,
+        seed=seed % 2**63,
+        deadline_s=None if b.slo_ms is None else b.slo_ms / 1000.0,
+        priority=b.priority,
+    )
+
+
+def _param_of(message: str) -> str | None:
+    for word, param in _PARAM_OF:
+        if word in message:
+            return param
+    return None
+
+
+def submit(server: ServerState, reqs: list[EngineRequest]) -> list[Any]:
+    """Submits to the engine (returns at once); a refusal becomes a 400 naming the field."""
+    handles = []
+    try:
+        for r in reqs:
+            handles.append(server.engine.submit(r))
+    except InvalidUsage as e:
+        for h in handles:
+            h.cancel()
+        msg = str(e).removeprefix("gfdit.Request: ")
+        param = _param_of(msg)
+        if msg.startswith("prompt and negative_prompt"):  # too long together: name the longer
+            r0 = reqs[0]
+            param = "prompt" if len(r0.prompt) >= len(r0.negative_prompt or "") else "negative_prompt"
+        raise APIError(400, msg, param=param) from None
+    server.live.track(handles)
+    return handles
+
+
+def _settle(fut: asyncio.Future, handle: Any, arrived: float) -> None:
+    """Gives ``fut`` the ended handle's (result, arrival time), or its error (on the event loop)."""
+    if fut.done():  # the waiting request was cancelled
+        return
+    try:
+        fut.set_result((handle.result(timeout=0), arrived))
+    except CancelledError as e:
+        fut.set_exception(EngineCancelled(str(e) or "cancelled"))
+    except Exception as e:
+        fut.set_exception(e)
+
+
+def result_of(handle: Any) -> asyncio.Future:
+    """A future of the handle's (result, monotonic time it arrived), settled on the running loop.
+
+    The engine's result thread hands the handle over with call_soon_threadsafe: no thread waits for it, and
+    the answer costs one wake-up of the loop after the engine's result."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def done(h: Any) -> None:
+        arrived = time.monotonic()
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_settle, fut, h, arrived)
+
+    handle.add_done_callback(done)
+    return fut
+
+
+async def until_disconnect(request: Request, work: Any) -> Any:
+    """Awaits ``work`` unless the client disconnects first (then raises ClientDisconnected).
+
+    The body has been read, so the next ASGI message can only be ``http.disconnect``: waiting for it
+    costs nothing while the work runs, and the caller cancels the engine requests when it comes.
+    """
+    work = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(request.receive())
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done() and gone.done() and gone.result().get("type") == "http.disconnect":
+            work.cancel()
+            raise ClientDisconnected()
+        return await work
+    finally:
+        gone.cancel()

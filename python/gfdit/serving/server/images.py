@@ -1,0 +1,106 @@
+"""``POST /v1/images/generations``: OpenAI's images API (model, prompt, n, size "WxH", response_format
+"b64_json" (PNG), user) plus gfdit's fields. A client that disconnects cancels its requests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from gfdit.serving.engine import RequestFailed
+from gfdit.serving.server import generation as gen
+from gfdit.serving.server.encoding import png_b64
+from gfdit.serving.server.errors import APIError, ClientDisconnected, EngineCancelled, error_body
+from gfdit.serving.server.schemas import ErrorResponse, ImageGenerationRequest, ImagesResponse
+from gfdit.serving.server.state import ServerState, state_of
+
+router = APIRouter()
+
+
+def to_engine_requests(server: ServerState, b: ImageGenerationRequest) -> list:
+    n = 1 if b.n is None else b.n
+    if not 1 <= n <= server.max_n:
+        raise APIError(400, f"n {n} is outside [1, {server.max_n}]", param="n")
+    if b.stream:
+        raise APIError(400, "streaming is not supported", param="stream")
+    if b.output_format not in (None, "png"):
+        raise APIError(
+            400, f"output_format {b.output_format!r} is not supported; use 'png'", param="output_format"
+        )
+    if b.response_format not in (None, "b64_json"):
+        raise APIError(
+            400,
+            f"response_format {b.response_format!r} is not supported; use 'b64_json'",
+            param="response_format",
+        )
+    width, height, seed = gen.check_common(server, b)
+    return [gen.engine_request(b, width, height, 1, seed + i) for i in range(n)]
+
+
+@router.post(
+    "/v1/images/generations",
+    response_model=ImagesResponse,
+    responses={400: {"model": ErrorResponse}, 429: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+)
+async def generate_images(request: Request) -> JSONResponse:
+    """Generates ``n`` images; the answer carries ``Server-Timing``: ``engine`` (from submit to the engine's
+    result), ``encode`` (PNG) and ``total`` (the server's whole handling), in milliseconds."""
+    server = state_of(request)
+    t0 = time.monotonic()
+    try:
+        response = await _generate(server, request, t0)
+    except BaseException as e:
+        server.metrics.count_error("image", e)
+        raise
+    if response.status_code == 200:
+        server.metrics.latency.labels("image").observe(time.monotonic() - t0)
+        server.metrics.requests.labels("image", "ok").inc()
+    else:
+        server.metrics.requests.labels("image", "disconnected").inc()
+    return response
+
+
+async def _generate(server: ServerState, request: Request, t0: float) -> JSONResponse:
+    server.check_key(request)
+    body = gen.parse(ImageGenerationRequest, await gen.read_json(request, server.max_body_bytes))
+    reqs = to_engine_requests(server, body)
+    server.admission.admit(len(reqs))
+    handles = []
+    try:
+        t_submit = time.monotonic()
+        handles = gen.submit(server, reqs)
+        try:
+            answers = await gen.until_disconnect(
+                request, asyncio.gather(*(gen.result_of(h) for h in handles))
+            )
+        except RequestFailed as e:
+            raise APIError(500, str(e), type="server_error", code="generation_failed") from None
+        except EngineCancelled as e:
+            raise APIError(503, str(e), type="server_error", code="cancelled") from None
+        t_results = max(t for _, t in answers)
+        results = [r for r, _ in answers]
+        server.admission.finished(len(results))
+        slo_s = reqs[0].deadline_s
+        for r in results:
+            server.metrics.observe(r, slo_s, "image")
+            server.live.record(r)
+        data = await asyncio.gather(*(server.encoders.run(png_b64, r.output) for r in results))
+        t_encoded = time.monotonic()
+    except BaseException as e:
+        for h in handles:
+            h.cancel()
+        if isinstance(e, ClientDisconnected):
+            # nobody reads this answer; 499 is the usual record of a client that closed first
+            return JSONResponse(
+                error_body("client disconnected", param=None, type="cancelled", code=None), 499
+            )
+        raise
+    finally:
+        server.admission.release(len(reqs))
+    timing = {"engine": t_results - t_submit, "encode": t_encoded - t_results, "total": time.monotonic() - t0}
+    return JSONResponse(
+        {"created": int(time.time()), "data": [{"b64_json": d} for d in data]},
+        headers={"Server-Timing": ", ".join(f"{k};dur={v * 1000:.3f}" for k, v in timing.items())},
+    )

@@ -1,0 +1,169 @@
+"""``gfdit serve``: starts an engine and serves it with uvicorn; ``serving`` embeds a server on a thread (tests,
+benchmarks). Nothing here imports FastAPI or uvicorn until it serves, so the ``gfdit`` command's other
+subcommands work without the serving dependencies."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import threading
+import time
+from typing import Any
+
+from gfdit.serving.server import defaults
+
+
+@contextlib.contextmanager
+def serving(app: Any, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0) -> Any:
+    """Serves ``app`` with uvicorn on a thread of this process (port 0: a free one); yields its URL.
+
+    For embedding a server beside an engine, tests and benchmarks. The socket is made as TCP explicitly:
+    asyncio turns Nagle's algorithm off only on sockets whose protocol is IPPROTO_TCP, and without that a
+    reply's body waits for the client's delayed ACK of its headers (40 ms on Linux) on a kept-alive
+    connection.
+    """
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gfdit-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        if not server.started:
+            raise RuntimeError(
+                f"gfdit.serving.server.serving: the server did not start within {start_timeout_s} s"
+            )
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument(
+        "--model", default="tiny-qwen-image", help="tiny-wan, tiny-qwen-image, wan2.2, wan2.1, qwen-image"
+    )
+    p.add_argument("--path", default=None, help="local folder with the model's weights (real models)")
+    p.add_argument("--world-size", type=int, default=2, help="worker processes (ranks)")
+    p.add_argument("--policy", default="fcfs", help="fcfs, srtf, edf, priority, static:D")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="a profile of this model on this machine (gfdit profile): the policies' cost model",
+    )
+    p.add_argument(
+        "--cluster",
+        default="cpu",
+        help="without --profile, the policies' cost model is the analytic one of this cluster (cpu, h20x8, "
+        "h200x8, ...; 'none': none, and the policies cannot tell whether more ranks help)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=defaults.MAX_QUEUE,
+        help="generations (images and video jobs) outstanding before 429",
+    )
+    p.add_argument(
+        "--job-ttl-s", type=float, default=defaults.JOB_TTL_S, help="how long a finished video job is kept"
+    )
+    p.add_argument(
+        "--max-video-mb",
+        type=float,
+        default=defaults.MAX_VIDEO_BYTES / 2**20,
+        help="MP4s of finished video jobs kept in memory at most; past it the oldest jobs are forgotten",
+    )
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds to let requests in flight finish before they are cancelled",
+    )
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    import uvicorn
+
+    from gfdit._C import Error
+    from gfdit.planning.cost import cost_model as make_cost_model
+    from gfdit.serving.engine import Engine
+    from gfdit.serving.server.app import create_app
+
+    if args.max_queue < 1:
+        print("gfdit serve: --max-queue must be >= 1", file=sys.stderr)
+        return 2
+    if not (args.job_ttl_s > 0 and args.max_video_mb >= 0):
+        print("gfdit serve: --job-ttl-s must be > 0 and --max-video-mb >= 0", file=sys.stderr)
+        return 2
+    try:
+        cost_model = None
+        if args.profile is not None:
+            cost_model = make_cost_model(args.model, profile=args.profile)
+        elif args.cluster != "none":
+            cost_model = make_cost_model(args.model, args.cluster)
+        engine = Engine(
+            model=args.model,
+            model_path=args.path,
+            world_size=args.world_size,
+            policy=args.policy,
+            cost_model=cost_model,
+        )
+    except (Error, RuntimeError, ValueError, OSError) as e:
+        print(f"gfdit serve: {e}", file=sys.stderr)
+        return 2
+    with engine:
+        app = create_app(
+            engine,
+            model=args.model,
+            api_key=args.api_key,
+            max_queue=args.max_queue,
+            job_ttl_s=args.job_ttl_s,
+            max_video_bytes=int(args.max_video_mb * 2**20),
+        )
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info",
+            timeout_graceful_shutdown=max(0.0, args.grace_s),
+        )
+        _draining_server_class()(config).run()
+    return 0
+
+
+def _draining_server_class() -> type:
+    """uvicorn's server, except that a SIGTERM or SIGINT is not raised again once serving ends.
+
+    On the signal uvicorn stops accepting and waits for requests in flight up to the grace period; then ``run``
+    returns, and the engine's shutdown cancels what is left and stops every worker (re-raising the signal, as
+    uvicorn does, would kill the process before that). Built lazily: uvicorn is a serving dependency.
+    """
+    import signal
+
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return DrainingServer

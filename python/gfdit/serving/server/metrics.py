@@ -1,0 +1,88 @@
+"""The server's Prometheus metrics (``GET /metrics``), in a registry of its own (one per app)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gfdit.serving.server.admission import Admission
+
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    """Requests by kind and outcome, latencies, stage times, SLO results, busy seconds per rank, and gauges
+    read from the engine when scraped."""
+
+    def __init__(self, engine: Any, admission: Admission) -> None:
+        self.registry = r = CollectorRegistry()
+        self._engine = engine
+        states = Gauge("gfdit_requests_in_engine", "engine requests by state", ["state"], registry=r)
+        for state in ("QUEUED", "RUNNING"):
+            states.labels(state).set_function(lambda s=state: self._count(s))
+        Gauge("gfdit_outstanding_images", "images accepted and not yet answered", registry=r).set_function(
+            lambda: admission.pending
+        )
+        self.requests = Counter(
+            "gfdit_http_requests",
+            "generation requests (images: one per HTTP request; videos: one per job) by kind and outcome",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "gfdit_request_latency_seconds",
+            "end-to-end latency of a generation as the server saw it (videos: until the MP4 is ready)",
+            ["kind"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "gfdit_stage_seconds",
+            "time of one stage task on its ranks (denoise: per step)",
+            ["stage"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.slo = Counter(
+            "gfdit_slo_requests",
+            "generations with slo_ms by whether they met it",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.busy = Counter(
+            "gfdit_rank_busy_seconds", "seconds each rank spent running tasks", ["rank"], registry=r
+        )
+        for w in range(len(engine.alive_workers())):
+            self.busy.labels(str(w))
+        self.regroups = Gauge(
+            "gfdit_regroups", "regroupings by the control plane so far (use rate())", registry=r
+        )
+        self.regroups.set_function(lambda: engine.stats().get("regroups", 0))
+
+    def _count(self, state: str) -> int:
+        states = self._engine.requests().values()
+        if state == "QUEUED":
+            return sum(1 for s in states if s == "QUEUED")
+        return sum(1 for s in states if s != "QUEUED")
+
+    def observe(self, result: Any, slo_s: float | None, kind: str) -> None:
+        """Stage times, busy seconds and the SLO result of a finished request."""
+        for st in result.timeline:
+            if st.start_ns and st.end_ns > st.start_ns:
+                dt = (st.end_ns - st.start_ns) / 1e9
+                self.stage.labels(st.kind).observe(dt / max(1, st.num_steps))
+                for rank in st.ranks:
+                    self.busy.labels(str(rank)).inc(dt)
+        if slo_s is not None and result.transitions:
+            e2e = (result.transitions[-1][2] - result.transitions[0][2]) / 1e9
+            self.slo.labels(kind, "met" if e2e <= slo_s else "missed").inc()
+
+    def count_error(self, kind: str, e: BaseException) -> None:
+        """Counts a generation that ended in an error answer (or an exception) by its code."""
+        from gfdit.serving.server.errors import APIError
+
+        if isinstance(e, APIError):
+            self.requests.labels(kind, e.code or ("bad_request" if e.status < 500 else "server_error")).inc()
+        else:
+            self.requests.labels(kind, "server_error").inc()

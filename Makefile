@@ -19,7 +19,7 @@ TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3 mypy==1.20.2 p
 SERVE_DEPS := fastapi==0.163.2 uvicorn==0.54.0 pillow==13.0.0 prometheus-client==0.26.0 av==18.1.0 httpx==0.28.1 tqdm==4.70.1 openai==3.51.0
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
-.PHONY: serve build venv system-deps python-package cpp nvshmem test test-cpp test-python bench experiments lint format clean
+.PHONY: serve build venv system-deps python-package cpp nvshmem test test-cpp test-python bench experiments lint format stubs clean
 
 build: python-package cpp
 
@@ -81,9 +81,22 @@ test-cpp:
 test-python:
 	$(PY) -m pytest tests/python -q
 
-lint: venv
+# The checked-in type stubs of the extension (python/gfdit/_C/*.pyi), as pybind11-stubgen writes them from the
+# built module and ruff formats them; `make lint` fails when they no longer match the bindings.
+STUBGEN = $(VENV)/bin/pybind11-stubgen gfdit._C --enum-class-locations LayoutMode:gfdit._C.runtime \
+  --enum-class-locations Placement:gfdit._C.runtime --enum-class-locations LayoutFamily:gfdit._C.runtime \
+  --enum-class-locations Stage:gfdit._C.cost
+
+stubs: python-package
+	rm -rf build/stubs && $(STUBGEN) -o build/stubs && $(VENV)/bin/ruff format -q build/stubs
+	rm -rf python/gfdit/_C && cp -r build/stubs/gfdit/_C python/gfdit/_C
+
+lint: python-package
 	$(VENV)/bin/ruff check python tests bench examples
 	$(VENV)/bin/ruff format --check python tests bench examples
+	rm -rf build/stubs-check && $(STUBGEN) -o build/stubs-check >/dev/null && $(VENV)/bin/ruff format -q build/stubs-check
+	diff -r build/stubs-check/gfdit/_C python/gfdit/_C || { echo "the stubs of gfdit._C are stale: make stubs"; exit 1; }
+	$(VENV)/bin/mypy
 	$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
 
 format: venv

@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _common as C  # noqa: E402
+from gfdit.planning import cost  # noqa: E402
 from gfdit.planning.simulate import simulate_trace  # noqa: E402
 from gfdit.planning.trace import TraceRequest, write_trace  # noqa: E402
 from gfdit.tools import profile as gprofile  # noqa: E402
@@ -58,9 +59,8 @@ def compare(policies: list[str], world_size: int, n: int, rate: float, workdir: 
     t0 = time.perf_counter()
     prof = gprofile.measure("tiny-wan", world_size, shapes=[VIDEO[:3], IMAGE[:3]], steps=4, repeats=5)
     profile_path = os.path.join(workdir, "profile.json")
-    with open(profile_path, "w") as f:
-        json.dump(prof, f)
-    log(f"profiled in {time.perf_counter() - t0:.0f} s ({len(prof['entries'])} entries)")
+    cost.write_profile(profile_path, prof)
+    log(f"profiled in {time.perf_counter() - t0:.0f} s ({len(prof.entries)} entries)")
     trace = make_trace(n, rate)
     write_trace(os.path.join(workdir, "trace.jsonl"), trace)
     out = {}

@@ -44,7 +44,7 @@ def main() -> int:
     n = 2000 if args.quick else args.requests
     cluster = cost_c.cluster("h20x8")
     model = cost.cost_model("qwen-image", "h20x8")
-    one = model.seconds(cost_c.Stage.STEP, 1024, 1024, 1, guidance_scale=4.0)
+    one = model.seconds(cost_c.Stage.DENOISE, 1024, 1024, 1, guidance_scale=4.0)
     capacity = 8 / (50 * one)  # requests per second the cluster sustains at degree 1
     reqs = trace(n, 0.9 * capacity)
     rows, results, targets = [], {}, []

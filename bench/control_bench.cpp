@@ -7,7 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "gfdit/clock.h"
 #include "gfdit/control.h"
+#include "gfdit/cost.h"
+#include "gfdit/executor.h"
+#include "gfdit/messages.h"
+#include "gfdit/policy.h"
+#include "gfdit/request.h"
 
 using namespace gfdit;
 using namespace gfdit::runtime;

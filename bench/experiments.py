@@ -45,9 +45,7 @@ from typing import Any
 
 import numpy as np
 from gfdit._C import Error as GfditError
-from gfdit._C import InvalidUsage
 from gfdit._C import runtime as rt
-from gfdit._errors import user_message
 from gfdit.planning import simulate, workload
 from gfdit.planning.trace import Outcome, TraceRequest, summarize
 
@@ -144,8 +142,6 @@ class Lab:
         self._capacity: dict[tuple[Any, ...], float] = {}
         self._traces: dict[tuple[Any, ...], list[TraceRequest]] = {}
         self._points: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self._policy_ok: dict[str, bool] = {}
-        self._option_ok: dict[str, bool] = {}
         self.num_runs = 0
         self.sim_wall_s = 0.0
         self.real_runs = 0
@@ -159,36 +155,6 @@ class Lab:
         if cluster not in self._pricers:
             self._pricers[cluster] = workload.Pricer(cluster)
         return self._pricers[cluster]
-
-    def policies(self, names: Sequence[str]) -> list[str]:
-        """The names the runtime builds; the others are skipped with a note."""
-        out = []
-        for name in names:
-            if name not in self._policy_ok:
-                try:
-                    rt.make_policy(name)
-                    self._policy_ok[name] = True
-                except InvalidUsage as e:
-                    self._policy_ok[name] = False
-                    print(f"note: policy {name!r} skipped: not in this build ({user_message(e)})", flush=True)
-            if self._policy_ok[name]:
-                out.append(name)
-        return out
-
-    def has_sim_option(self, option: str, value: Any) -> bool:
-        """Whether the simulator takes ``option`` (probed once); a note when it does not."""
-        if option not in self._option_ok:
-            from gfdit.planning import cost
-
-            try:
-                rt.Simulator(
-                    cost.cost_model("qwen-image", "h20x8"), cost.cluster("h20x8"), "fcfs", **{option: value}
-                )
-                self._option_ok[option] = True
-            except TypeError:
-                self._option_ok[option] = False
-                self.note(f"the simulator has no option {option!r} in this build: runs go without it")
-        return self._option_ok[option]
 
     def capacity(self, sc: Scenario) -> float:
         """Requests/s the cluster completes with every rank busy at each request's most efficient degree."""
@@ -248,8 +214,8 @@ class Lab:
         try:
             replay = simulate.simulate_trace(reqs, model=sc.model, cluster=sc.cluster, policy=policy, **sim)
         except GfditError as e:  # refused, or failed inside the runtime: recorded, the sweep goes on
-            point = {"load": load, "rate_rps": load * self.capacity(sc), "error": user_message(e)}
-            self.note(f"{sc.name}: {policy} failed at load {load:g}: {user_message(e)}")
+            point = {"load": load, "rate_rps": load * self.capacity(sc), "error": e.message}
+            self.note(f"{sc.name}: {policy} failed at load {load:g}: {e.message}")
         else:
             point = replay.summary()
             point.update(
@@ -496,7 +462,7 @@ def rel(lab: Lab, path: str) -> str:
 # ------------------------------------------------------------------------------------------------ sections
 def main_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     """Images and videos, steady and bursty, on h20x8: every policy across the load grid."""
-    static, dynamic = lab.policies(STATIC), lab.policies(DYNAMIC)
+    static, dynamic = list(STATIC), list(DYNAMIC)
     policies = static + dynamic
     loads = LOADS[::2] + LOADS[-1:] if lab.quick else LOADS
     md, data, figs = [], {}, []
@@ -630,28 +596,23 @@ def headline_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     ]
     # EDF where the best static meets fewer than 10% of deadlines (the target is stated for bursty video)
     edf_rows, edf = [], {}
-    if "edf" in lab.policies(["edf"]):
-        for name, d in data.items():
-            for i, row in enumerate(d["compare"]["per_load"]):
-                s = row["static_slo"][1]
-                if s is not None and s < TARGETS["static_fails_below"]:
-                    e = d["points"]["edf"][i].get("slo_attainment")
-                    edf.setdefault(name, []).append({"load": row["load"], "best_static_slo": s, "edf_slo": e})
-                    met = _ge(e, TARGETS["edf_slo_where_static_fails"])
-                    edf_rows.append([name, f"{row['load']:g}", fmt(s, "pct"), _met(fmt(e, "pct"), met)])
-        md.append(
-            "\nEDF's SLO attainment where the best static degree meets fewer than 10% of the deadlines "
-            "(target >= 88%, stated for bursty video):\n\n"
-            + (
-                table(["scenario", "load", "best static SLO", "edf SLO"], edf_rows)
-                if edf_rows
-                else "No load of the grid has the best static degree below 10%."
-            )
+    for name, d in data.items():
+        for i, row in enumerate(d["compare"]["per_load"]):
+            s = row["static_slo"][1]
+            if s is not None and s < TARGETS["static_fails_below"]:
+                e = d["points"]["edf"][i].get("slo_attainment")
+                edf.setdefault(name, []).append({"load": row["load"], "best_static_slo": s, "edf_slo": e})
+                met = _ge(e, TARGETS["edf_slo_where_static_fails"])
+                edf_rows.append([name, f"{row['load']:g}", fmt(s, "pct"), _met(fmt(e, "pct"), met)])
+    md.append(
+        "\nEDF's SLO attainment where the best static degree meets fewer than 10% of the deadlines "
+        "(target >= 88%, stated for bursty video):\n\n"
+        + (
+            table(["scenario", "load", "best static SLO", "edf SLO"], edf_rows)
+            if edf_rows
+            else "No load of the grid has the best static degree below 10%."
         )
-    else:
-        md.append(
-            "\nEDF is not built in yet: its target (>= 88% SLO where the best static has < 10%) is not measured."
-        )
+    )
     out["edf_where_static_fails"] = edf
     md.append(
         "\nEach side is the best policy of its kind at each load on that metric (the static baseline may pick a "
@@ -672,10 +633,10 @@ def _met(text: str, met: bool) -> str:
 
 def regroup_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     """The main sweeps with the group-formation cost of NCCL, of GF-DiT's collectives, and gfdit's own."""
-    static, dynamic = lab.policies(STATIC), lab.policies(DYNAMIC)
+    static, dynamic = list(STATIC), list(DYNAMIC)
     policies = static + dynamic
     loads = LOADS[::2] + LOADS[-1:] if lab.quick else LOADS
-    every = lab.has_sim_option("regroup_every_change", True)
+    every = True  # charge the group-formation cost at every change of a group
     rows, data = [], {}
     scenarios = [sc for sc in SCENARIOS if sc.name in REGROUP_SCENARIOS]
     fig, axes = _figure(1, len(scenarios), (4.2 * len(scenarios), 4.2))
@@ -784,8 +745,12 @@ def layout_steps(sc: Scenario) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"frames": frames, "degree": degree, "nodes": nodes}
             for name, fam in families.items():
                 layout, step_s = rt.best_layout(cm, 720, 1280, frames, 40, 4.0, degree, nodes, fam)
-                mode = "torus" if layout.mode == 1 else "usp"
-                inside = {0: "", 1: ", ulysses inside", 2: ", ring inside"}[layout.placement]
+                mode = rt.layout_mode_name(layout.mode)
+                inside = {
+                    rt.Placement.AUTO: "",
+                    rt.Placement.ULYSSES_LOW: ", ulysses inside",
+                    rt.Placement.RING_LOW: ", ring inside",
+                }[layout.placement]
                 cfg = " cfg2" if layout.cfg == 2 else ""  # CFG-parallel: a guidance pass per half
                 row[name] = {
                     "step_s": step_s,
@@ -805,7 +770,7 @@ def layout_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     capacity = lab.capacity(sc)
     loads = (0.25, 0.5, 0.75, 1.0) if not lab.quick else (0.25, 0.75)
     variants = [f"{base}:layout={layout}" for base in DYNAMIC for layout in LAYOUTS]
-    policies = lab.policies(["static:4", "static:8"]) + lab.policies(DYNAMIC) + lab.policies(variants)
+    policies = list(["static:4", "static:8"]) + list(DYNAMIC) + list(variants)
     print(f"layouts: {sc.name} ({lab.requests_per_trace(sc)} requests per trace)", flush=True)
     sw = sweep(lab, sc, policies, loads)
     fig = plot_sweep(lab, sc, sw, policies, "layouts.png")
@@ -857,7 +822,7 @@ def priority_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     image_capacity = pricer.cluster.num_ranks / image_rank_s
     loads = (0.1, 0.25, 0.5) if not lab.quick else (0.25,)
     duration = 1.5 * video_alone
-    policies = lab.policies(["priority", "edf", "srtf", "fcfs", *STATIC])
+    policies = list(["priority", "edf", "srtf", "fcfs", *STATIC])
     if "priority" not in policies:
         lab.note("priority section: the `priority` policy is not built in, so no run preempts")
     rows, data = [], {}
@@ -992,7 +957,7 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
             SLO_SCALE,
         )
     )
-    dynamic = lab.policies(DYNAMIC)
+    dynamic = list(DYNAMIC)
     cells: dict[str, dict[str, Any]] = {}  # "trace @ world N" -> policy -> median summary (or error)
     kinds: dict[str, list[str]] = {}
     sizes: dict[str, int] = {}
@@ -1342,13 +1307,7 @@ def write_report(lab: Lab, sections: dict[str, Section], wall_s: float) -> tuple
         "## Method\n",
         method(lab),
     ]
-    missing = [n for n, built in lab._policy_ok.items() if not built]
     notes = list(lab.notes)
-    if missing:
-        notes.insert(
-            0,
-            f"policies not in this build, skipped (they join the tables by name once built in): {', '.join(missing)}",
-        )
     if notes:
         parts.append("Notes of this run:\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
     for key in [*REPORT_ORDER, *(k for k in sections if k not in REPORT_ORDER)]:
@@ -1375,7 +1334,6 @@ def write_report(lab: Lab, sections: dict[str, Section], wall_s: float) -> tuple
             "policies_built_in": list(rt.policy_names()),
         },
         "notes": lab.notes,
-        "policies_skipped": [n for n, built in lab._policy_ok.items() if not built],
         "sections": {k: s.data for k, s in sections.items()},
         "section_titles": {k: s.title for k, s in sections.items()},
         "carried_over": carried,

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 from gfdit._C import Error as GfditError
-from gfdit._errors import user_message
 from gfdit.planning import cost, simulate, workload
 from gfdit.planning.trace import TraceRequest
 from gfdit.tools import profile as gprofile
@@ -78,19 +77,20 @@ def profile_options() -> dict[str, Any]:
     }
 
 
-def get_profile(path: str, log: Callable[[str], None] = print) -> tuple[dict[str, Any], bool, float]:
+def get_profile(path: str, log: Callable[[str], None] = print) -> tuple[cost.Profile, bool, float]:
     """(profile, reused, seconds measuring): the profile at ``path`` when it was measured with this
-    module's options, else a new one measured now (``gfdit profile``'s ``measure``) and written there."""
+    module's options (its "measured_with"), else a new one measured now (``gfdit profile``'s ``measure``) and
+    written there."""
     opts = profile_options()
     if os.path.exists(path):
         try:
             with open(path, encoding="utf-8") as f:
-                old = json.load(f)
-            if old.get("measured_with") == opts:
-                cost.load_profile(path)  # still a valid profile
+                measured_with = json.load(f).get("measured_with")  # ours, beside the profile's fields
+            if measured_with == opts:
+                old = cost.load_profile(path)  # still a valid profile
                 log(f"real: reusing the profile {path} (same options)")
                 return old, True, 0.0
-        except (OSError, ValueError, GfditError):
+        except (OSError, ValueError, AttributeError, GfditError):
             pass
     log(f"real: profiling {MODEL} at world {PROFILE_WORLD} ({len(opts['shapes'])} shapes)")
     t0 = time.perf_counter()
@@ -103,47 +103,47 @@ def get_profile(path: str, log: Callable[[str], None] = print) -> tuple[dict[str
         log=lambda s: log(f"  {s}"),
     )
     took = time.perf_counter() - t0
-    prof["measured_with"] = opts
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(prof, f, indent=1)
-        f.write("\n")
+    cost.write_profile(path, prof, extra={"measured_with": opts})
     return prof, False, took
 
 
-def step_table(prof: dict[str, Any]) -> list[dict[str, Any]]:
+def step_table(prof: cost.Profile) -> list[dict[str, Any]]:
     """Per profiled size: a step on one rank, the fastest two-rank layout's, and their ratio (> 1: two ranks
     are faster), with the decode and the size's tokens."""
     return _step_rows(prof, profile_shapes())
 
 
-def _step_rows(prof: dict[str, Any], shapes: Sequence[tuple[int, int, int]]) -> list[dict[str, Any]]:
+def _step_rows(prof: cost.Profile, shapes: Sequence[tuple[int, int, int]]) -> list[dict[str, Any]]:
     facts = gprofile._ModelFacts(MODEL)
+    entries = list(prof.entries)
     rows = []
     for h, w, f in shapes:
         tokens = facts.tokens(h, w, f)
-        steps = [e for e in prof["entries"] if e["stage"] == "step" and e["tokens"] == tokens]
-        one = next((e["seconds"] for e in steps if e["degree"] == 1), None)
-        two = [e for e in steps if e["degree"] == 2]
-        best2 = min(two, key=lambda e: e["seconds"]) if two else None
+        steps = [e for e in entries if e.stage == cost.Stage.DENOISE and e.tokens == tokens]
+        one = next((e.seconds for e in steps if e.degree == 1), None)
+        two = [e for e in steps if e.degree == 2]
+        best2 = min(two, key=lambda e: e.seconds) if two else None
         decode = next(
-            (e["seconds"] for e in prof["entries"] if e["stage"] == "decode" and e["tokens"] == tokens), None
+            (e.seconds for e in entries if e.stage == cost.Stage.DECODE and e.tokens == tokens), None
         )
         rows.append(
             {
                 "shape": [h, w, f],
                 "tokens": tokens,
                 "step1_s": one,
-                "step2_s": best2["seconds"] if best2 else None,
-                "step2_layout": f"{best2['mode']} {best2['ulysses']}x{best2['ring']}" if best2 else None,
-                "gain": one / best2["seconds"] if one and best2 else None,
+                "step2_s": best2.seconds if best2 else None,
+                "step2_layout": (
+                    f"{cost.layout_mode_name(best2.mode)} {best2.ulysses}x{best2.ring}" if best2 else None
+                ),
+                "gain": one / best2.seconds if one and best2 else None,
                 "decode_s": decode,
             }
         )
     return rows
 
 
-def pick_large(prof: dict[str, Any]) -> tuple[tuple[int, int, int, int], dict[str, Any]]:
+def pick_large(prof: cost.Profile) -> tuple[tuple[int, int, int, int], dict[str, Any]]:
     """The large class of the target trace: the candidate size whose step gains most from two ranks (by
     the profile), at LARGE_STEPS steps."""
     rows = {tuple(r["shape"]): r for r in step_table(prof)}
@@ -218,7 +218,7 @@ def diagnose(trace: RealTrace, replay: simulate.Replay) -> dict[str, Any]:
         first[iv.request_id] = min(first.get(iv.request_id, iv.start_s), iv.start_s)
     out: dict[str, Any] = {}
     for name, _ in trace.classes:
-        steps = [(k, ranks) for k, ranks in tasks.items() if k[1] == "step" and cls.get(k[0]) == name]
+        steps = [(k, ranks) for k, ranks in tasks.items() if k[1] == "denoise" and cls.get(k[0]) == name]
         if not steps:
             continue
         alone = 0
@@ -270,7 +270,9 @@ def run_world(
                 engines[p] = gfdit.Engine(model=MODEL, world_size=world, policy=p, cost_model=cm)
             except (GfditError, RuntimeError) as e:
                 for t in todo:
-                    out[t.name][p]["error"] = f"engine did not start: {user_message(e)}"
+                    out[t.name][p]["error"] = (
+                        f"engine did not start: {e.message if isinstance(e, GfditError) else e}"
+                    )
                 log(f"real: world {world}: {p}: engine did not start: {e}")
                 continue
             log(f"real: world {world}: {p} engine up in {time.perf_counter() - t0:.1f} s")
@@ -285,7 +287,7 @@ def run_world(
                     try:
                         replay = run_trace.replay_on_engine(engines[p], list(t.requests), timeout_s=timeout_s)
                     except (GfditError, RuntimeError, TimeoutError) as e:
-                        cell["error"] = user_message(e) if isinstance(e, GfditError) else str(e)
+                        cell["error"] = e.message if isinstance(e, GfditError) else str(e)
                         log(f"real: {t.name} world {world} {p}: failed: {cell['error']}")
                         continue
                     s = replay.summary()

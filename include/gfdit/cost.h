@@ -16,22 +16,24 @@
 namespace gfdit {
 namespace cost {
 
-/// A stage of a request's trajectory.
+/// A stage of a request's trajectory; each is named as the task kind that runs it (taskKindName).
 enum class Stage : int32_t {
-  kEncode = 0,       ///< text encoder (and the initial latent), on every member of the group
-  kDenoiseStep = 1,  ///< one whole denoising step (two transformer passes with guidance, in turn or CFG-parallel)
-  kMigrate = 2,      ///< hand the denoise state from one holder to the group's new members
-  kDecode = 3,       ///< VAE decode, on one rank
+  kEncode = 0,   ///< text encoder (and the initial latent), on every member of the group
+  kDenoise = 1,  ///< one whole denoising step (two transformer passes with guidance, in turn or CFG-parallel)
+  kMigrate = 2,  ///< hand the denoise state from one holder to the group's new members
+  kDecode = 3,   ///< VAE decode, on one rank
 };
 
-/// Name of a stage ("encode", "step", "migrate", "decode").
+/// Name of a stage ("encode", "denoise", "migrate", "decode").
 const char* stageName(Stage s);
 /// The stage of a name as stageName writes it; other names throw InvalidUsage listing the valid ones.
 Stage stageFromName(const std::string& name);
 
-/// Architecture facts of a model family member, from its public config (see DESIGN.md's table).
+/// Architecture facts of a model family member, from its public config (docs/architecture.md, The cost model).
 struct ModelArch {
   std::string name;              ///< "qwen-image", "wan2.2", "wan2.2-5b", "wan2.1-1.3b", "tiny-wan", ...
+  std::string alias;             ///< the shorter name it also answers to ("wan2.1"); "" when none
+  std::string pipeline;          ///< the staged pipeline gfdit.models.load builds it with ("wan", "qwen-image"), or ""
   bool is_video = false;         ///< takes num_frames > 1
   bool joint_attention = false;  ///< MMDiT (text tokens in the attention, Qwen-Image) vs cross-attention (Wan)
   int32_t num_layers = 0;
@@ -71,10 +73,12 @@ struct ModelArch {
   int64_t tokens(int32_t height, int32_t width, int32_t num_frames) const;
 };
 
-/// A known model by name; unknown names throw InvalidUsage listing the known ones.
+/// A known model by name or alias; unknown names throw InvalidUsage listing the known ones.
 const ModelArch& modelArch(const std::string& name);
 /// Names of the known models.
 std::vector<std::string> modelNames();
+/// The names gfdit.models.load takes: the models with a pipeline, by alias where they have one.
+std::vector<std::string> loadableModelNames();
 
 /// One device type in a cluster (or this CPU), from datasheets, with efficiency factors.
 struct Hardware {
@@ -131,7 +135,7 @@ struct StageQuery {
 class CostModel {
  public:
   virtual ~CostModel() = default;
-  /// Seconds `stage` takes for `q` (kDenoiseStep: one whole step, both guidance passes when on).
+  /// Seconds `stage` takes for `q` (kDenoise: one whole step, both guidance passes when on).
   virtual double seconds(Stage stage, const StageQuery& q) const = 0;
   /// A one-line description ("analytic qwen-image on h20", "profile of tiny-wan on cpu").
   virtual std::string describe() const = 0;
@@ -145,18 +149,20 @@ class CostModel {
 /// The analytic model of `model` on `cluster` (which also fixes the topology used for num_nodes).
 std::shared_ptr<CostModel> makeAnalyticCostModel(const ModelArch& model, const Cluster& cluster);
 
-/// One measurement of a profile.
+/// One measurement of a profile: the schema of a profile file's entries (gfdit.planning.cost reads and
+/// writes them).
 struct ProfileEntry {
-  Stage stage = Stage::kDenoiseStep;
+  Stage stage = Stage::kDenoise;
   int64_t tokens = 0;  ///< image/video tokens of the request
-  int32_t degree = 1;
+  int32_t degree = 1;  ///< ranks in the group
   int32_t ulysses = 1;
   int32_t ring = 1;
-  int32_t mode = 0;       ///< Layout::mode
+  LayoutMode mode = LayoutMode::kUsp;
   int32_t cfg = 1;        ///< Layout::cfg (degree = ulysses * ring * cfg for a step)
   bool guidance = false;  ///< two passes per step
-  int32_t num_new = 0;    ///< kMigrate
+  int32_t num_new = 0;    ///< kMigrate: members that received the state
   double seconds = 0;     ///< median measured time
+  int32_t samples = 0;    ///< measurements the median is of (0: not recorded)
 };
 
 /// Measured stage times for one model on one machine.

@@ -1,6 +1,6 @@
 // The control plane in real time: worker processes behind shared-memory rings, the machine's clock, one
 // control thread that blocks on a futex when there is nothing to do. gfdit.Engine is a thin facade over it;
-// a C++ program can use it directly with workers of its own that speak the ring protocol (runtime.h).
+// a C++ program can use it directly with workers of its own that speak the ring protocol (rings.h, messages.h).
 #pragma once
 
 #include <condition_variable>
@@ -12,18 +12,30 @@
 #include <thread>
 #include <vector>
 
+#include "gfdit/clock.h"
 #include "gfdit/control.h"
-#include "gfdit/runtime.h"
+#include "gfdit/cost.h"
+#include "gfdit/limits.h"
+#include "gfdit/messages.h"
+#include "gfdit/outputs.h"
+#include "gfdit/policy.h"
+#include "gfdit/request.h"
+#include "gfdit/rings.h"
 
 namespace gfdit {
 namespace runtime {
 
+/// How often the engine loop checks that its worker processes live, in seconds; so the control thread also
+/// wakes at least this often while it runs (NOTE [control thread] in src/runtime/engine_loop.cpp).
+constexpr double kLivenessIntervalS = 0.1;
+
+/// Settings of an engine loop.
 struct EngineOptions {
   int num_workers = 1;
-  ControlConfig control;             ///< world_size is set to num_workers
-  uint32_t ring_bytes = 1u << 20;    ///< per ring
-  double liveness_interval_s = 0.1;  ///< how often worker processes are checked
-  double spin_window_s = 50e-6;      ///< spin instead of sleeping when a completion is expected this soon
+  ControlConfig control;                            ///< world_size is set to num_workers
+  uint32_t ring_bytes = 1u << 20;                   ///< per ring
+  double liveness_interval_s = kLivenessIntervalS;  ///< how often worker processes are checked
+  double spin_window_s = 50e-6;  ///< spin instead of sleeping when a completion is expected this soon
 };
 
 /// One probe round trip: when the control plane wrote it, the worker took it, posted its completion, and
@@ -35,6 +47,14 @@ struct ProbeSample {
   int64_t seen_ns = 0;
 };
 
+/// What happened since the last EngineLoop::waitUpdates: progress of requests (in order) and the requests that
+/// ended. A request's final progress comes before its result.
+struct EngineUpdates {
+  std::vector<RequestProgress> progress;
+  std::vector<RequestResult> results;
+};
+
+/// What an engine loop reports of itself (EngineLoop::stats).
 struct EngineStats {
   ControlStats control;
   int64_t control_cpu_ns = 0;  ///< CPU time of the control thread so far
@@ -58,18 +78,30 @@ class EngineLoop {
   std::string outputNamePrefix() const { return output_prefix_; }
   /// The WorldOptions::shm_prefix workers give their worlds (worldShmPrefix).
   std::string worldShmPrefix() const { return runtime::worldShmPrefix(queues_->name()); }
-  /// Waits until every worker posted its hello (a completion with task_id 0); returns their messages in worker
-  /// order. Throws when a worker reports an error, a process in `pids` exits, or the timeout passes.
-  std::vector<std::string> awaitWorkers(const std::vector<int>& pids, double timeout_s);
+  /// Waits until every worker posted its hello (a completion with task_id 0, carrying a ModelInfo: NOTE [typed
+  /// messages]) and returns the model they loaded. Throws when a worker reports an error, two workers report
+  /// different models, a process in `pids` exits, or the timeout passes. The requests' limits are then the
+  /// model's (RequestLimits::of its registry entry and the hello) until setLimits.
+  ModelInfo awaitWorkers(const std::vector<int>& pids, double timeout_s);
+  /// What submit(GenerationRequest&) checks requests against.
+  void setLimits(const RequestLimits& limits);
+  const RequestLimits& limits() const { return limits_; }
   /// Starts the control thread (every worker attached: the rings' name is removed).
   void start();
 
-  /// Queues a request; returns its id. The shape must have passed checkRequest.
+  /// Checks `request` (filling its unset fields with the model's defaults: checkRequest) and queues it; returns
+  /// its id. Bad fields throw InvalidUsage naming them (Error::param). Needs awaitWorkers first.
+  uint64_t submit(GenerationRequest& request);
+  /// What submit checks, alone: fills `request`'s unset fields and returns its shape, or throws as submit would
+  /// (a caller that must refuse bad input before anything else, such as a server before its admission).
+  RequestShape check(GenerationRequest& request) const;
+  /// Queues a request whose shape passed checkRequest and whose payload the workers understand; returns its id.
   uint64_t submit(RequestSpec spec);
   /// Cancels a request.
   void cancel(uint64_t id);
-  /// Finished requests since the last call; waits up to `timeout_s` for at least one. Empty when closed.
-  std::vector<RequestResult> waitResults(double timeout_s);
+  /// Progress and results since the last call; waits up to `timeout_s` for at least one. Empty when closed.
+  /// Whoever runs the loop calls it regularly: nothing else drains them.
+  EngineUpdates waitUpdates(double timeout_s);
   RequestStatus status(uint64_t id);
   /// `count` probe round trips to an idle `worker`, one after another.
   std::vector<ProbeSample> ping(int worker, int count, double timeout_s);
@@ -104,6 +136,10 @@ class EngineLoop {
   std::mutex results_mu_;
   std::condition_variable results_cv_;
   std::deque<RequestResult> results_;
+  std::vector<RequestProgress> progress_;
+  ModelInfo info_;
+  RequestLimits limits_;
+  bool have_info_ = false;
   std::vector<ProbeSample> probes_;
   uint64_t next_id_ = 1;
   bool started_ = false;

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace gfdit {
 
@@ -20,13 +21,32 @@ enum class ErrorCode {
 const char* errorCodeName(ErrorCode code);
 
 /// The one exception type of the library; the bindings map each code to a Python class.
+///
+/// what() is `where` followed by `message` ("limits.cpp:40: check failed: s.height % m == 0: height 33 is not a
+/// multiple of 16"). `param` names the argument or request field the error is about ("height"), so that a
+/// caller (the HTTP server) can say which field to fix without reading the message.
 class Error : public std::runtime_error {
  public:
-  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  Error(ErrorCode code, const std::string& message, std::string param = std::string(),
+        std::string where = std::string())
+      : std::runtime_error(where + message),
+        code_(code),
+        message_(message),
+        param_(std::move(param)),
+        where_(std::move(where)) {}
   ErrorCode code() const { return code_; }
+  /// The message for people, without where it was raised.
+  const std::string& message() const { return message_; }
+  /// The parameter (argument, request field) it is about; "" when none.
+  const std::string& param() const { return param_; }
+  /// Where a check raised it ("file.cpp:NN: check failed: expr: "); "" when thrown otherwise.
+  const std::string& where() const { return where_; }
 
  private:
   ErrorCode code_;
+  std::string message_;
+  std::string param_;
+  std::string where_;
 };
 
 namespace detail {
@@ -41,8 +61,10 @@ class ErrorBuilder {
     for (const char* p = file; *p != '\0'; ++p) {
       if (*p == '/') base = p + 1;
     }
-    stream_ << base << ":" << line << ": ";
-    if (expr != nullptr) stream_ << "check failed: " << expr << ": ";
+    std::ostringstream where;
+    where << base << ":" << line << ": ";
+    if (expr != nullptr) where << "check failed: " << expr << ": ";
+    where_ = where.str();
   }
   ErrorBuilder(const ErrorBuilder&) = delete;
   ErrorBuilder& operator=(const ErrorBuilder&) = delete;
@@ -51,11 +73,18 @@ class ErrorBuilder {
     stream_ << value;
     return *this;
   }
+  /// Names the parameter the error is about: GFDIT_CHECK(h > 0).param("height") << "...".
+  ErrorBuilder& param(const char* name) {
+    param_ = name;
+    return *this;
+  }
   /// The error the message so far describes.
-  Error error() const { return Error(code_, stream_.str()); }
+  Error error() const { return Error(code_, stream_.str(), param_, where_); }
 
  private:
   ErrorCode code_;
+  std::string where_;
+  std::string param_;
   std::ostringstream stream_;
 };
 
@@ -66,7 +95,8 @@ struct ThrowError {
 }  // namespace detail
 }  // namespace gfdit
 
-/// Throws gfdit::Error(kInvalidUsage) with file, line and the expression unless cond holds.
+/// Throws gfdit::Error(kInvalidUsage) with file, line and the expression unless cond holds; stream the message
+/// after it, and name the parameter at fault with .param("name") first.
 #define GFDIT_CHECK(cond)           \
   if (cond) {                       \
   } else                            \

@@ -3,8 +3,32 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 namespace gfdit {
+
+/// How one transformer pass splits attention over its ulysses x ring members.
+enum class LayoutMode : int32_t {
+  kUsp = 0,    ///< USP: Ulysses all-to-all along one axis of the member grid, Ring along the other
+  kTorus = 1,  ///< Torus: the same grid, the all-to-all chunked by heads and pipelined against the ring
+};
+
+/// Which axis of the ulysses x ring grid consecutive members of the group form.
+enum class Placement : int32_t {
+  kAuto = 0,        ///< from the topology: Ring on the axis inside a node, Ulysses across nodes
+  kUlyssesLow = 1,  ///< Ulysses among consecutive members (member = ring_idx * ulysses + ulysses_idx)
+  kRingLow = 2,     ///< Ring among consecutive members (member = ulysses_idx * ring + ring_idx)
+};
+
+/// Name of a mode ("usp", "torus"; "unknown" for a value outside the enum).
+const char* layoutModeName(LayoutMode m);
+/// The mode of a name as layoutModeName writes it; other names throw InvalidUsage listing the valid ones.
+LayoutMode layoutModeFromName(const std::string& name);
+/// Name of a placement ("auto", "ulysses-low", "ring-low"; "unknown" for a value outside the enum).
+const char* placementName(Placement p);
+/// The placement of a name as placementName writes it; other names throw InvalidUsage listing the valid ones.
+Placement placementFromName(const std::string& name);
 
 /// Parallel layout of a step: ulysses x ring per transformer pass, USP or Torus, and CFG-parallel.
 ///
@@ -15,9 +39,9 @@ namespace gfdit {
 struct Layout {
   int32_t ulysses = 1;
   int32_t ring = 1;
-  int32_t mode = 0;       ///< 0 = usp, 1 = torus
-  int32_t placement = 0;  ///< 0 = auto, 1 = ulysses-low, 2 = ring-low
-  int32_t cfg = 1;        ///< 1 = the guidance passes in turn, 2 = CFG-parallel (one pass per half)
+  LayoutMode mode = LayoutMode::kUsp;
+  Placement placement = Placement::kAuto;
+  int32_t cfg = 1;  ///< 1 = the guidance passes in turn, 2 = CFG-parallel (one pass per half)
 
   /// Ranks the layout spans: ulysses x ring x cfg.
   int32_t degree() const { return ulysses * ring * cfg; }
@@ -28,6 +52,10 @@ struct Layout {
   }
   bool operator!=(const Layout& o) const { return !(*this == o); }
 };
+// Layout travels byte for byte inside TaskDescriptor (gfdit/messages.h): five 32-bit fields, nothing else.
+static_assert(sizeof(Layout) == 5 * sizeof(int32_t) && std::is_trivially_copyable<Layout>::value &&
+                  std::is_standard_layout<Layout>::value,
+              "Layout must stay plain data of five int32_t");
 
 /// What a request asks for, as far as scheduling and cost are concerned.
 struct RequestShape {

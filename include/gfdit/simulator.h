@@ -11,6 +11,9 @@
 
 #include "gfdit/control.h"
 #include "gfdit/cost.h"
+#include "gfdit/messages.h"
+#include "gfdit/policy.h"
+#include "gfdit/request.h"
 
 namespace gfdit {
 namespace runtime {
@@ -24,6 +27,7 @@ struct SimRequest {
   int32_t priority = 0;
 };
 
+/// Settings of a simulation.
 struct SimOptions {
   int max_inflight_steps = 2;
   bool lookahead = true;
@@ -60,6 +64,7 @@ struct SimInterval {
   double end_s = 0;
 };
 
+/// What a simulation reports.
 struct SimResult {
   std::vector<SimOutcome> requests;    ///< in trace order
   std::vector<SimInterval> intervals;  ///< with record_intervals

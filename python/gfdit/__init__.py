@@ -14,6 +14,9 @@ from gfdit import (
 )
 from gfdit._C import Error, InvalidUsage, RemoteError, Timeout
 from gfdit._C import build_info as _build_info
+
+# what a Python policy receives (Policy.schedule(view)): the view, its records, their predictions
+from gfdit._C.runtime import LayoutFamily, RequestCost, RequestRecord, SchedulerView
 from gfdit.attention import ParallelSpec
 from gfdit.comm import (
     Group,
@@ -43,7 +46,8 @@ from gfdit.comm import (
 from gfdit.comm.topology import Topology
 from gfdit.comm.torch_backend import register as _register_torch_backend
 from gfdit.planning import cost
-from gfdit.serving.engine import Decision, Engine, Layout, Policy, Request, RequestFailed, Result
+from gfdit.serving.engine import Decision, Engine, Layout, Policy
+from gfdit.serving.request import Request, RequestFailed, RequestHandle, RequestState, Result, Stage
 
 __version__ = "0.1.0"
 
@@ -61,9 +65,16 @@ __all__ = [
     "Error",
     "Layout",
     "Policy",
+    "LayoutFamily",
     "Request",
+    "RequestCost",
     "RequestFailed",
+    "RequestHandle",
+    "RequestRecord",
+    "RequestState",
     "Result",
+    "SchedulerView",
+    "Stage",
     "ParallelSpec",
     "Topology",
     "attention",

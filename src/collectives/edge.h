@@ -101,8 +101,8 @@ struct alignas(kCacheLine) RegionHeader {
   uint64_t heap_bytes;
   alignas(kCacheLine) uint32_t doorbell;     // futex word, see NOTE [doorbell]
   alignas(kCacheLine) uint32_t num_waiters;  // ranks blocked on doorbell (only the owner blocks)
-  alignas(kCacheLine) uint64_t failed;       // 1 once this rank's world broke (release/acquire), see
-                                             // NOTE [failure broadcast]
+  alignas(kCacheLine) uint64_t failed;       // 1 once this rank's world broke (release/acquire):
+                                             // see NOTE [failure broadcast]
   char fail_reason[kFailReasonBytes];        // why, written before `failed`
   alignas(kCacheLine) uint64_t heartbeat;    // incremented by the owner every few ms (NOTE [liveness])
   uint64_t pid_ns;                           // the owner's pid namespace (its pid means something only there)

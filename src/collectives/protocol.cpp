@@ -311,11 +311,12 @@ bool Engine::publishOne(int j, int peer) {
 }
 
 // Per-peer sends go out round by round: message k to every peer before message k + 1 to any.
-// NOTE [staging rounds]: a reduction consumes round k only once every member's round-k message has
-// arrived, so a rank whose ring filled up with round k + 1 messages while round k was still unsent to
-// some peer could wait forever on slots its peers cannot release. Sending in rounds, with at least
-// world_size - 1 slots, means the slowest rank only ever waits on slots of earlier rounds, which every
-// receiver can finish.
+//
+// NOTE [staging rounds]
+// A reduction consumes round k only once every member's round-k message has arrived, so a rank whose ring
+// filled up with round k + 1 messages while round k was still unsent to some peer could wait forever on
+// slots its peers cannot release. Sending in rounds, with at least world_size - 1 slots, means the slowest
+// rank only ever waits on slots of earlier rounds, which every receiver can finish.
 bool Engine::progressSends(const Group& g) {
   int n = g.size(), me = g.selfIdx();
   bool moved = false;
@@ -669,7 +670,7 @@ void Engine::runPlan(const Group& g) {
       continue;
     }
     if (now - last_progress > timeout_) failTimeout(g, now - last_progress);
-    if (now - last_liveness > std::chrono::milliseconds(100)) {
+    if (now - last_liveness > core::kPeerCheckPeriod) {
       checkAbort();
       checkPeersAlive(g);
       last_liveness = now;
@@ -715,7 +716,7 @@ void Engine::waitSignal(int peer, uint64_t count) {
          << " waited for " << waiting_for();
       fail(ErrorCode::kTimeout, os.str());
     }
-    if (now - last_liveness > std::chrono::milliseconds(100)) {
+    if (now - last_liveness > core::kPeerCheckPeriod) {
       checkAbort();
       checkPeer(peer, now, waiting_for);
       last_liveness = now;

@@ -19,6 +19,7 @@
 #include "doorbell.h"
 #include "edge.h"
 #include "gfdit/error.h"
+#include "gfdit/settings.h"
 #include "heap.h"
 #include "liveness.h"
 #include "protocol.h"
@@ -41,11 +42,6 @@ constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24 * 365 * 
 std::atomic<uint64_t> g_world_generation{0};
 
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-size_t envSize(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  return (v != nullptr && *v != '\0') ? static_cast<size_t>(std::stoull(v)) : fallback;
-}
 
 // The bytes a view spans from its first to its last byte, [first, second).
 std::pair<uintptr_t, uintptr_t> extent(const BufferView& v) {
@@ -101,6 +97,8 @@ void checkMember(const Group& g, int world_size, int rank) {
 
 void registerDeviceTransport(DeviceTransportFactory factory) { g_device_factory.store(factory); }
 bool hasDeviceTransport() { return g_device_factory.load() != nullptr; }
+
+const char* version() { return GFDIT_VERSION; }
 
 struct World::Impl {
   int rank = 0;
@@ -170,9 +168,8 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   impl->size = world_size;
   impl->options = options;
   impl->options.timeout = std::min(options.timeout, kMaxTimeout);
-  size_t slot_bytes = alignUp(options.slot_bytes ? options.slot_bytes : envSize("GFDIT_SLOT_BYTES", 256 << 10), 64);
-  size_t default_slots = std::min<size_t>(128, std::max<size_t>(8, 4 * static_cast<size_t>(world_size - 1)));
-  size_t num_slots = options.num_slots ? options.num_slots : envSize("GFDIT_NUM_SLOTS", default_slots);
+  size_t slot_bytes = alignUp(options.slot_bytes ? options.slot_bytes : settings::slotBytes(), 64);
+  size_t num_slots = options.num_slots ? options.num_slots : settings::numSlots(world_size);
   // see NOTE [staging rounds]: fewer than world_size - 1 slots could deadlock a reduction
   num_slots = std::max<size_t>({num_slots, static_cast<size_t>(world_size - 1), 2});
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -180,16 +177,14 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   // long (a 256 KiB chunk from memory takes ~30 us to copy). More ranks than cores: a spinning rank
   // steals the core its peer needs, so spin briefly and yield the core before blocking.
   bool own_core = static_cast<unsigned>(world_size) <= cores;
-  int spin_us =
-      options.spin_us >= 0 ? options.spin_us : static_cast<int>(envSize("GFDIT_SPIN_US", own_core ? 1000 : 2));
-  int yield_us = static_cast<int>(envSize("GFDIT_YIELD_US", own_core ? 0 : 300));
+  int spin_us = options.spin_us >= 0 ? options.spin_us : settings::spinUs(own_core);
+  int yield_us = settings::yieldUs(own_core);
   impl->options.slot_bytes = slot_bytes;
   impl->options.num_slots = num_slots;
   impl->options.spin_us = spin_us;
   CopySelector copier;
-  if (const char* table = std::getenv("GFDIT_COPY_TABLE")) copier = CopySelector::parse(table);
-  GFDIT_CHECK(!copier.isDevice()) << "gfdit: GFDIT_COPY_TABLE names device copy paths ("
-                                  << std::getenv("GFDIT_COPY_TABLE")
+  if (const char* table = settings::copyTable()) copier = CopySelector::parse(table);
+  GFDIT_CHECK(!copier.isDevice()) << "gfdit: GFDIT_COPY_TABLE names device copy paths (" << settings::copyTable()
                                   << "); the host transport takes the CPU ones (GFDIT_CUDA_COPY_TABLE is the device's)";
 
   // Layout of this rank's region.

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include "gfdit/settings.h"
+
 namespace gfdit {
 namespace core {
 
@@ -79,16 +81,10 @@ bool PeerLiveness::alive(std::chrono::steady_clock::time_point now) {
   return true;
 }
 
-bool pidLivenessEnabled() {
-  const char* v = std::getenv("GFDIT_PID_LIVENESS");
-  return v == nullptr || *v == '\0' || std::atoi(v) != 0;
-}
+bool pidLivenessEnabled() { return settings::pidLiveness(); }
 
 std::chrono::milliseconds heartbeatStaleBound() {
-  const char* v = std::getenv("GFDIT_HEARTBEAT_STALE_S");
-  double s = (v != nullptr && *v != '\0') ? std::atof(v) : 10.0;
-  if (!(s > 0)) s = 10.0;
-  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+  return std::chrono::milliseconds(static_cast<int64_t>(settings::heartbeatStaleS() * 1000.0));
 }
 
 }  // namespace core

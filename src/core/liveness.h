@@ -23,6 +23,9 @@ namespace core {
 
 /// How often a heartbeat ticks.
 constexpr std::chrono::milliseconds kHeartbeatPeriod{20};
+/// How often a waiting rank checks its peers' liveness and the abort word (World::watchAbort), so a dead peer
+/// or an abort ends a wait within about this long.
+constexpr std::chrono::milliseconds kPeerCheckPeriod{100};
 
 /// An identifier of this process's pid namespace (the inode of /proc/self/ns/pid; 0 if unknown).
 uint64_t pidNamespace();

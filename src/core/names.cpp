@@ -1,7 +1,6 @@
 // Names of enums, for messages.
 #include "gfdit/error.h"
 #include "gfdit/types.h"
-#include "gfdit/world.h"
 
 namespace gfdit {
 
@@ -51,7 +50,5 @@ const char* reduceOpName(ReduceOp op) {
   }
   return "unknown";
 }
-
-const char* version() { return GFDIT_VERSION; }
 
 }  // namespace gfdit

@@ -5,6 +5,7 @@
 #include "bindings.h"
 #include "copy.h"
 #include "gfdit/error.h"
+#include "gfdit/settings.h"
 #include "gfdit/world.h"
 
 #ifdef GFDIT_WITH_CUDA
@@ -39,7 +40,7 @@ void register_build_info(py::module_& m) {
     backends.append("cpu-shm");
     py::dict tables;
     try {
-      const char* env = std::getenv("GFDIT_COPY_TABLE");
+      const char* env = settings::copyTable();
       CopySelector cpu = env != nullptr && *env != '\0' ? CopySelector::parse(env) : CopySelector();
       tables["cpu"] = cpu.toString();
       info["cpu_copy_paths"] = pathsOf(cpu);

@@ -8,6 +8,8 @@
 #include "bindings.h"
 #include "gfdit/cost.h"
 #include "gfdit/error.h"
+#include "gfdit/layout.h"
+#include "layout_py.h"
 
 namespace py = pybind11;
 
@@ -118,14 +120,17 @@ void register_cost(py::module_& m) {
 
   py::enum_<Stage>(c, "Stage", "a stage of a request's trajectory")
       .value("ENCODE", Stage::kEncode)
-      .value("STEP", Stage::kDenoiseStep)
+      .value("DENOISE", Stage::kDenoise)
       .value("MIGRATE", Stage::kMigrate)
       .value("DECODE", Stage::kDecode);
-  c.def("stage_name", &cost::stageName, py::arg("stage"), "name of a stage: encode, step, migrate, decode");
-  c.def("stage_from_name", &cost::stageFromName, py::arg("name"), "the stage of a name");
+  c.def("stage_name", &cost::stageName, py::arg("stage"), "name of a stage: encode, denoise, migrate, decode");
+  c.def("stage_from_name", &cost::stageFromName, py::arg("name"),
+        "the stage of a name; others raise InvalidUsage listing the valid ones");
 
   py::class_<ModelArch>(c, "ModelArch", "architecture facts, serving defaults and limits of a model")
       .def_readonly("name", &ModelArch::name)
+      .def_readonly("alias", &ModelArch::alias)
+      .def_readonly("pipeline", &ModelArch::pipeline, "the staged pipeline gfdit.models.load builds it with, or \"\"")
       .def_readonly("is_video", &ModelArch::is_video)
       .def_readonly("joint_attention", &ModelArch::joint_attention)
       .def_readonly("num_layers", &ModelArch::num_layers)
@@ -203,6 +208,7 @@ void register_cost(py::module_& m) {
 
   c.def("model_arch", &cost::modelArch, py::arg("name"), py::return_value_policy::copy, "a known model");
   c.def("model_names", &cost::modelNames, "names of the known models");
+  c.def("loadable_model_names", &cost::loadableModelNames, "the names gfdit.models.load takes");
   c.def("hardware", &cost::hardware, py::arg("name"), py::return_value_policy::copy, "a known hardware");
   c.def("hardware_names", &cost::hardwareNames, "names of the known hardware");
   c.def("cluster", &cost::cluster, py::arg("name"), py::arg("num_ranks") = 0,
@@ -213,8 +219,8 @@ void register_cost(py::module_& m) {
       .def(
           "seconds",
           [](const CostModel& cm, Stage stage, int32_t height, int32_t width, int32_t num_frames, int32_t num_steps,
-             double guidance_scale, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode, int32_t num_nodes,
-             int32_t num_new, int32_t placement, int32_t cfg) {
+             double guidance_scale, int32_t degree, int32_t ulysses, int32_t ring, py::handle mode, int32_t num_nodes,
+             int32_t num_new, py::handle placement, int32_t cfg) {
             cost::StageQuery q;
             q.shape.height = height;
             q.shape.width = width;
@@ -225,8 +231,8 @@ void register_cost(py::module_& m) {
             q.degree = degree;
             q.layout.ulysses = ulysses;
             q.layout.ring = ring;
-            q.layout.mode = mode;
-            q.layout.placement = placement;
+            q.layout.mode = python::layoutModeArg(mode, "mode");
+            q.layout.placement = python::placementArg(placement, "placement");
             q.layout.cfg = cfg;
             q.num_nodes = num_nodes;
             q.num_new = num_new;
@@ -234,10 +240,10 @@ void register_cost(py::module_& m) {
           },
           py::arg("stage"), py::arg("height"), py::arg("width"), py::arg("num_frames") = 1, py::arg("num_steps") = 1,
           py::arg("guidance_scale") = 1.0, py::arg("degree") = 1, py::arg("ulysses") = 1, py::arg("ring") = 1,
-          py::arg("mode") = 0, py::arg("num_nodes") = 1, py::arg("num_new") = 0, py::arg("placement") = 0,
-          py::arg("cfg") = 1,
+          py::arg("mode") = LayoutMode::kUsp, py::arg("num_nodes") = 1, py::arg("num_new") = 0,
+          py::arg("placement") = Placement::kAuto, py::arg("cfg") = 1,
           "seconds `stage` takes for a request of this size on a group of `degree` ranks (degree = ulysses * ring"
-          " * cfg for a step; cfg 2: CFG-parallel)")
+          " * cfg for a step; cfg 2: CFG-parallel; mode and placement: the enum or its name)")
       .def("describe", &CostModel::describe, "a one-line description")
       .def_property_readonly(
           "model", [](const CostModel& cm) { return cm.model(); }, "the model it predicts for")
@@ -254,35 +260,48 @@ void register_cost(py::module_& m) {
       [](const ModelArch& model, const Cluster& cluster) { return cost::makeAnalyticCostModel(model, cluster); },
       py::arg("model"), py::arg("cluster"), "the analytic cost model of a (modified) ModelArch on a cluster");
 
+  // The schema of a profile file's entries (gfdit.planning.cost reads and writes the files): every field.
   py::class_<ProfileEntry>(c, "ProfileEntry", "one measurement of a profile")
-      .def(py::init([](Stage stage, int64_t tokens, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode,
-                       bool guidance, int32_t num_new, double seconds, int32_t cfg) {
+      .def(py::init([](Stage stage, int64_t tokens, int32_t degree, int32_t ulysses, int32_t ring, py::handle mode,
+                       bool guidance, int32_t num_new, double seconds, int32_t cfg, int32_t samples) {
              ProfileEntry e;
              e.stage = stage;
              e.tokens = tokens;
              e.degree = degree;
              e.ulysses = ulysses;
              e.ring = ring;
-             e.mode = mode;
+             e.mode = python::layoutModeArg(mode, "mode");
              e.cfg = cfg;
              e.guidance = guidance;
              e.num_new = num_new;
              e.seconds = seconds;
+             e.samples = samples;
              return e;
            }),
-           py::kw_only(), py::arg("stage") = Stage::kDenoiseStep, py::arg("tokens") = 0, py::arg("degree") = 1,
-           py::arg("ulysses") = 1, py::arg("ring") = 1, py::arg("mode") = 0, py::arg("guidance") = false,
-           py::arg("num_new") = 0, py::arg("seconds") = 0.0, py::arg("cfg") = 1)
+           py::kw_only(), py::arg("stage") = Stage::kDenoise, py::arg("tokens") = 0, py::arg("degree") = 1,
+           py::arg("ulysses") = 1, py::arg("ring") = 1, py::arg("mode") = LayoutMode::kUsp, py::arg("guidance") = false,
+           py::arg("num_new") = 0, py::arg("seconds") = 0.0, py::arg("cfg") = 1, py::arg("samples") = 0,
+           "mode: a LayoutMode or its name")
       .def_readwrite("stage", &ProfileEntry::stage)
-      .def_readwrite("tokens", &ProfileEntry::tokens)
-      .def_readwrite("degree", &ProfileEntry::degree)
+      .def_readwrite("tokens", &ProfileEntry::tokens, "image/video tokens of the request")
+      .def_readwrite("degree", &ProfileEntry::degree, "ranks in the group")
       .def_readwrite("ulysses", &ProfileEntry::ulysses)
       .def_readwrite("ring", &ProfileEntry::ring)
-      .def_readwrite("mode", &ProfileEntry::mode)
-      .def_readwrite("cfg", &ProfileEntry::cfg)
-      .def_readwrite("guidance", &ProfileEntry::guidance)
-      .def_readwrite("num_new", &ProfileEntry::num_new)
-      .def_readwrite("seconds", &ProfileEntry::seconds);
+      .def_property(
+          "mode", [](const ProfileEntry& e) { return e.mode; },
+          [](ProfileEntry& e, py::handle v) { e.mode = python::layoutModeArg(v, "mode"); },
+          "a LayoutMode (set: it or its name)")
+      .def_readwrite("cfg", &ProfileEntry::cfg, "2: CFG-parallel (degree = ulysses * ring * cfg for a step)")
+      .def_readwrite("guidance", &ProfileEntry::guidance, "two transformer passes per step")
+      .def_readwrite("num_new", &ProfileEntry::num_new, "migrate: members that received the state")
+      .def_readwrite("seconds", &ProfileEntry::seconds, "median measured time")
+      .def_readwrite("samples", &ProfileEntry::samples, "measurements the median is of (0: not recorded)")
+      .def("__repr__", [](const ProfileEntry& e) {
+        return std::string("<gfdit._C.cost.ProfileEntry ") + cost::stageName(e.stage) + " " + std::to_string(e.tokens) +
+               " tokens, degree " + std::to_string(e.degree) + ", " + layoutModeName(e.mode) + " " +
+               std::to_string(e.ulysses) + "x" + std::to_string(e.ring) + (e.cfg == 2 ? " cfg2" : "") + ", " +
+               std::to_string(e.seconds) + " s>";
+      });
 
   py::class_<Profile>(c, "Profile", "measured stage times of one model on one machine")
       .def(py::init<>())

@@ -1,6 +1,7 @@
-// gfdit._C.runtime: the control plane for Python: the engine loop (gfdit.Engine's core), the rings a worker
-// uses, outputs, policies (Python policies subclass _C.runtime.Policy), request checks and the simulator.
-// Blocking calls release the GIL; a Python policy takes it only while it decides.
+// gfdit._C.runtime, its plain parts: the enums of requests and tasks, the typed messages (a generation request,
+// a worker's hello), outputs, request records, decisions and policies (Python policies subclass
+// _C.runtime.Policy), request limits and checks. The engine loop and the worker loop: engine_py.cpp; the
+// simulator: simulator_py.cpp.
 #include <pybind11/operators.h>
 #include <pybind11/stl.h>
 
@@ -8,12 +9,17 @@
 #include <cstring>
 
 #include "bindings.h"
+#include "errors_py.h"
 #include "gfdit/control.h"
 #include "gfdit/cost.h"
-#include "gfdit/engine_loop.h"
 #include "gfdit/error.h"
-#include "gfdit/runtime.h"
-#include "gfdit/simulator.h"
+#include "gfdit/limits.h"
+#include "gfdit/messages.h"
+#include "gfdit/outputs.h"
+#include "gfdit/planning.h"
+#include "gfdit/policy.h"
+#include "gfdit/request.h"
+#include "runtime_py.h"
 
 namespace py = pybind11;
 
@@ -23,118 +29,61 @@ namespace {
 
 using namespace gfdit::runtime;
 
-class PyPolicy : public Policy {
- public:
-  std::string name() const override { PYBIND11_OVERRIDE_PURE(std::string, Policy, name); }
-  std::vector<Decision> schedule(const SchedulerView& view) override {
-    PYBIND11_OVERRIDE_PURE(std::vector<Decision>, Policy, schedule, view);
-  }
-  LayoutFamily layouts() const override { PYBIND11_OVERRIDE(LayoutFamily, Policy, layouts); }
-};
+// ---- GenerationRequest from Python: each field's type, checked once, here (its values: checkRequest) ----
 
-// A policy object owned by Python, called from the control thread: takes the GIL for each call and turns
-// Python exceptions into gfdit errors there, so nothing Python-owned outlives the GIL scope.
-class HeldPolicy : public Policy {
- public:
-  explicit HeldPolicy(py::object obj) : obj_(std::move(obj)), policy_(obj_.cast<Policy*>()) {}
-  ~HeldPolicy() override {
-    py::gil_scoped_acquire gil;
-    obj_ = py::object();
-  }
-  std::string name() const override {
-    py::gil_scoped_acquire gil;
-    try {
-      return policy_->name();
-    } catch (py::error_already_set& e) {
-      throw Error(ErrorCode::kInvalidUsage, std::string("policy name() raised: ") + e.what());
-    }
-  }
-  LayoutFamily layouts() const override {
-    py::gil_scoped_acquire gil;
-    try {
-      return policy_->layouts();
-    } catch (py::error_already_set& e) {
-      throw Error(ErrorCode::kInvalidUsage, std::string("policy layouts() raised: ") + e.what());
-    }
-  }
-  std::vector<Decision> schedule(const SchedulerView& view) override {
-    py::gil_scoped_acquire gil;
-    try {
-      return policy_->schedule(view);
-    } catch (py::error_already_set& e) {
-      throw Error(ErrorCode::kInvalidUsage, std::string("raised ") + e.what());
-    } catch (py::cast_error& e) {
-      throw Error(ErrorCode::kInvalidUsage,
-                  std::string("returned something that is not a list of Decision: ") + e.what());
-    }
-  }
+std::string typeName(const py::handle& v) { return py::str(py::type::of(v).attr("__name__")).cast<std::string>(); }
 
- private:
-  py::object obj_;
-  Policy* policy_;
-};
+bool isInt(const py::handle& v) { return PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr()); }
 
-std::shared_ptr<Policy> policyFrom(const py::object& policy) {
-  if (py::isinstance<py::str>(policy)) return makePolicy(policy.cast<std::string>());
-  GFDIT_CHECK(py::isinstance<Policy>(policy))
-      << "a policy is a name ('fcfs', 'srtf', 'edf', 'priority', 'static:D') or a gfdit.Policy object";
-  auto sp = policy.cast<std::shared_ptr<Policy>>();
-  if (dynamic_cast<PyPolicy*>(sp.get()) == nullptr) return sp;  // a built-in: no GIL needed
-  return std::make_shared<HeldPolicy>(policy);
+bool isNumber(const py::handle& v) { return isInt(v) || PyFloat_Check(v.ptr()); }
+
+std::string stringField(const py::handle& v, const char* name) {
+  GFDIT_CHECK(PyUnicode_Check(v.ptr())).param(name) << name << " must be a string, got " << typeName(v);
+  return v.cast<std::string>();
 }
 
-std::chrono::microseconds micros(double seconds) {
-  GFDIT_CHECK(std::isfinite(seconds) && seconds >= 0) << "timeout " << seconds;
-  return std::chrono::microseconds(static_cast<int64_t>(std::min(seconds, 1e9) * 1e6));
+// lo <= v < hi for a Python int v, the bounds in decimal (the value may not fit a C++ integer at all)
+bool inRange(const py::handle& v, const char* lo, const char* hi) {
+  py::object as_int = py::module_::import("builtins").attr("int");
+  return v.attr("__ge__")(as_int(lo)).cast<bool>() && v.attr("__lt__")(as_int(hi)).cast<bool>();
 }
 
-std::vector<int> ranksOf(const TaskDescriptor& t) { return std::vector<int>(t.ranks, t.ranks + t.num_ranks); }
-
-std::string refName(const OutputRef& r) { return std::string(r.name, strnlen(r.name, sizeof(r.name))); }
-
-std::vector<int64_t> refShape(const OutputRef& r) {
-  return std::vector<int64_t>(r.shape, r.shape + std::max(0, std::min(r.ndim, 6)));
+template <typename T>
+T intField(const py::handle& v, const char* name, const char* lo, const char* hi, const char* what) {
+  GFDIT_CHECK(isInt(v) && inRange(v, lo, hi)).param(name)
+      << name << " must be " << what << ", got " << typeName(v) << " " << py::repr(v).cast<std::string>();
+  return v.cast<T>();
 }
 
-DType dtypeOfFormat(const std::string& f, size_t itemsize) {
-  if (f == "f" && itemsize == 4) return DType::kFloat32;
-  if (f == "e" && itemsize == 2) return DType::kFloat16;
-  if ((f == "i" || f == "l") && itemsize == 4) return DType::kInt32;
-  if ((f == "l" || f == "q") && itemsize == 8) return DType::kInt64;
-  if (f == "B" && itemsize == 1) return DType::kUInt8;
-  GFDIT_THROW(kInvalidUsage) << "unsupported output element format '" << f << "' (" << itemsize << " bytes)";
+std::optional<int32_t> optionalInt(const py::handle& v, const char* name) {
+  if (v.is_none()) return std::nullopt;
+  return intField<int32_t>(v, name, "-2147483648", "2147483648", "an integer (or None: the model's default)");
 }
 
-RequestShape shapeOf(int height, int width, int num_frames, int num_steps, double guidance_scale) {
-  RequestShape s;
-  s.height = height;
-  s.width = width;
-  s.num_frames = num_frames;
-  s.num_steps = num_steps;
-  s.guidance_scale = guidance_scale;
-  return s;
+std::optional<double> optionalNumber(const py::handle& v, const char* name) {
+  if (v.is_none()) return std::nullopt;
+  GFDIT_CHECK(isNumber(v)).param(name) << name << " must be a number (or None), got " << typeName(v);
+  return v.cast<double>();
 }
 
-py::dict statsDict(const EngineStats& s) {
-  py::dict d;
-  d["submitted"] = s.control.submitted;
-  d["finished"] = s.control.finished;
-  d["tasks_dispatched"] = s.control.tasks_dispatched;
-  d["tasks_completed"] = s.control.tasks_completed;
-  d["policy_calls"] = s.control.policy_calls;
-  d["lookahead_hits"] = s.control.lookahead_hits;
-  d["regroups"] = s.control.regroups;
-  d["migrations"] = s.control.migrations;
-  d["recoveries"] = s.control.recoveries;
-  d["task_timeouts"] = s.control.task_timeouts;
-  d["policy_ns"] = s.control.policy_ns;
-  d["control_cpu_ns"] = s.control_cpu_ns;
-  d["loop_wakeups"] = s.loop_wakeups;
-  d["alive"] = s.alive;
-  d["num_requests"] = s.num_requests;
-  d["tasks_in_flight"] = s.tasks_in_flight;
-  d["recovering"] = s.recovering;
-  return d;
+GenerationRequest requestFrom(const py::object& prompt, const py::object& negative_prompt, const py::object& height,
+                              const py::object& width, const py::object& num_frames,
+                              const py::object& num_inference_steps, const py::object& guidance_scale,
+                              const py::object& guidance_scale_2, const py::object& seed, const py::object& priority,
+                              const py::object& deadline_s) {
+  GenerationRequest q;
+  q.prompt = stringField(prompt, "prompt");
+  if (!negative_prompt.is_none()) q.negative_prompt = stringField(negative_prompt, "negative_prompt");
+  q.height = optionalInt(height, "height");
+  q.width = optionalInt(width, "width");
+  q.num_frames = optionalInt(num_frames, "num_frames");
+  q.num_inference_steps = optionalInt(num_inference_steps, "num_inference_steps");
+  q.guidance_scale = optionalNumber(guidance_scale, "guidance_scale");
+  q.guidance_scale_2 = optionalNumber(guidance_scale_2, "guidance_scale_2");
+  q.seed = intField<uint64_t>(seed, "seed", "0", "18446744073709551616", "an integer in [0, 2^64)");
+  q.priority = intField<int32_t>(priority, "priority", "-2147483648", "2147483648", "a 32-bit integer");
+  q.deadline_s = optionalNumber(deadline_s, "deadline_s");
+  return q;
 }
 
 }  // namespace
@@ -170,46 +119,62 @@ void register_runtime(py::module_& m) {
       .value("FAILED", RequestState::kFailed)
       .value("CANCELLED", RequestState::kCancelled);
 
-  py::class_<Layout>(r, "Layout")
-      .def(py::init([](int u, int ring, int mode, int placement, int cfg) {
-             GFDIT_CHECK(cfg == 1 || cfg == 2) << "Layout: cfg must be 1 or 2, got " << cfg;
-             Layout l;
-             l.ulysses = u;
-             l.ring = ring;
-             l.mode = mode;
-             l.placement = placement;
-             l.cfg = cfg;
-             return l;
-           }),
-           py::arg("ulysses") = 1, py::arg("ring") = 1, py::arg("mode") = 0, py::arg("placement") = 0,
-           py::arg("cfg") = 1)
-      .def_readwrite("ulysses", &Layout::ulysses)
-      .def_readwrite("ring", &Layout::ring)
-      .def_readwrite("mode", &Layout::mode)
-      .def_readwrite("placement", &Layout::placement)
-      .def_readwrite("cfg", &Layout::cfg, "1: the guidance passes in turn; 2: CFG-parallel (one pass per half)")
-      .def("degree", &Layout::degree, "Ranks the layout spans: ulysses * ring * cfg.")
-      .def("pass_degree", &Layout::passDegree, "Ranks one transformer pass spans: ulysses * ring.")
-      .def(py::self == py::self)
-      .def("__repr__", [](const Layout& l) {
-        return "Layout(ulysses=" + std::to_string(l.ulysses) + ", ring=" + std::to_string(l.ring) +
-               ", mode=" + std::to_string(l.mode) + ", placement=" + std::to_string(l.placement) +
-               ", cfg=" + std::to_string(l.cfg) + ")";
-      });
+  // Layout, LayoutMode and Placement: src/python/layout_py.cpp (register_layout runs first)
 
-  // ---- what a worker uses ----
-  py::class_<TaskDescriptor>(r, "TaskDescriptor")
+  // ---- the typed messages (NOTE [typed messages]) ----
+  py::class_<GenerationRequest>(r, "GenerationRequest",
+                                "A generation request as the engine checks it; unset fields (None) take the "
+                                "model's defaults at submit.")
+      .def(py::init(&requestFrom), py::kw_only(), py::arg("prompt"), py::arg("negative_prompt") = py::none(),
+           py::arg("height") = py::none(), py::arg("width") = py::none(), py::arg("num_frames") = py::none(),
+           py::arg("num_inference_steps") = py::none(), py::arg("guidance_scale") = py::none(),
+           py::arg("guidance_scale_2") = py::none(), py::arg("seed") = 0, py::arg("priority") = 0,
+           py::arg("deadline_s") = py::none(),
+           "Each field is checked for its type here (gfdit.InvalidUsage naming it); its value at submit.")
+      .def_readonly("prompt", &GenerationRequest::prompt)
+      .def_readonly("negative_prompt", &GenerationRequest::negative_prompt)
+      .def_readonly("height", &GenerationRequest::height)
+      .def_readonly("width", &GenerationRequest::width)
+      .def_readonly("num_frames", &GenerationRequest::num_frames)
+      .def_readonly("num_inference_steps", &GenerationRequest::num_inference_steps)
+      .def_readonly("guidance_scale", &GenerationRequest::guidance_scale)
+      .def_readonly("guidance_scale_2", &GenerationRequest::guidance_scale_2)
+      .def_readonly("seed", &GenerationRequest::seed)
+      .def_readonly("priority", &GenerationRequest::priority)
+      .def_readonly("deadline_s", &GenerationRequest::deadline_s);
+
+  py::class_<ModelDefaults>(r, "ModelDefaults", "A model's serving defaults.")
+      .def(py::init([](int32_t h, int32_t w, int32_t f, int32_t steps, double g) {
+             ModelDefaults d;
+             d.height = h;
+             d.width = w;
+             d.num_frames = f;
+             d.num_steps = steps;
+             d.guidance_scale = g;
+             return d;
+           }),
+           py::kw_only(), py::arg("height"), py::arg("width"), py::arg("num_frames"), py::arg("num_steps"),
+           py::arg("guidance_scale"))
+      .def_readonly("height", &ModelDefaults::height)
+      .def_readonly("width", &ModelDefaults::width)
+      .def_readonly("num_frames", &ModelDefaults::num_frames)
+      .def_readonly("num_steps", &ModelDefaults::num_steps)
+      .def_readonly("guidance_scale", &ModelDefaults::guidance_scale);
+
+  py::class_<ModelInfo>(r, "ModelInfo", "What a worker reports of the model it loaded (its hello).")
       .def(py::init<>())
-      .def_readonly("task_id", &TaskDescriptor::task_id)
-      .def_readonly("request_id", &TaskDescriptor::request_id)
-      .def_property_readonly("kind", [](const TaskDescriptor& t) { return static_cast<TaskKind>(t.kind); })
-      .def_readonly("step_begin", &TaskDescriptor::step_begin)
-      .def_readonly("num_steps", &TaskDescriptor::num_steps)
-      .def_readonly("src_rank", &TaskDescriptor::src_rank)
-      .def_readonly("layout", &TaskDescriptor::layout)
-      .def_readonly("dispatch_ns", &TaskDescriptor::dispatch_ns)
-      .def_property_readonly("ranks", &ranksOf);
-  r.attr("MAX_PAYLOAD_BYTES") = kMaxPayloadBytes;
+      .def_readwrite("name", &ModelInfo::name)
+      .def_readwrite("heads", &ModelInfo::heads)
+      .def_readwrite("is_video", &ModelInfo::is_video)
+      .def_readwrite("patch_t", &ModelInfo::patch_t)
+      .def_readwrite("patch_s", &ModelInfo::patch_s)
+      .def_readwrite("vae_stride_s", &ModelInfo::vae_stride_s)
+      .def_readwrite("vae_stride_t", &ModelInfo::vae_stride_t)
+      .def_readwrite("defaults", &ModelInfo::defaults)
+      .def("__repr__", [](const ModelInfo& m) {
+        return "ModelInfo(name='" + m.name + "', heads=" + std::to_string(m.heads) +
+               ", is_video=" + (m.is_video ? "True" : "False") + ")";
+      });
 
   py::class_<OutputRef>(r, "OutputRef")
       .def(py::init<>())
@@ -217,108 +182,6 @@ void register_runtime(py::module_& m) {
       .def_property_readonly("dtype", [](const OutputRef& o) { return static_cast<DType>(o.dtype); })
       .def_property_readonly("shape", &refShape)
       .def_readonly("bytes", &OutputRef::bytes);
-
-  py::class_<Completion>(r, "Completion")
-      .def(py::init<>())
-      .def_readwrite("task_id", &Completion::task_id)
-      .def_readwrite("request_id", &Completion::request_id)
-      .def_property(
-          "kind", [](const Completion& c) { return static_cast<TaskKind>(c.kind); },
-          [](Completion& c, TaskKind k) { c.kind = static_cast<uint32_t>(k); })
-      .def_readwrite("rank", &Completion::rank)
-      .def_property(
-          "error", [](const Completion& c) { return static_cast<TaskError>(c.error); },
-          [](Completion& c, TaskError e) { c.error = static_cast<int32_t>(e); })
-      .def_property_readonly("ok", &Completion::ok)
-      .def_readwrite("step_end", &Completion::step_end)
-      .def_readwrite("dispatch_ns", &Completion::dispatch_ns)
-      .def_readwrite("start_ns", &Completion::start_ns)
-      .def_readwrite("end_ns", &Completion::end_ns)
-      .def_readwrite("post_ns", &Completion::post_ns)
-      .def_readonly("output", &Completion::output)
-      .def_property(
-          "message", [](const Completion& c) { return std::string(c.message, c.message_bytes); },
-          [](Completion& c, const std::string& s) {
-            size_t n = std::min(s.size(), sizeof(c.message));  // long messages are cut, not refused
-            std::memcpy(c.message, s.data(), n);
-            c.message_bytes = static_cast<uint32_t>(n);
-          })
-      .def(
-          "set_output",
-          [](Completion& c, const std::string& name, const py::buffer& buf) {
-            py::buffer_info info = buf.request();
-            GFDIT_CHECK(info.ndim >= 0 && info.ndim <= 6) << "an output has at most 6 dimensions";
-            ssize_t expect = info.itemsize;
-            for (ssize_t k = info.ndim - 1; k >= 0; --k) {
-              GFDIT_CHECK(info.shape[k] <= 1 || info.strides[k] == expect) << "the output must be contiguous";
-              expect *= info.shape[k];
-            }
-            DType dt = dtypeOfFormat(info.format, static_cast<size_t>(info.itemsize));
-            size_t bytes = static_cast<size_t>(info.size * info.itemsize);
-            {
-              py::gil_scoped_release nogil;
-              writeOutput(name, info.ptr, bytes, c.output);
-            }
-            c.output.dtype = static_cast<int32_t>(dt);
-            c.output.ndim = static_cast<int32_t>(info.ndim);
-            for (ssize_t k = 0; k < info.ndim; ++k) c.output.shape[k] = info.shape[k];
-          },
-          py::arg("name"), py::arg("array"),
-          "Writes a contiguous array into a new shared-memory object `name` and points the completion at it.");
-
-  py::class_<QueueSet, std::shared_ptr<QueueSet>>(r, "QueueSet")
-      .def_static(
-          "create", [](int n, uint32_t bytes) { return std::shared_ptr<QueueSet>(QueueSet::create(n, bytes)); },
-          py::arg("num_workers"), py::arg("ring_bytes") = 1u << 20)
-      .def_static("attach", [](const std::string& name) { return std::shared_ptr<QueueSet>(QueueSet::attach(name)); })
-      .def_property_readonly("name", &QueueSet::name)
-      .def_property_readonly("num_workers", &QueueSet::numWorkers)
-      .def("unlink_name", &QueueSet::unlinkName)
-      .def(
-          "pop_task",
-          [](QueueSet& q, int w, double timeout_s) -> py::object {
-            TaskDescriptor t;
-            std::string payload;
-            bool ok;
-            {
-              py::gil_scoped_release nogil;
-              ok = q.popTask(w, t, payload, micros(timeout_s));
-            }
-            if (!ok) return py::none();
-            return py::make_tuple(t, py::bytes(payload));
-          },
-          py::arg("worker"), py::arg("timeout_s"), "(TaskDescriptor, payload bytes), or None on timeout.")
-      .def(
-          "push_completion",
-          [](QueueSet& q, int w, const Completion& c, double timeout_s, bool wake) {
-            return q.pushCompletion(w, c, micros(timeout_s), wake);
-          },
-          py::arg("worker"), py::arg("completion"), py::arg("timeout_s") = 10.0, py::arg("wake") = true,
-          py::call_guard<py::gil_scoped_release>())
-      .def("pending_tasks", &QueueSet::pendingTasks, py::arg("worker"), "Tasks waiting in a worker's ring.")
-      .def(
-          "wake_control", [](QueueSet& q) { ringDoorbell(q.controlBell()); },
-          "Rings the control plane's bell (a worker about to idle after quiet completions).")
-      .def(
-          "push_task",
-          [](QueueSet& q, int w, const TaskDescriptor& t, const std::string& payload, double timeout_s) {
-            TaskDescriptor d = t;
-            d.payload_bytes = static_cast<uint32_t>(payload.size());
-            return q.pushTask(w, d, payload, micros(timeout_s));
-          },
-          py::arg("worker"), py::arg("task"), py::arg("payload") = "", py::arg("timeout_s") = 10.0,
-          py::call_guard<py::gil_scoped_release>())
-      .def(
-          "try_pop_completion",
-          [](QueueSet& q, int w) -> std::optional<Completion> {
-            Completion c;
-            if (!q.tryPopCompletion(w, c)) return std::nullopt;
-            return c;
-          },
-          py::arg("worker"))
-      .def("request_abort", &QueueSet::requestAbort,
-           "Makes the collectives of every world watching this set fail (see World.watch_abort).")
-      .def("abort_address", [](QueueSet& q) { return reinterpret_cast<uintptr_t>(q.abortWord()); });
 
   // ---- outputs ----
   py::class_<MappedOutput, std::shared_ptr<MappedOutput>>(r, "MappedOutput", py::buffer_protocol())
@@ -349,7 +212,9 @@ void register_runtime(py::module_& m) {
       .def_readonly("dispatch_ns", &StageRecord::dispatch_ns)
       .def_readonly("start_ns", &StageRecord::start_ns)
       .def_readonly("end_ns", &StageRecord::end_ns)
-      .def_readonly("error", &StageRecord::error);
+      .def_readonly("error", &StageRecord::error)
+      .def_readonly("regroup", &StageRecord::regroup,
+                    "a denoise task on another set of ranks than the request's previous one (NOTE [regroups])");
 
   py::enum_<LayoutFamily>(r, "LayoutFamily")
       .value("AUTO", LayoutFamily::kAuto)
@@ -472,6 +337,13 @@ void register_runtime(py::module_& m) {
       .def_static(
           "of", [](const std::string& model) { return RequestLimits::of(cost::modelArch(model)); }, py::arg("model"),
           "The limits of a known model.")
+      .def_static(
+          "of_loaded",
+          [](const std::string& model, const ModelInfo& info) {
+            return RequestLimits::of(cost::modelArch(model), info);
+          },
+          py::arg("model"), py::arg("info"),
+          "The limits of a loaded model: its registry entry's, with the strides its workers reported.")
       .def_readwrite("vae_stride_s", &RequestLimits::vae_stride_s)
       .def_readwrite("patch_s", &RequestLimits::patch_s)
       .def_readwrite("temporal_stride", &RequestLimits::temporal_stride)
@@ -481,7 +353,6 @@ void register_runtime(py::module_& m) {
       .def_readwrite("max_pixels", &RequestLimits::max_pixels)
       .def_readwrite("max_frames", &RequestLimits::max_frames)
       .def_readwrite("max_tokens", &RequestLimits::max_tokens)
-      .def_readwrite("max_payload_bytes", &RequestLimits::max_payload_bytes)
       .def(
           "check",
           [](const RequestLimits& lim, int h, int w, int f, int steps, double g) {
@@ -503,179 +374,6 @@ void register_runtime(py::module_& m) {
       py::arg("model"), py::arg("height"), py::arg("width"), py::arg("num_frames"), py::arg("num_steps"),
       py::arg("guidance_scale") = 1.0,
       "Checks a request against a known model's limits; returns its tokens or raises InvalidUsage naming the field.");
-
-  // ---- the engine loop ----
-  py::class_<RequestResult>(r, "RequestResult")
-      .def_readonly("id", &RequestResult::id)
-      .def_readonly("state", &RequestResult::state)
-      .def_readonly("reason", &RequestResult::reason)
-      .def_readonly("stages", &RequestResult::stages)
-      .def_readonly("transitions", &RequestResult::transitions)
-      .def_readonly("output", &RequestResult::output)
-      .def_readonly("arrival_ns", &RequestResult::arrival_ns)
-      .def_readonly("deadline_ns", &RequestResult::deadline_ns)
-      .def_readonly("priority", &RequestResult::priority);
-
-  py::class_<ProbeSample>(r, "ProbeSample")
-      .def_readonly("dispatch_ns", &ProbeSample::dispatch_ns)
-      .def_readonly("start_ns", &ProbeSample::start_ns)
-      .def_readonly("post_ns", &ProbeSample::post_ns)
-      .def_readonly("seen_ns", &ProbeSample::seen_ns);
-
-  py::class_<EngineLoop>(r, "EngineLoop")
-      .def(py::init([](int num_workers, const py::object& policy, std::shared_ptr<cost::CostModel> cost,
-                       int max_inflight_steps, double task_timeout_s, int max_attempts, uint32_t ring_bytes,
-                       std::vector<int> node_of, bool lookahead) {
-             EngineOptions o;
-             o.num_workers = num_workers;
-             o.ring_bytes = ring_bytes;
-             o.control.max_inflight_steps = max_inflight_steps;
-             o.control.task_timeout_s = task_timeout_s;
-             o.control.max_attempts = max_attempts;
-             o.control.node_of = std::move(node_of);
-             o.control.lookahead = lookahead;
-             return std::make_unique<EngineLoop>(o, policyFrom(policy), std::move(cost));
-           }),
-           py::arg("num_workers"), py::arg("policy"), py::arg("cost") = nullptr, py::arg("max_inflight_steps") = 2,
-           py::arg("task_timeout_s") = 0.0, py::arg("max_attempts") = 3, py::arg("ring_bytes") = 1u << 20,
-           py::arg("node_of") = std::vector<int>(), py::arg("lookahead") = true)
-      .def_property_readonly("queue_name", &EngineLoop::queueName)
-      .def_property_readonly("output_prefix", &EngineLoop::outputNamePrefix)
-      .def_property_readonly("world_shm_prefix", &EngineLoop::worldShmPrefix)
-      .def("await_workers", &EngineLoop::awaitWorkers, py::arg("pids"), py::arg("timeout_s"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("start", &EngineLoop::start)
-      .def(
-          "submit",
-          [](EngineLoop& e, int h, int w, int f, int steps, double g, int64_t tokens, double deadline_s, int priority,
-             int max_degree, const py::bytes& payload, int num_heads) {
-            RequestSpec s;
-            s.shape = shapeOf(h, w, f, steps, g);
-            s.shape.tokens = tokens;
-            s.arrival_ns = nowNs();
-            if (std::isfinite(deadline_s)) s.deadline_ns = s.arrival_ns + static_cast<int64_t>(deadline_s * 1e9);
-            s.priority = priority;
-            s.max_degree = max_degree;
-            s.num_heads = num_heads;
-            s.payload = payload;
-            py::gil_scoped_release nogil;
-            return e.submit(std::move(s));
-          },
-          py::arg("height"), py::arg("width"), py::arg("num_frames"), py::arg("num_steps"), py::arg("guidance_scale"),
-          py::arg("tokens"), py::arg("deadline_s"), py::arg("priority"), py::arg("max_degree"), py::arg("payload"),
-          py::arg("num_heads") = 0)
-      .def("cancel", &EngineLoop::cancel, py::call_guard<py::gil_scoped_release>())
-      .def("wait_results", &EngineLoop::waitResults, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
-      .def(
-          "status",
-          [](EngineLoop& e, uint64_t id) -> py::object {
-            RequestStatus s;
-            {
-              py::gil_scoped_release nogil;
-              s = e.status(id);
-            }
-            if (!s.known) return py::none();
-            py::dict d;
-            d["state"] = s.state;
-            d["step"] = s.step;
-            d["num_steps"] = s.num_steps;
-            d["ranks"] = s.ranks;
-            return d;
-          },
-          py::arg("request_id"))
-      .def("ping", &EngineLoop::ping, py::arg("worker"), py::arg("count"), py::arg("timeout_s"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("stats",
-           [](EngineLoop& e) {
-             EngineStats s;
-             {
-               py::gil_scoped_release nogil;
-               s = e.stats();
-             }
-             return statsDict(s);
-           })
-      .def("shutdown", &EngineLoop::shutdown, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("closed", &EngineLoop::closed);
-
-  // ---- the simulator ----
-  py::class_<SimRequest>(r, "SimRequest")
-      .def(py::init([](uint64_t id, double arrival_s, int h, int w, int f, int steps, std::optional<double> g,
-                       std::optional<double> deadline_s, int priority) {
-             SimRequest q;
-             q.id = id;
-             q.arrival_s = arrival_s;
-             q.shape = shapeOf(h, w, f, steps, g ? *g : -1.0);  // no guidance: the model's default
-             q.deadline_s = deadline_s ? *deadline_s : std::nan("");
-             q.priority = priority;
-             return q;
-           }),
-           py::kw_only(), py::arg("id"), py::arg("arrival_s"), py::arg("height"), py::arg("width"),
-           py::arg("num_frames") = 1, py::arg("num_steps") = 0, py::arg("guidance_scale") = py::none(),
-           py::arg("deadline_s") = py::none(), py::arg("priority") = 0)
-      .def_readonly("id", &SimRequest::id)
-      .def_readonly("arrival_s", &SimRequest::arrival_s);
-
-  py::class_<SimOutcome>(r, "SimOutcome")
-      .def_readonly("id", &SimOutcome::id)
-      .def_readonly("arrival_s", &SimOutcome::arrival_s)
-      .def_readonly("finish_s", &SimOutcome::finish_s)
-      .def_property_readonly("deadline_s",
-                             [](const SimOutcome& o) -> py::object {
-                               if (std::isnan(o.deadline_s)) return py::none();
-                               return py::float_(o.deadline_s);
-                             })
-      .def_property_readonly("state", [](const SimOutcome& o) { return std::string(requestStateName(o.state)); })
-      .def_readonly("priority", &SimOutcome::priority)
-      .def_readonly("first_start_s", &SimOutcome::first_start_s);
-
-  py::class_<SimResult>(r, "SimResult")
-      .def_readonly("requests", &SimResult::requests)
-      .def_property_readonly("intervals",
-                             [](const SimResult& s) {
-                               py::list out;
-                               for (const auto& iv : s.intervals) {
-                                 out.append(py::make_tuple(
-                                     iv.rank, iv.request_id,
-                                     taskKindName(iv.kind) == std::string("denoise") ? "step" : taskKindName(iv.kind),
-                                     iv.start_s, iv.end_s));
-                               }
-                               return out;
-                             })
-      .def_readonly("busy_rank_s", &SimResult::busy_rank_s)
-      .def_readonly("num_ranks", &SimResult::num_ranks)
-      .def_readonly("makespan_s", &SimResult::makespan_s)
-      .def_readonly("num_tasks", &SimResult::num_tasks)
-      .def_readonly("wall_s", &SimResult::wall_s)
-      .def_property_readonly("stats", [](const SimResult& s) {
-        EngineStats e;
-        e.control = s.stats;
-        return statsDict(e);
-      });
-
-  py::class_<Simulator>(r, "Simulator")
-      .def(py::init([](std::shared_ptr<cost::CostModel> cost, const cost::Cluster& cluster, const py::object& policy,
-                       int max_inflight_steps, bool record_intervals, double dispatch_s, double completion_s,
-                       double regroup_s, int num_cores, bool lookahead, double collective_efficiency,
-                       bool regroup_every_change) {
-             GFDIT_CHECK(collective_efficiency > 0 && collective_efficiency <= 1.5)
-                 << "collective_efficiency " << collective_efficiency << " outside (0, 1.5]";
-             SimOptions o;
-             o.collective_efficiency = collective_efficiency;
-             o.max_inflight_steps = max_inflight_steps;
-             o.record_intervals = record_intervals;
-             o.dispatch_s = dispatch_s;
-             o.completion_s = completion_s;
-             o.regroup_s = regroup_s;
-             o.regroup_every_change = regroup_every_change;
-             o.num_cores = num_cores;
-             o.lookahead = lookahead;
-             return std::make_unique<Simulator>(std::move(cost), cluster, policyFrom(policy), o);
-           }),
-           py::arg("cost_model"), py::arg("cluster"), py::arg("policy"), py::arg("max_inflight_steps") = 2,
-           py::arg("record_intervals") = false, py::arg("dispatch_s") = 0.0, py::arg("completion_s") = 0.0,
-           py::arg("regroup_s") = -1.0, py::arg("num_cores") = -1, py::arg("lookahead") = true,
-           py::arg("collective_efficiency") = 1.0, py::arg("regroup_every_change") = false)
-      .def("run", &Simulator::run, py::arg("requests"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace python

@@ -15,24 +15,33 @@
 // which step the worker's copy is (step_end), so after a failure the request resumes from the most
 // advanced copy that survived, whatever was in flight.
 //
+// NOTE [regroups]
+// A request is regrouped when a denoise task of it runs on another set of ranks than its previous denoise
+// task did; the order of the ranks within the group does not count (the same ranks in another order move no
+// state and show as the same rows of a timeline). The control plane decides it once, when it dispatches the
+// task, marks the task's stage (StageRecord::regroup) and counts it (ControlStats::regroups); the live page
+// and the metrics read that mark rather than deciding again.
+//
 // NOTE [lookahead]
 // A policy decides `num_steps` steps at a time, often one. To keep workers busy across decisions, when a
-// decision's last step has been dispatched but not completed, the control plane asks the policy what it
-// would decide for this request once that step is done (a view where the request is ready at its next step
-// and its own ranks are free). If the answer keeps the same ranks and layout, the next steps are dispatched
-// at once (dispatch-ahead); otherwise the request waits for its boundary and the real decision. Policies are
-// pure, so asking early is safe; the answer for other requests is ignored. At most max_inflight_steps
-// steps of a request are in flight, or more when steps are short: enough to hold min_queued_s of measured
-// step time (at most 8), so that a worker with tiny steps always has work queued (NOTE [quiet completions]
-// in queue.cpp) while long steps stay responsive to the policy. A step predicted to take long_step_s or more
-// goes alone: nothing is dispatched ahead of it, so a preemption waits for one step only.
+// decision's last step has been dispatched but not completed, the control plane asks the policy what it would
+// decide for this request once that step is done (a view where the request is ready at its next step and its
+// own ranks are free). If the answer keeps the same ranks and layout, the next steps are dispatched at once
+// (dispatch-ahead); otherwise the request waits for its boundary and the real decision. Policies are pure, so
+// asking early is safe; the answer for other requests is ignored. At most max_inflight_steps steps of a
+// request are in flight, or more when steps are short: enough to hold min_queued_s of measured step time of
+// this request's shape and layout (at most kMaxStepsAhead), so that a worker with tiny steps always has work
+// queued (NOTE [quiet completions] in rings.cpp) while long steps stay responsive to the policy. A step
+// predicted to take long_step_s or more goes alone: nothing is dispatched ahead of it, so a preemption waits
+// for one step only.
 //
 // NOTE [expected completions]
-// The control plane predicts when each task in flight ends, from the measured length of tasks of its kind
-// (a moving average) and from when its workers get to it: a task starts once every member finished what
-// was queued before it. When a worker reports a task, the oldest task still queued on it starts now; when
-// one member of a collective task reports, the others are due at once. The engine loop spins rather than
-// sleeps only when a completion is due within a few tens of microseconds (NOTE [control thread]).
+// The control plane predicts when each task in flight ends, from how long such tasks take (the moving average
+// of its kind, shape and layout, else the cost model's prediction, else the last task of its kind: NOTE [task
+// durations] in task_durations.h) and from when its workers get to it: a task starts once every member
+// finished what was queued before it. When a worker reports a task, the oldest task still queued on it starts
+// now; when one member of a collective task reports, the others are due at once. The engine loop spins rather
+// than sleeps only when a completion is due within a few tens of microseconds (NOTE [control thread]).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -41,6 +50,8 @@
 
 #include "gfdit/control.h"
 #include "gfdit/error.h"
+#include "gfdit/planning.h"
+#include "task_durations.h"
 
 namespace gfdit {
 namespace runtime {
@@ -80,34 +91,11 @@ std::string ranksText(const std::vector<int>& ranks) {
 
 constexpr int64_t kSecond = 1000000000;
 constexpr int64_t kKillGraceNs = 2 * kSecond;  // after an abort, how long a wedged task gets before a kill
+// However short its steps, at most this many steps of a request go ahead of completions (NOTE [lookahead]):
+// enough to hide the round trip of a completion, few enough that a decision changes course soon.
+constexpr int kMaxStepsAhead = 8;
 
 }  // namespace
-
-const char* taskKindName(TaskKind k) {
-  switch (k) {
-    case TaskKind::kEncode: return "encode";
-    case TaskKind::kDenoise: return "denoise";
-    case TaskKind::kMigrate: return "migrate";
-    case TaskKind::kDecode: return "decode";
-    case TaskKind::kFree: return "free";
-    case TaskKind::kShutdown: return "shutdown";
-    case TaskKind::kReinit: return "reinit";
-  }
-  return "unknown";
-}
-
-const char* taskErrorName(TaskError e) {
-  switch (e) {
-    case TaskError::kOk: return "ok";
-    case TaskError::kInvalidRequest: return "invalid_request";
-    case TaskError::kModelError: return "model_error";
-    case TaskError::kCommError: return "comm_error";
-    case TaskError::kWorkerDied: return "worker_died";
-    case TaskError::kTimeout: return "timeout";
-    case TaskError::kStateLost: return "state_lost";
-  }
-  return "unknown";
-}
 
 struct ControlPlane::Task {
   uint64_t id = 0;
@@ -122,6 +110,7 @@ struct ControlPlane::Task {
   int64_t dispatch_ns = 0;
   int64_t expected_end_ns = 0;
   int64_t deadline_ns = 0;  // 0: none
+  TaskKey key;              // what its duration is measured for (NOTE [task durations])
   bool aborted = false;     // the deadline passed once: abort sent, a kill follows
   int64_t start_ns = 0;
   int64_t end_ns = 0;
@@ -129,6 +118,7 @@ struct ControlPlane::Task {
   std::string message;
   OutputRef output;
   bool probe = false;
+  bool regroup = false;  // a denoise task on another set of ranks than the request's previous one
   std::vector<std::pair<int, int32_t>> step_ends;  // (worker, step its copy is at) from each completion
 };
 
@@ -146,6 +136,8 @@ struct ControlPlane::Request {
   std::string last_error;
   OutputRef output;
   std::vector<std::pair<int, int32_t>> copies;  // (worker, step) of every copy of its state it knows of
+  std::vector<int> denoised_on;                 // the ranks of its last denoise task, sorted (NOTE [regroups])
+  RequestProgress told;                         // what the progress callback heard of it last
 };
 
 ControlPlane::ControlPlane(ControlConfig config, Clock& clock, Executor& executor, std::shared_ptr<Policy> policy,
@@ -154,7 +146,8 @@ ControlPlane::ControlPlane(ControlConfig config, Clock& clock, Executor& executo
       clock_(clock),
       executor_(executor),
       policy_(std::move(policy)),
-      cost_(std::move(cost)) {
+      cost_(std::move(cost)),
+      durations_(std::make_unique<TaskDurations>()) {
   GFDIT_CHECK(config_.world_size >= 1 && config_.world_size <= kMaxRanks) << "world size " << config_.world_size;
   GFDIT_CHECK(config_.max_inflight_steps >= 1) << "max_inflight_steps must be >= 1";
   GFDIT_CHECK(policy_ != nullptr) << "a control plane needs a policy";
@@ -183,6 +176,23 @@ void ControlPlane::transition(Request& r, RequestState s, int32_t step, const st
   if (step >= 0) rec.step = step;
   if (!reason.empty()) rec.reason = reason;
   rec.transitions.push_back({s, rec.step, clock_.nowNs()});
+  notify(r);
+}
+
+void ControlPlane::notify(Request& r) {
+  if (!on_progress_) return;
+  const RequestRecord& rec = r.rec;
+  const std::vector<int>& ranks = rec.busy ? r.group : rec.ranks;
+  RequestProgress& p = r.told;
+  if (p.id == rec.id && p.state == rec.state && p.step == rec.step && p.running == rec.busy && p.ranks == ranks) return;
+  p.id = rec.id;
+  p.state = rec.state;
+  p.step = rec.step;
+  p.num_steps = rec.num_steps;
+  p.running = rec.busy;
+  p.ranks = ranks;
+  p.t_ns = clock_.nowNs();
+  on_progress_(p);
 }
 
 uint64_t ControlPlane::submit(RequestSpec spec) {
@@ -249,6 +259,14 @@ uint64_t ControlPlane::dispatch(Request* r, TaskKind kind, const std::vector<int
   t->step_begin = step_begin;
   t->num_steps = num_steps;
   t->dispatch_ns = clock_.nowNs();
+  t->key = TaskDurations::key(kind, r != nullptr ? &r->rec.shape : nullptr, layout);
+  if (kind == TaskKind::kDenoise && r != nullptr) {  // see NOTE [regroups]
+    std::vector<int> on = ranks;
+    std::sort(on.begin(), on.end());
+    t->regroup = !r->denoised_on.empty() && r->denoised_on != on;
+    if (t->regroup) ++stats_.regroups;
+    r->denoised_on = std::move(on);
+  }
   t->members = ranks;  // a migration's group starts with its source
   int64_t start = t->dispatch_ns;
   for (int w : t->members) {
@@ -258,10 +276,10 @@ uint64_t ControlPlane::dispatch(Request* r, TaskKind kind, const std::vector<int
     t->pending |= uint64_t{1} << w;
     start = std::max(start, worker_free_at_[w]);
   }
-  t->expected_end_ns = start + static_cast<int64_t>(ewma_ns_[static_cast<int>(kind) & 7]);
+  t->expected_end_ns = start + estimateNs(*t);
   for (int w : t->members) worker_free_at_[w] = t->expected_end_ns;
   if (config_.task_timeout_s > 0) {
-    t->deadline_ns = t->expected_end_ns + static_cast<int64_t>(config_.task_timeout_s * 1e9);
+    t->deadline_ns = t->expected_end_ns + static_cast<int64_t>(config_.task_timeout_s * kSecond);
   }
   TaskDescriptor d;
   d.task_id = t->id;
@@ -345,7 +363,8 @@ void ControlPlane::validate(const std::vector<Decision>& ds, const SchedulerView
         << "policy " << pname << ": layout cfg 2 (CFG-parallel) for request " << d.request_id
         << ", which has no guidance (guidance_scale " << r.rec.shape.guidance_scale
         << " <= 1: one pass per step, nothing to run in parallel)";
-    GFDIT_CHECK(d.layout.mode == 0 || d.layout.mode == 1) << "policy " << pname << ": layout mode " << d.layout.mode;
+    GFDIT_CHECK(d.layout.mode == LayoutMode::kUsp || d.layout.mode == LayoutMode::kTorus)
+        << "policy " << pname << ": layout mode " << static_cast<int>(d.layout.mode);
     GFDIT_CHECK(d.num_steps >= 1) << "policy " << pname << ": num_steps " << d.num_steps;
   }
 }
@@ -384,7 +403,6 @@ void ControlPlane::startDecision(Request& r, const Decision& d) {
   RequestRecord& rec = r.rec;
   occupy(d.ranks);
   rec.busy = true;
-  if (!rec.ranks.empty() && rec.ranks != d.ranks) ++stats_.regroups;
   r.group = d.ranks;
   r.layout = d.layout;
   rec.layout = d.layout;
@@ -423,8 +441,9 @@ void ControlPlane::startDecision(Request& r, const Decision& d) {
   if (rec.cost.known) {
     double s = r.todo * rec.cost.stepSeconds(d.layout.degree());
     if (rec.state == RequestState::kEncoding) s += rec.cost.encode_s;
-    rec.decision_end_ns = clock_.nowNs() + static_cast<int64_t>(s * 1e9);
+    rec.decision_end_ns = clock_.nowNs() + static_cast<int64_t>(s * kSecond);
   }
+  notify(r);
   pump(r);
   if (r.todo == 0 && r.inflight == 0) endDecision(r);
 }
@@ -451,10 +470,12 @@ int ControlPlane::inflightLimit(const Request& r) const {
   // (a preemption) then waits for one step, not two.
   if (!r.ahead) return 1;
   if (r.rec.cost.known && r.rec.cost.stepSeconds(r.layout.degree()) >= config_.long_step_s) return 1;
-  double step_ns = ewma_ns_[static_cast<int>(TaskKind::kDenoise) & 7];
+  // measured time only: a prediction that is too short must not commit the group to many steps (NOTE [task
+  // durations])
+  const double step_ns = durations_->measuredNs(TaskDurations::key(TaskKind::kDenoise, &r.rec.shape, r.layout), 1);
   if (step_ns <= 0 || config_.min_queued_s <= 0) return config_.max_inflight_steps;
-  int want = static_cast<int>(std::ceil(config_.min_queued_s * 1e9 / step_ns));
-  return std::max(config_.max_inflight_steps, std::min(8, want));
+  int want = static_cast<int>(std::ceil(config_.min_queued_s * kSecond / step_ns));
+  return std::max(config_.max_inflight_steps, std::min(kMaxStepsAhead, want));
 }
 
 bool ControlPlane::lookahead(Request& r) {
@@ -486,7 +507,7 @@ bool ControlPlane::lookahead(Request& r) {
     if (d.ranks != r.group || d.layout != r.layout || d.num_steps < 1 || !d.dispatch_ahead) return false;
     r.todo = std::min(d.num_steps, r.rec.num_steps - r.next_step);
     if (r.rec.decision_end_ns != 0) {
-      r.rec.decision_end_ns += static_cast<int64_t>(r.todo * r.rec.cost.stepSeconds(d.layout.degree()) * 1e9);
+      r.rec.decision_end_ns += static_cast<int64_t>(r.todo * r.rec.cost.stepSeconds(d.layout.degree()) * kSecond);
     }
     ++stats_.lookahead_hits;
     return true;
@@ -497,7 +518,11 @@ bool ControlPlane::lookahead(Request& r) {
 void ControlPlane::endDecision(Request& r) {
   release(r.group);
   r.rec.busy = false;
-  if (r.rec.step >= r.rec.num_steps) dispatchDecode(r);
+  if (r.rec.step >= r.rec.num_steps) {
+    dispatchDecode(r);
+  } else {
+    notify(r);  // paused on its holders
+  }
 }
 
 void ControlPlane::dispatchDecode(Request& r) {
@@ -519,7 +544,7 @@ void ControlPlane::dispatchDecode(Request& r) {
 
 // ---- completions ----
 
-void ControlPlane::onCompletion(const Completion& c) {
+void ControlPlane::onCompletion(const Completion& c, const std::string& message) {
   auto it = tasks_.find(c.task_id);
   if (it == tasks_.end() || c.rank < 0 || c.rank >= config_.world_size) {
     if (c.output.name[0] != '\0') executor_.discardOutput(c.output);  // late, duplicate or unknown
@@ -545,7 +570,7 @@ void ControlPlane::onCompletion(const Completion& c) {
   if (!c.ok() && t.error == TaskError::kOk) {
     t.error = static_cast<TaskError>(c.error);
     std::ostringstream os;
-    os << "worker " << c.rank << ": " << std::string(c.message, std::min<size_t>(c.message_bytes, sizeof(c.message)));
+    os << "worker " << c.rank << ": " << message;
     t.message = os.str();
     // A member that fails a collective task leaves its peers blocked in the collective: release them now.
     if (t.pending != 0 && (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate)) startRecovery();
@@ -564,13 +589,22 @@ void ControlPlane::expectNext(int worker, int64_t now) {
   }
   int64_t free_at = now;
   if (next != nullptr) {
-    int64_t end = now + static_cast<int64_t>(ewma_ns_[static_cast<int>(next->kind) & 7]);
+    int64_t end = now + estimateNs(*next);
     if (next->expected_end_ns < end) next->expected_end_ns = end;
     for (auto& kv : tasks_) {
       if (kv.second->pending & bit) free_at = std::max(free_at, kv.second->expected_end_ns);
     }
   }
   worker_free_at_[worker] = free_at;
+}
+
+int64_t ControlPlane::estimateNs(const Task& t) const {
+  double predicted = 0;
+  auto it = requests_.find(t.request_id);
+  if (it != requests_.end() && !t.probe) {
+    predicted = TaskDurations::predictedNs(it->second->rec.cost, t.kind, t.layout.degree(), t.num_steps);
+  }
+  return static_cast<int64_t>(durations_->estimateNs(t.key, t.num_steps, predicted));
 }
 
 void ControlPlane::taskDone(Task& done) {
@@ -588,9 +622,7 @@ void ControlPlane::dropCopy(Request& r, int worker) {
 
 void ControlPlane::applyDone(Task& t) {
   if (t.end_ns > t.start_ns && t.error == TaskError::kOk) {
-    double& e = ewma_ns_[static_cast<int>(t.kind) & 7];
-    double dur = static_cast<double>(t.end_ns - t.start_ns);
-    e = e == 0 ? dur : 0.8 * e + 0.2 * dur;
+    durations_->record(t.key, t.num_steps, static_cast<double>(t.end_ns - t.start_ns));
   }
   if (t.kind == TaskKind::kReinit) {
     if (t.error == TaskError::kOk) {
@@ -629,6 +661,7 @@ void ControlPlane::applyDone(Task& t) {
     s.start_ns = t.start_ns;
     s.end_ns = t.end_ns;
     s.error = t.error;
+    s.regroup = t.regroup;
     r.stages.push_back(std::move(s));
   }
   if (isFinished(rec.state)) {
@@ -637,7 +670,11 @@ void ControlPlane::applyDone(Task& t) {
     return;
   }
   if (t.error != TaskError::kOk) {
-    if (needsRecovery(t.error) || recovering_) {
+    // During a recovery a failing collective task may only be the abort's echo; an encode or decode runs no
+    // collective, so its model error or bad request is its own whatever else is going on (a denoise task
+    // queued behind a failed encode reports a lost state at once, and may start a recovery first).
+    bool own = (t.kind == TaskKind::kEncode || t.kind == TaskKind::kDecode) && !needsRecovery(t.error);
+    if (!own && (needsRecovery(t.error) || recovering_)) {
       r.hit = true;
       r.last_error = t.message;
       startRecovery();
@@ -750,7 +787,9 @@ void ControlPlane::onWorkerDeath(int worker) {
 void ControlPlane::startRecovery() {
   if (!recovering_) {
     recovering_ = true;
-    executor_.abortCollectives();  // collectives blocked on a dead or broken peer fail within ~100 ms
+    // collectives blocked on a dead or broken peer fail within the period their waits check the abort word
+    // and their peers (core::kPeerCheckPeriod, 100 ms)
+    executor_.abortCollectives();
   }
 }
 
@@ -771,9 +810,10 @@ void ControlPlane::tryReinit() {
   }
   ++epoch_;
   ++stats_.recoveries;
-  std::ostringstream os;
-  os << "{\"epoch\": " << epoch_ << ", \"workers\": " << ranksText(survivors) << "}";
-  std::string payload = os.str();
+  ReinitPlan plan;
+  plan.epoch = epoch_;
+  plan.workers.assign(survivors.begin(), survivors.end());
+  std::string payload = plan.encode();
   dispatch(nullptr, TaskKind::kReinit, survivors, Layout(), 0, 0, -1, &payload);
 }
 

@@ -1,11 +1,15 @@
 // The analytic cost model: the model registry, the hardware and cluster registries, and stage times from
-// FLOPs and bytes over peak rates with efficiency factors (see docs/cost_calibration.md for the fit).
+// FLOPs and bytes over peak rates with efficiency factors (see docs/cost_calibration.md for the fit); and the
+// names of the stages and of the layout's modes and placements (gfdit/layout.h), defined once here.
 #include "gfdit/cost.h"
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "gfdit/error.h"
 
@@ -18,6 +22,18 @@ std::string joinNames(const std::vector<std::string>& names) {
   std::ostringstream os;
   for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
   return os.str();
+}
+
+// The value of `values` that `name_of` names `name`; another name throws InvalidUsage listing the valid ones.
+template <typename E>
+E fromName(const std::string& name, const char* what, std::initializer_list<E> values, const char* (*name_of)(E)) {
+  std::vector<std::string> names;
+  for (E v : values) {
+    if (name == name_of(v)) return v;
+    names.push_back(name_of(v));
+  }
+  GFDIT_THROW(kInvalidUsage) << "unknown " << what << " '" << name << "'; valid " << what << "s: " << joinNames(names);
+  return *values.begin();  // unreachable
 }
 
 // NOTE [model registry]
@@ -48,6 +64,7 @@ std::vector<ModelArch> makeModels() {
   {
     ModelArch m;
     m.name = "qwen-image";
+    m.pipeline = "qwen-image";
     m.joint_attention = true;
     m.num_layers = 60;
     m.hidden = 3072;
@@ -78,6 +95,7 @@ std::vector<ModelArch> makeModels() {
   {
     ModelArch m;
     m.name = "wan2.2";  // T2V A14B: two 14B experts (high noise, low noise), one active per step
+    m.pipeline = "wan";
     m.is_video = true;
     m.num_layers = 40;
     m.hidden = 5120;
@@ -141,6 +159,8 @@ std::vector<ModelArch> makeModels() {
   {
     ModelArch m;
     m.name = "wan2.1-1.3b";
+    m.pipeline = "wan";
+    m.alias = "wan2.1";  // the name gfdit.models.load and gfdit serve take
     m.is_video = true;
     m.num_layers = 30;
     m.hidden = 1536;
@@ -173,6 +193,7 @@ std::vector<ModelArch> makeModels() {
     // python/gfdit/models/tiny.py WAN_CONFIG, wan_pipeline.py TINY_DEFAULTS / TINY_VAE (and its tiny UMT5).
     ModelArch m;
     m.name = "tiny-wan";
+    m.pipeline = "wan";
     m.is_video = true;
     m.num_layers = 2;
     m.hidden = 64;
@@ -204,6 +225,7 @@ std::vector<ModelArch> makeModels() {
     // python/gfdit/models/tiny.py QWEN_IMAGE_CONFIG, qwen_pipeline.py TINY_DEFAULTS / TINY_VAE.
     ModelArch m;
     m.name = "tiny-qwen-image";
+    m.pipeline = "qwen-image";
     m.joint_attention = true;
     m.num_layers = 2;
     m.hidden = 64;
@@ -240,8 +262,9 @@ const std::vector<ModelArch>& models() {
 }
 
 // NOTE [hardware figures]
-// Peak rates are datasheet dense bf16 and HBM bandwidth (DESIGN.md's table: NVIDIA H20, A100 SXM, H100 SXM,
-// H200 SXM product briefs). NVLink figures there are bidirectional aggregates; a rank sends at half of it.
+// Peak rates are datasheet dense bf16 and HBM bandwidth (the GPU table of docs/architecture.md, The cost
+// model: NVIDIA H20, A100 SXM, H100 SXM, H200 SXM product briefs). NVLink figures there are bidirectional
+// aggregates; a rank sends at half of it.
 // Across nodes: one 400 Gb/s NIC per GPU, ~50 GB/s per direction. The efficiency factors, the collective
 // latency and the per-block overhead are fitted (docs/cost_calibration.md): H20 to GF-DiT's Qwen-Image
 // per-step table, H100 to SGLang Diffusion's H100 CI baselines; A100 and H200 take H100's factors (no
@@ -330,7 +353,7 @@ const std::vector<Hardware>& hardwareList() {
 const char* stageName(Stage s) {
   switch (s) {
     case Stage::kEncode: return "encode";
-    case Stage::kDenoiseStep: return "step";
+    case Stage::kDenoise: return "denoise";
     case Stage::kMigrate: return "migrate";
     case Stage::kDecode: return "decode";
   }
@@ -338,12 +361,38 @@ const char* stageName(Stage s) {
 }
 
 Stage stageFromName(const std::string& name) {
-  for (Stage s : {Stage::kEncode, Stage::kDenoiseStep, Stage::kMigrate, Stage::kDecode}) {
-    if (name == stageName(s)) return s;
-  }
-  GFDIT_THROW(kInvalidUsage) << "unknown stage '" << name << "'; valid stages: encode, step, migrate, decode";
-  return Stage::kEncode;  // unreachable
+  return fromName(name, "stage", {Stage::kEncode, Stage::kDenoise, Stage::kMigrate, Stage::kDecode}, stageName);
 }
+
+}  // namespace cost
+
+const char* layoutModeName(LayoutMode m) {
+  switch (m) {
+    case LayoutMode::kUsp: return "usp";
+    case LayoutMode::kTorus: return "torus";
+  }
+  return "unknown";
+}
+
+LayoutMode layoutModeFromName(const std::string& name) {
+  return cost::fromName(name, "mode", {LayoutMode::kUsp, LayoutMode::kTorus}, layoutModeName);
+}
+
+const char* placementName(Placement p) {
+  switch (p) {
+    case Placement::kAuto: return "auto";
+    case Placement::kUlyssesLow: return "ulysses-low";
+    case Placement::kRingLow: return "ring-low";
+  }
+  return "unknown";
+}
+
+Placement placementFromName(const std::string& name) {
+  return cost::fromName(name, "placement", {Placement::kAuto, Placement::kUlyssesLow, Placement::kRingLow},
+                        placementName);
+}
+
+namespace cost {
 
 int64_t ModelArch::tokens(int32_t height, int32_t width, int32_t num_frames) const {
   GFDIT_CHECK(height > 0 && width > 0 && num_frames > 0)
@@ -355,7 +404,7 @@ int64_t ModelArch::tokens(int32_t height, int32_t width, int32_t num_frames) con
 
 const ModelArch& modelArch(const std::string& name) {
   for (const ModelArch& m : models()) {
-    if (m.name == name) return m;
+    if (m.name == name || (!m.alias.empty() && m.alias == name)) return m;
   }
   GFDIT_THROW(kInvalidUsage) << "unknown model '" << name << "'; valid models: " << joinNames(modelNames());
   return models().front();  // unreachable
@@ -364,6 +413,14 @@ const ModelArch& modelArch(const std::string& name) {
 std::vector<std::string> modelNames() {
   std::vector<std::string> names;
   for (const ModelArch& m : models()) names.push_back(m.name);
+  return names;
+}
+
+std::vector<std::string> loadableModelNames() {
+  std::vector<std::string> names;
+  for (const ModelArch& m : models()) {
+    if (!m.pipeline.empty()) names.push_back(m.alias.empty() ? m.name : m.alias);
+  }
   return names;
 }
 
@@ -467,7 +524,7 @@ class AnalyticCostModel : public CostModel {
         q.shape.tokens > 0 ? q.shape.tokens : model_.tokens(q.shape.height, q.shape.width, q.shape.num_frames);
     switch (stage) {
       case Stage::kEncode: return encode(q) * contention(q.degree);
-      case Stage::kDenoiseStep: return step(q, tokens) * contention(q.degree);
+      case Stage::kDenoise: return step(q, tokens) * contention(q.degree);
       case Stage::kMigrate: return q.num_new > 0 ? migrate(q) * contention(q.num_new + 1) : 0.0;
       case Stage::kDecode: return decode(q);
     }
@@ -492,7 +549,7 @@ class AnalyticCostModel : public CostModel {
     GFDIT_CHECK(q.num_nodes >= 1 && q.num_nodes <= q.degree)
         << "num_nodes must be in [1, degree " << q.degree << "], got " << q.num_nodes;
     GFDIT_CHECK(q.num_new >= 0) << "num_new must be >= 0, got " << q.num_new;
-    if (stage == Stage::kDenoiseStep) {
+    if (stage == Stage::kDenoise) {
       GFDIT_CHECK(q.layout.cfg == 1 || q.layout.cfg == 2) << "cfg must be 1 or 2, got " << q.layout.cfg;
       GFDIT_CHECK(q.layout.ulysses >= 1 && q.layout.ring >= 1 && q.layout.degree() == q.degree)
           << "layout " << q.layout.ulysses << " x " << q.layout.ring
@@ -500,14 +557,16 @@ class AnalyticCostModel : public CostModel {
           << q.degree;
       GFDIT_CHECK(q.layout.ulysses <= model_.heads)
           << model_.name << ": ulysses " << q.layout.ulysses << " exceeds the " << model_.heads << " heads";
-      GFDIT_CHECK(q.layout.mode == 0 || q.layout.mode == 1) << "mode must be 0 (usp) or 1 (torus)";
+      GFDIT_CHECK(q.layout.mode == LayoutMode::kUsp || q.layout.mode == LayoutMode::kTorus)
+          << "mode must be usp or torus, got " << static_cast<int32_t>(q.layout.mode);
       GFDIT_CHECK(q.layout.cfg == 1 || q.shape.guidance())
           << "cfg 2 (CFG-parallel) needs guidance (guidance_scale > 1), got " << q.shape.guidance_scale;
     }
   }
 
-  // NOTE [cpu contention]: ranks that outnumber the cores time-share them, so a stage on d ranks takes
-  // d / num_cores times longer than with a core each. The result is the stage's time when it runs alone.
+  // NOTE [cpu contention]
+  // Ranks that outnumber the cores time-share them, so a stage on d ranks takes d / num_cores times longer
+  // than with a core each. The result is the stage's time when it runs alone.
   double contention(int32_t ranks) const {
     const int32_t cores = cluster_.hw.num_cores;
     return cores > 0 && ranks > cores ? static_cast<double>(ranks) / cores : 1.0;
@@ -582,7 +641,8 @@ class AnalyticCostModel : public CostModel {
 
     // Which axis crosses nodes (see Layout::placement): Ulysses next to each other unless ring-low.
     const int32_t per_node = (d + nodes - 1) / nodes;
-    const bool ring_low = layout.placement == 2 || (layout.placement == 0 && layout.mode == 1);
+    const bool ring_low = layout.placement == Placement::kRingLow ||
+                          (layout.placement == Placement::kAuto && layout.mode == LayoutMode::kTorus);
     int32_t u_on_node;  // members of a rank's Ulysses group on its own node (itself included)
     bool ring_crosses;
     if (ring_low) {
@@ -615,7 +675,7 @@ class AnalyticCostModel : public CostModel {
       t_ring = (r - 1) * (l.latency + block / l.bw);
     }
     double t_block_attn;
-    if (layout.mode == 1) {
+    if (layout.mode == LayoutMode::kTorus) {
       t_block_attn = std::max(t_attn, 4 * t_a2a + t_ring) + 4 * t_a2a / kTorusChunks;
     } else {
       t_block_attn = std::max(t_attn, t_ring) + 4 * t_a2a;

@@ -20,6 +20,7 @@
 #include <climits>
 #include <sstream>
 
+#include "doorbell.h"
 #include "gfdit/engine_loop.h"
 #include "gfdit/error.h"
 
@@ -28,12 +29,10 @@ namespace runtime {
 namespace {
 
 constexpr int64_t kSecond = 1000000000;
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
+// A worker whose dispatch ring stays full this long is wedged: it is killed, and its death starts recovery.
+constexpr auto kDispatchTimeout = std::chrono::seconds(5);
+// At shutdown, how long the loop waits to tell each live worker to leave (its ring may be full).
+constexpr auto kShutdownTimeout = std::chrono::seconds(1);
 
 bool processGone(int pid) {
   siginfo_t info{};
@@ -51,8 +50,8 @@ class EngineLoop::RingExecutor : public Executor {
 
   void dispatch(const TaskDescriptor& task, const std::vector<int>& workers, const std::string& payload) override {
     for (int w : workers) {
-      if (!q_.pushTask(w, task, payload, std::chrono::seconds(5))) {
-        killWorker(w);  // a ring full for 5 s: the worker is wedged; its death starts recovery
+      if (!q_.pushTask(w, task, payload, kDispatchTimeout)) {
+        killWorker(w);  // a ring full for kDispatchTimeout: the worker is wedged; its death starts recovery
       }
     }
   }
@@ -81,6 +80,11 @@ EngineLoop::EngineLoop(EngineOptions options, std::shared_ptr<Policy> policy,
     results_.push_back(std::move(r));
     results_cv_.notify_all();
   });
+  plane_->setProgressCallback([this](const RequestProgress& p) {
+    std::lock_guard<std::mutex> lock(results_mu_);
+    progress_.push_back(p);
+    results_cv_.notify_all();
+  });
   plane_->setProbeCallback([this](const Completion& c, int64_t seen) {
     std::lock_guard<std::mutex> lock(results_mu_);
     probes_.push_back({c.dispatch_ns, c.start_ns, c.post_ns, seen});
@@ -94,28 +98,29 @@ EngineLoop::~EngineLoop() {
   unlinkOutputs("/" + worldShmPrefix() + "-");
 }
 
-std::vector<std::string> EngineLoop::awaitWorkers(const std::vector<int>& pids, double timeout_s) {
+ModelInfo EngineLoop::awaitWorkers(const std::vector<int>& pids, double timeout_s) {
   GFDIT_CHECK(!started_) << "awaitWorkers after start";
   GFDIT_CHECK(static_cast<int>(pids.size()) == options_.num_workers)
       << pids.size() << " worker pids for " << options_.num_workers << " workers";
   pids_ = pids;
-  std::vector<std::string> hello(options_.num_workers);
+  std::vector<ModelInfo> hello(options_.num_workers);
   std::vector<bool> seen(options_.num_workers, false);
+  std::string payload;
   int left = options_.num_workers;
-  int64_t deadline = nowNs() + static_cast<int64_t>(timeout_s * 1e9);
+  int64_t deadline = nowNs() + static_cast<int64_t>(timeout_s * kSecond);
+  const int64_t liveness_ns = static_cast<int64_t>(options_.liveness_interval_s * kSecond);
   Completion c;
   while (left > 0) {
     uint32_t bell = __atomic_load_n(&queues_->controlBell()->value, __ATOMIC_SEQ_CST);
     bool got = false;
     for (int w = 0; w < options_.num_workers; ++w) {
-      while (queues_->tryPopCompletion(w, c)) {
+      while (queues_->tryPopCompletion(w, c, &payload)) {
         got = true;
         if (c.task_id != 0) continue;
-        std::string msg(c.message, std::min<size_t>(c.message_bytes, sizeof(c.message)));
-        GFDIT_CHECK_CODE(kRemoteError, c.ok()) << "worker " << w << " failed to start: " << msg;
+        GFDIT_CHECK_CODE(kRemoteError, c.ok()) << "worker " << w << " failed to start: " << payload;
         if (!seen[w]) {
           seen[w] = true;
-          hello[w] = msg;
+          hello[w] = ModelInfo::decode(payload);
           --left;
         }
       }
@@ -126,9 +131,36 @@ std::vector<std::string> EngineLoop::awaitWorkers(const std::vector<int>& pids, 
     }
     int64_t now = nowNs();
     GFDIT_CHECK_CODE(kTimeout, now < deadline) << "workers not ready within " << timeout_s << " s";
-    waitDoorbell(queues_->controlBell(), bell, std::min(deadline, now + kSecond / 10));
+    waitDoorbell(queues_->controlBell(), bell, std::min(deadline, now + liveness_ns));  // then look at the pids
   }
-  return hello;
+  for (int w = 1; w < options_.num_workers; ++w) {
+    GFDIT_CHECK_CODE(kRemoteError, hello[w] == hello[0])
+        << "worker " << w << " loaded another model than worker 0 (" << hello[w].name << " with " << hello[w].heads
+        << " heads against " << hello[0].name << " with " << hello[0].heads << ")";
+  }
+  info_ = hello[0];
+  limits_ = RequestLimits::of(cost::modelArch(info_.name), info_);
+  have_info_ = true;
+  return info_;
+}
+
+void EngineLoop::setLimits(const RequestLimits& limits) { limits_ = limits; }
+
+RequestShape EngineLoop::check(GenerationRequest& q) const {
+  GFDIT_CHECK(have_info_) << "a request before the workers said which model they loaded (awaitWorkers)";
+  return checkRequest(q, limits_, info_.defaults);
+}
+
+uint64_t EngineLoop::submit(GenerationRequest& q) {
+  RequestSpec spec;
+  spec.shape = check(q);
+  spec.arrival_ns = nowNs();
+  if (q.deadline_s) spec.deadline_ns = spec.arrival_ns + static_cast<int64_t>(*q.deadline_s * kSecond);
+  spec.priority = q.priority;
+  spec.max_degree = options_.num_workers;  // Ulysses splits the heads, unevenly past their divisors
+  spec.num_heads = info_.heads;
+  spec.payload = q.encode();
+  return submit(std::move(spec));
 }
 
 void EngineLoop::start() {
@@ -163,11 +195,13 @@ uint64_t EngineLoop::submit(RequestSpec spec) {
 
 void EngineLoop::cancel(uint64_t id) { post(Event{Event::kCancel, id, {}}); }
 
-std::vector<RequestResult> EngineLoop::waitResults(double timeout_s) {
+EngineUpdates EngineLoop::waitUpdates(double timeout_s) {
   std::unique_lock<std::mutex> lock(results_mu_);
   results_cv_.wait_for(lock, std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1e6)),
-                       [&] { return !results_.empty() || closed_; });
-  std::vector<RequestResult> out(std::make_move_iterator(results_.begin()), std::make_move_iterator(results_.end()));
+                       [&] { return !results_.empty() || !progress_.empty() || closed_; });
+  EngineUpdates out;
+  out.progress.swap(progress_);
+  out.results.assign(std::make_move_iterator(results_.begin()), std::make_move_iterator(results_.end()));
   results_.clear();
   return out;
 }
@@ -252,11 +286,12 @@ void EngineLoop::checkWorkers() {
 void EngineLoop::loop() {
   pthread_setname_np(pthread_self(), "gfdit-control");
   Doorbell* bell = queues_->controlBell();
-  const int64_t liveness_ns = static_cast<int64_t>(options_.liveness_interval_s * 1e9);
-  const int64_t spin_ns = static_cast<int64_t>(options_.spin_window_s * 1e9);
+  const int64_t liveness_ns = static_cast<int64_t>(options_.liveness_interval_s * kSecond);
+  const int64_t spin_ns = static_cast<int64_t>(options_.spin_window_s * kSecond);
   int64_t next_liveness = 0;
   std::vector<Event> events;
   Completion c;
+  std::string message;  // a completion's payload: the failure's text
   bool stopping = false;
   while (true) {
     uint32_t seen = __atomic_load_n(&bell->value, __ATOMIC_SEQ_CST);
@@ -283,9 +318,9 @@ void EngineLoop::loop() {
         }
         events.clear();
         for (int w = 0; w < options_.num_workers; ++w) {
-          while (queues_->tryPopCompletion(w, c)) {
+          while (queues_->tryPopCompletion(w, c, &message)) {
             worked = true;
-            plane_->onCompletion(c);
+            plane_->onCompletion(c, message);
           }
         }
         int64_t now = nowNs();
@@ -298,7 +333,7 @@ void EngineLoop::loop() {
           TaskDescriptor t;
           t.kind = static_cast<uint32_t>(TaskKind::kShutdown);
           for (int w = 0; w < options_.num_workers; ++w) {
-            if (plane_->alive(w)) queues_->pushTask(w, t, std::string(), std::chrono::seconds(1));
+            if (plane_->alive(w)) queues_->pushTask(w, t, std::string(), kShutdownTimeout);
           }
           return;
         }
@@ -314,7 +349,7 @@ void EngineLoop::loop() {
     if (expected != INT64_MAX && expected - now < spin_ns && now - expected < spin_ns) {
       // a completion is due: spin (NOTE [control thread])
       int64_t spin_end = expected + spin_ns;
-      while (__atomic_load_n(&bell->value, __ATOMIC_SEQ_CST) == seen && nowNs() < spin_end) cpuRelax();
+      while (__atomic_load_n(&bell->value, __ATOMIC_SEQ_CST) == seen && nowNs() < spin_end) core::cpuRelax();
       continue;
     }
     waitDoorbell(bell, seen, std::min(next_timer, next_liveness));

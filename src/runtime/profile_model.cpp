@@ -18,11 +18,11 @@ namespace {
 
 // NOTE [profile interpolation]
 // Entries are grouped by everything but the token count: (stage, degree, ulysses, ring, mode, cfg, guidance,
-// num_new); a profile written before CFG-parallel existed reads as cfg 1 (gfdit.cost.load_profile). A step, decode or
-// migrate query is answered piecewise linearly in tokens between the two nearest measured token counts of its group
-// (exact at a measured point); outside the measured range, or for a group never measured, the query is refused: a
-// profile says nothing about shapes it did not see, and a policy must not schedule on a guess it cannot tell from a
-// measurement. Fallbacks, each for a quantity the time does not depend on:
+// num_new); a profile written before CFG-parallel existed reads as cfg 1 (gfdit.planning.cost.load_profile). A
+// denoise, decode or migrate query is answered piecewise linearly in tokens between the two nearest measured token
+// counts of its group (exact at a measured point); outside the measured range, or for a group never measured, the
+// query is refused: a profile says nothing about shapes it did not see, and a policy must not schedule on a guess it
+// cannot tell from a measurement. Fallbacks, each for a quantity the time does not depend on:
 // - kMigrate: a broadcast from one holder to num_new members, whatever layout the group runs later: the
 //   entries with the nearest measured num_new (the same degree preferred among equals), either guidance.
 // - kDecode runs on one rank whatever the group: without entries for the query's own degree and layout it
@@ -34,9 +34,9 @@ using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, boo
 constexpr int kKeyGuidance = 6;
 constexpr int kKeyNumNew = 7;
 
-Key keyOf(Stage stage, int32_t degree, int32_t ulysses, int32_t ring, int32_t mode, int32_t cfg, bool guidance,
+Key keyOf(Stage stage, int32_t degree, int32_t ulysses, int32_t ring, LayoutMode mode, int32_t cfg, bool guidance,
           int32_t num_new) {
-  return Key{static_cast<int32_t>(stage), degree, ulysses, ring, mode, cfg, guidance, num_new};
+  return Key{static_cast<int32_t>(stage), degree, ulysses, ring, static_cast<int32_t>(mode), cfg, guidance, num_new};
 }
 
 using Curve = std::vector<std::pair<int64_t, double>>;  // (tokens, seconds), sorted, unique tokens
@@ -54,11 +54,14 @@ class ProfiledCostModel : public CostModel {
       GFDIT_CHECK(e.degree >= 1 && e.ulysses >= 1 && e.ring >= 1)
           << "profile entry " << i << ": degree, ulysses and ring must be >= 1";
       GFDIT_CHECK(e.cfg == 1 || e.cfg == 2) << "profile entry " << i << ": cfg must be 1 or 2, got " << e.cfg;
-      GFDIT_CHECK(e.stage != Stage::kDenoiseStep || e.ulysses * e.ring * e.cfg == e.degree)
+      GFDIT_CHECK(e.stage != Stage::kDenoise || e.ulysses * e.ring * e.cfg == e.degree)
           << "profile entry " << i << ": ulysses " << e.ulysses << " x ring " << e.ring
           << (e.cfg != 1 ? " x cfg " + std::to_string(e.cfg) : std::string()) << " != degree " << e.degree;
       GFDIT_CHECK(e.cfg == 1 || e.guidance) << "profile entry " << i << ": cfg 2 needs guidance";
       GFDIT_CHECK(e.num_new >= 0) << "profile entry " << i << ": num_new must be >= 0";
+      GFDIT_CHECK(e.mode == LayoutMode::kUsp || e.mode == LayoutMode::kTorus)
+          << "profile entry " << i << ": mode must be usp or torus, got " << static_cast<int32_t>(e.mode);
+      GFDIT_CHECK(e.samples >= 0) << "profile entry " << i << ": samples must be >= 0, got " << e.samples;
       auto& slot = acc[keyOf(e.stage, e.degree, e.ulysses, e.ring, e.mode, e.cfg, e.guidance, e.num_new)][e.tokens];
       slot.first += e.seconds;
       slot.second += 1;
@@ -76,7 +79,7 @@ class ProfiledCostModel : public CostModel {
     const Layout& l = q.layout;
     switch (stage) {
       case Stage::kEncode: return encode(q);
-      case Stage::kDenoiseStep: {
+      case Stage::kDenoise: {
         const Curve* c = find(keyOf(stage, q.degree, l.ulysses, l.ring, l.mode, l.cfg, g, 0));
         if (c == nullptr) refuseLayout(stage, q, tokens);
         return interpolate(*c, stage, q, tokens);
@@ -84,7 +87,7 @@ class ProfiledCostModel : public CostModel {
       case Stage::kDecode: {
         const Curve* c = find(keyOf(stage, q.degree, l.ulysses, l.ring, l.mode, l.cfg, g, 0));
         for (bool guidance : {g, !g}) {
-          if (c == nullptr) c = find(keyOf(stage, 1, 1, 1, 0, 1, guidance, 0));
+          if (c == nullptr) c = find(keyOf(stage, 1, 1, 1, LayoutMode::kUsp, 1, guidance, 0));
         }
         if (c == nullptr) refuseLayout(stage, q, tokens);
         return interpolate(*c, stage, q, tokens);
@@ -130,7 +133,7 @@ class ProfiledCostModel : public CostModel {
     os << "profile of " << profile_.model << " on " << profile_.hardware << ": stage " << stageName(stage) << ", shape "
        << tokens << " tokens (" << q.shape.height << "x" << q.shape.width << "x" << q.shape.num_frames << "), degree "
        << q.degree << " (ulysses " << q.layout.ulysses << " x ring " << q.layout.ring
-       << (q.layout.cfg == 2 ? " x cfg 2" : "") << ", " << (q.layout.mode == 1 ? "torus" : "usp") << ", guidance "
+       << (q.layout.cfg == 2 ? " x cfg 2" : "") << ", " << layoutModeName(q.layout.mode) << ", guidance "
        << (q.shape.guidance() ? "on" : "off");
     if (stage == Stage::kMigrate) os << ", num_new " << q.num_new;
     os << ")";

@@ -19,7 +19,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "gfdit/clock.h"
 #include "gfdit/error.h"
+#include "gfdit/executor.h"
+#include "gfdit/limits.h"
 #include "gfdit/simulator.h"
 
 namespace gfdit {
@@ -182,7 +185,7 @@ class SimExecutor : public Executor {
         q.layout.ulysses = d.num_ranks;
         s = cost_.seconds(cost::Stage::kEncode, q);
         break;
-      case TaskKind::kDenoise: s = d.num_steps * cost_.seconds(cost::Stage::kDenoiseStep, q) + regroup(ranks); break;
+      case TaskKind::kDenoise: s = d.num_steps * cost_.seconds(cost::Stage::kDenoise, q) + regroup(ranks); break;
       case TaskKind::kMigrate:
         q.layout = Layout();
         q.layout.ulysses = d.num_ranks;

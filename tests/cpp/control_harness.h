@@ -11,8 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "gfdit/clock.h"
 #include "gfdit/control.h"
 #include "gfdit/cost.h"
+#include "gfdit/executor.h"
+#include "gfdit/limits.h"
+#include "gfdit/messages.h"
+#include "gfdit/policy.h"
+#include "gfdit/request.h"
 
 namespace gfdit {
 namespace testing {
@@ -53,11 +59,7 @@ class ScriptExecutor : public Executor {
     if (k == TaskKind::kDecode) {
       std::snprintf(c.output.name, sizeof(c.output.name), "/out-%llu", static_cast<unsigned long long>(d.task_id));
     }
-    if (err != TaskError::kOk) {
-      std::snprintf(c.message, sizeof(c.message), "injected %s", taskErrorName(err));
-      c.message_bytes = static_cast<uint32_t>(std::strlen(c.message));
-      if (k == TaskKind::kDenoise) c.step_end = d.step_begin;
-    }
+    if (err != TaskError::kOk && k == TaskKind::kDenoise) c.step_end = d.step_begin;
     if (step_end != -2) c.step_end = step_end;
     return c;
   }
@@ -67,7 +69,9 @@ class ScriptExecutor : public Executor {
     if (queues[w].empty()) return -1;
     size_t i = queues[w].front();
     queues[w].pop_front();
-    cp.onCompletion(completionOf(i, w, err, 0, step_end));
+    // a failure's text travels as the completion's payload (NOTE [typed messages])
+    std::string message = err == TaskError::kOk ? std::string() : std::string("injected ") + taskErrorName(err);
+    cp.onCompletion(completionOf(i, w, err, 0, step_end), message);
     return static_cast<long>(i);
   }
 
@@ -137,7 +141,7 @@ class FixedCost : public cost::CostModel {
       case cost::Stage::kEncode: return encode_s_;
       case cost::Stage::kDecode: return decode_s_;
       case cost::Stage::kMigrate: return migrate_s_;
-      case cost::Stage::kDenoiseStep: {
+      case cost::Stage::kDenoise: {
         double base = step_s_ * static_cast<double>(std::max<int64_t>(q.shape.tokens, 1)) / 256.0;
         return base / std::pow(static_cast<double>(q.degree), scaling_);
       }

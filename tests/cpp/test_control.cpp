@@ -9,6 +9,7 @@
 
 #include "control_harness.h"
 #include "gfdit/error.h"
+#include "gfdit/planning.h"
 
 using namespace gfdit;
 using namespace gfdit::runtime;
@@ -193,6 +194,26 @@ TEST(ControlPlane, FailedRequestDoesNotStopOthers) {
   EXPECT_EQ(f.exec.aborts, 0);
 }
 
+TEST(ControlPlane, AFailedEncodeFailsItsRequestEvenWhenALostStateStartedARecoveryFirst) {
+  // The encode raises on both members, and the denoise step queued behind it on member 0 reports a lost
+  // state (its worker answers that by itself, at once) before member 1's encode failure arrives. The lost
+  // state starts a recovery (member 1 may be waiting in the step's collective), but the request fails with
+  // the encode's error: an encode runs no collective, so its error is its own.
+  Fixture f(2, "static:2");
+  uint64_t id = f.cp->submit(spec(2));
+  f.cp->poll();
+  ASSERT_EQ(f.exec.queues[0].size(), f.exec.queues[1].size());
+  ASSERT_GE(f.exec.queues[0].size(), 2u);  // the encode, and a step dispatched behind it
+  f.exec.completeHead(*f.cp, 0, TaskError::kModelError);
+  f.exec.completeHead(*f.cp, 0, TaskError::kStateLost);
+  f.exec.completeHead(*f.cp, 1, TaskError::kModelError);
+  f.exec.completeHead(*f.cp, 1, TaskError::kStateLost);
+  f.exec.drain(*f.cp);
+  ASSERT_NE(f.result(id), nullptr);
+  EXPECT_EQ(f.result(id)->state, RequestState::kFailed);
+  EXPECT_NE(f.result(id)->reason.find("injected model_error"), std::string::npos) << f.result(id)->reason;
+}
+
 TEST(ControlPlane, WorkerDeathRecoversFromTheMostAdvancedSurvivingCopy) {
   Fixture f(3);
   uint64_t id = f.cp->submit(spec(5));
@@ -218,7 +239,9 @@ TEST(ControlPlane, WorkerDeathRecoversFromTheMostAdvancedSurvivingCopy) {
   const auto& last = f.exec.sent.back();
   ASSERT_EQ(static_cast<TaskKind>(last.d.kind), TaskKind::kReinit);
   EXPECT_EQ(last.workers, (std::vector<int>{0, 2}));
-  EXPECT_NE(last.payload.find("\"workers\": [0, 2]"), std::string::npos) << last.payload;
+  ReinitPlan plan = ReinitPlan::decode(last.payload);  // the typed payload (NOTE [typed messages])
+  EXPECT_EQ(plan.workers, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(plan.epoch, 1u);
   f.exec.drain(*f.cp);
   ASSERT_EQ(f.results.size(), 1u);
   EXPECT_EQ(f.results[0].state, RequestState::kDone);
@@ -500,4 +523,74 @@ TEST(CheckRequest, NamesTheField) {
   EXPECT_EQ(maxUlyssesDegree(40), 40);
   EXPECT_EQ(maxUlyssesDegree(100), kMaxRanks);
   EXPECT_EQ(maxUlyssesDegree(0), 1);
+}
+
+// See NOTE [task durations]: a request's estimates are its own shape's. A large request (100 ms steps) runs; a
+// small one (1 ms steps) arrives while it does. One moving average per task kind would still say about 80 ms
+// after the small request's first step, so the small request would get no more steps ahead than the large
+// one and its next completion would be expected far too late.
+TEST(ControlPlane, EachShapeGetsItsOwnDurationEstimate) {
+  ControlConfig cfg;
+  cfg.max_inflight_steps = 1;
+  cfg.min_queued_s = 0.02;
+  Fixture f(2, "static:1", cfg);
+  const int64_t kMs = 1000000;
+  const uint64_t large = f.cp->submit(spec(40, 1024, 1024));  // 4096 tokens, on rank 0
+  f.cp->poll();
+  // Each worker runs its queue in order; a task starts when the worker is free and it was dispatched.
+  std::vector<int64_t> free_at(2, 0);
+  auto duration = [&](const TaskDescriptor& d) {
+    switch (static_cast<TaskKind>(d.kind)) {
+      case TaskKind::kEncode: return 10 * kMs;
+      case TaskKind::kDenoise: return d.request_id == large ? 100 * kMs : 1 * kMs;
+      default: return kMs / 10;
+    }
+  };
+  auto runUntil = [&](auto done) {
+    for (int n = 0; n < 1000 && !done(); ++n) {
+      int best = -1;
+      int64_t best_start = 0, best_end = 0;
+      for (int w = 0; w < 2; ++w) {
+        if (f.exec.queues[w].empty()) continue;
+        const TaskDescriptor& d = f.exec.sent[f.exec.queues[w].front()].d;
+        const int64_t start = std::max(free_at[w], d.dispatch_ns);
+        const int64_t end = start + duration(d);
+        if (best < 0 || end < best_end) {
+          best = w;
+          best_start = start;
+          best_end = end;
+        }
+      }
+      ASSERT_GE(best, 0) << "nothing left to run";
+      size_t i = f.exec.queues[best].front();
+      f.exec.queues[best].pop_front();
+      f.clock.set(best_end);
+      free_at[best] = best_end;
+      Completion c = f.exec.completionOf(i, best);
+      c.start_ns = best_start;
+      c.end_ns = best_end;
+      f.cp->onCompletion(c);
+      f.cp->poll();
+    }
+    ASSERT_TRUE(done());
+  };
+  auto inFlight = [&](int w) {
+    int n = 0;
+    for (size_t i : f.exec.queues[w]) n += static_cast<TaskKind>(f.exec.sent[i].d.kind) == TaskKind::kDenoise;
+    return n;
+  };
+  runUntil([&] { return f.cp->status(large).step >= 3; });
+  const uint64_t small = f.cp->submit(spec(40));  // 16 tokens, on rank 1
+  f.cp->poll();
+  runUntil([&] { return f.cp->status(small).state == RequestState::kDenoising; });
+  // its first step: no measurement of its own yet, so the last step of any shape (100 ms) stands in
+  EXPECT_EQ(inFlight(1), 1);
+  runUntil([&] { return f.cp->status(small).step >= 1; });
+  EXPECT_EQ(f.cp->status(large).state, RequestState::kDenoising);
+  EXPECT_EQ(inFlight(0), 1);  // 100 ms steps: max_inflight_steps
+  EXPECT_EQ(inFlight(1), 8);  // 1 ms steps: enough for min_queued_s, at most kMaxStepsAhead
+  // the small request's next step is due 1 ms from now (the large one's much later)
+  const int64_t due = f.cp->expectedCompletionNs() - f.clock.nowNs();
+  EXPECT_GT(due, 0);
+  EXPECT_LE(due, 2 * kMs);
 }

@@ -9,6 +9,7 @@
 
 #include "control_harness.h"
 #include "gfdit/error.h"
+#include "gfdit/planning.h"
 #include "gfdit/simulator.h"
 
 using namespace gfdit;
@@ -256,13 +257,13 @@ TEST(Policies, GroupsStayInsideANodeAndLayoutsFollowTheTopology) {
       EXPECT_LE(l.ulysses, c.max_ulysses);
       if (guidance == 1.0) EXPECT_EQ(l.cfg, 1) << "no guidance: one pass, nothing to split";
       if (l.cfg == 1) {  // the group's pass spans both nodes
-        if (fam == LayoutFamily::kUsp) EXPECT_EQ(l.placement, 1) << "Ulysses inside the node";
-        if (fam == LayoutFamily::kSwift) EXPECT_EQ(l.placement, 2) << "Ring inside the node";
+        if (fam == LayoutFamily::kUsp) EXPECT_EQ(l.placement, Placement::kUlyssesLow) << "Ulysses inside the node";
+        if (fam == LayoutFamily::kSwift) EXPECT_EQ(l.placement, Placement::kRingLow) << "Ring inside the node";
       } else {  // CFG-parallel: a half per node, each half's pass inside its node (the family's one-node layout)
         EXPECT_EQ(l.passDegree(), 8);
         if (fam == LayoutFamily::kUsp || fam == LayoutFamily::kSwift) EXPECT_EQ(l.ulysses, 8);
       }
-      if (fam == LayoutFamily::kTorus) EXPECT_EQ(l.mode, 1);
+      if (fam == LayoutFamily::kTorus) EXPECT_EQ(l.mode, LayoutMode::kTorus);
       // auto is the fastest of all of them
       RequestCost a = predictCosts(*cm, shape, 16, 8, LayoutFamily::kAuto);
       EXPECT_LE(a.stepSeconds(16), c.stepSeconds(16) * (1 + 1e-12));
@@ -422,11 +423,11 @@ TEST(Policies, CfgParallelWhereTheCostModelSaysItIsCheaper) {
     EXPECT_EQ(ds[0].layout.cfg, 1) << name;
   }
   // A profile that measured CFG-parallel slower than Ulysses 2 (say its exchange is slow here): Ulysses 2.
-  // The layout families restrict the per-pass layout, CFG-parallel or not (torus: mode 1 on the pass).
+  // The layout families restrict the per-pass layout, CFG-parallel or not (torus: a Torus pass).
   cost::Profile p;
   p.model = "qwen-image";
   p.world_size = 2;
-  auto add = [&](cost::Stage stage, int degree, int u, int r, int cfg, int mode, double s) {
+  auto add = [&](cost::Stage stage, int degree, int u, int r, int cfg, LayoutMode mode, double s) {
     for (int64_t tokens : {256, 4096}) {
       cost::ProfileEntry e;
       e.stage = stage;
@@ -442,13 +443,13 @@ TEST(Policies, CfgParallelWhereTheCostModelSaysItIsCheaper) {
       p.entries.push_back(e);
     }
   };
-  add(cost::Stage::kEncode, 1, 1, 1, 1, 0, 0.1);
-  add(cost::Stage::kDecode, 1, 1, 1, 1, 0, 0.1);
-  add(cost::Stage::kMigrate, 2, 1, 1, 1, 0, 0.001);
-  add(cost::Stage::kDenoiseStep, 1, 1, 1, 1, 0, 1.0);
-  add(cost::Stage::kDenoiseStep, 2, 2, 1, 1, 0, 0.55);
-  add(cost::Stage::kDenoiseStep, 2, 1, 1, 2, 0, 0.6);
-  add(cost::Stage::kDenoiseStep, 2, 1, 1, 2, 1, 0.5);  // a Torus-mode pass (one axis: plain), faster
+  add(cost::Stage::kEncode, 1, 1, 1, 1, LayoutMode::kUsp, 0.1);
+  add(cost::Stage::kDecode, 1, 1, 1, 1, LayoutMode::kUsp, 0.1);
+  add(cost::Stage::kMigrate, 2, 1, 1, 1, LayoutMode::kUsp, 0.001);
+  add(cost::Stage::kDenoise, 1, 1, 1, 1, LayoutMode::kUsp, 1.0);
+  add(cost::Stage::kDenoise, 2, 2, 1, 1, LayoutMode::kUsp, 0.55);
+  add(cost::Stage::kDenoise, 2, 1, 1, 2, LayoutMode::kUsp, 0.6);
+  add(cost::Stage::kDenoise, 2, 1, 1, 2, LayoutMode::kTorus, 0.5);  // a Torus-mode pass (one axis: plain), faster
   auto prof = cost::makeProfiledCostModel(p);
   RequestShape shape = guided.shape;
   double s = 0;
@@ -458,7 +459,7 @@ TEST(Policies, CfgParallelWhereTheCostModelSaysItIsCheaper) {
   EXPECT_DOUBLE_EQ(s, 0.55 * 4);
   l = bestLayout(*prof, shape, 2, 1, qwen.heads, LayoutFamily::kTorus, &s);
   EXPECT_EQ(l.cfg, 2);
-  EXPECT_EQ(l.mode, 1);
+  EXPECT_EQ(l.mode, LayoutMode::kTorus);
   for (const char* name : {"fcfs", "edf", "fcfs:layout=usp", "static:2"}) {
     RequestRecord r = guided;
     r.cost = predictCosts(*prof, shape, 2, 8, makePolicy(name)->layouts());

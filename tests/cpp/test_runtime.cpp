@@ -9,8 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "gfdit/clock.h"
 #include "gfdit/error.h"
-#include "gfdit/runtime.h"
+#include "gfdit/messages.h"
+#include "gfdit/outputs.h"
+#include "gfdit/rings.h"
 #include "rank_harness.h"
 
 using namespace gfdit;
@@ -142,9 +145,9 @@ TEST(QueueSet, ProducerKilledMidPushDoesNotWedgeTheRings) {
     c.rank = 0;
     for (uint64_t i = 0;; ++i) {  // as fast as it can, until killed (blocking when full)
       c.task_id = i;
-      std::snprintf(c.message, sizeof(c.message), "completion %llu", static_cast<unsigned long long>(i));
-      c.message_bytes = static_cast<uint32_t>(std::strlen(c.message));
-      mine->pushCompletion(0, c, std::chrono::seconds(60));
+      std::string message = "completion " + std::to_string(i);
+      c.payload_bytes = static_cast<uint32_t>(message.size());
+      mine->pushCompletion(0, c, std::chrono::seconds(60), true, message);
     }
   }
   // let it fill and drain a few laps, then kill it while it pushes
@@ -159,9 +162,10 @@ TEST(QueueSet, ProducerKilledMidPushDoesNotWedgeTheRings) {
   kill(pid, SIGKILL);
   int status = 0;
   waitpid(pid, &status, 0);
-  while (set->tryPopCompletion(0, c)) {  // whatever it published is whole and in order
+  std::string message;
+  while (set->tryPopCompletion(0, c, &message)) {  // whatever it published is whole and in order
     ASSERT_EQ(c.task_id, expect);
-    ASSERT_EQ(std::string(c.message, c.message_bytes), "completion " + std::to_string(expect));
+    ASSERT_EQ(message, "completion " + std::to_string(expect));
     ++expect;
   }
   EXPECT_GT(expect, 100u);

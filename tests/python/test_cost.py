@@ -110,7 +110,7 @@ def test_cost_model_analytic_and_profiled(tmp_path: Path) -> None:
     path = _write_profile(tmp_path)
     pm = cost.cost_model("tiny-wan", profile=path)
     assert "profile of tiny-wan" in pm.describe()
-    assert pm.seconds(C.Stage.STEP, 32, 48, 9, guidance_scale=4.0, degree=2, ulysses=2) == pytest.approx(
+    assert pm.seconds(C.Stage.DENOISE, 32, 48, 9, guidance_scale=4.0, degree=2, ulysses=2) == pytest.approx(
         0.004
     )
     with pytest.raises(gfdit.InvalidUsage, match="tiny-qwen-image"):
@@ -120,7 +120,7 @@ def test_cost_model_analytic_and_profiled(tmp_path: Path) -> None:
 # -- profiles -------------------------------------------------------------------------------------------------
 def _profile_dict() -> dict:
     step = {
-        "stage": "step",
+        "stage": "denoise",
         "degree": 2,
         "ulysses": 2,
         "ring": 1,
@@ -130,7 +130,7 @@ def _profile_dict() -> dict:
         "samples": 5,
     }
     return {
-        "format": "gfdit-profile/1",
+        "format": "gfdit-profile/2",
         "model": "tiny-wan",
         "hardware": "cpu",
         "world_size": 4,
@@ -166,36 +166,40 @@ def test_load_profile_good(tmp_path: Path) -> None:
     p = cost.load_profile(_write_profile(tmp_path))
     assert p.model == "tiny-wan" and p.world_size == 4 and p.num_cores == 2
     assert p.dispatch_s == pytest.approx(2.5e-5)
-    assert len(p.entries) == 6 and p.entries[0].stage == C.Stage.STEP and p.entries[0].guidance
+    assert len(p.entries) == 6 and p.entries[0].stage == C.Stage.DENOISE and p.entries[0].guidance
     assert all(e.cfg == 1 for e in p.entries)  # written before CFG-parallel: no cfg field, cfg 1
+    assert [e.samples for e in p.entries] == [5, 5, 0, 0, 0, 0]  # no samples field: 0
+    assert p.entries[0].mode == gfdit._C.runtime.LayoutMode.USP
     pm = C.profiled(p)
     # Exact at measured points, linear between (tokens 18 -> 32x48x9, 120 -> 64x96x17).
-    assert pm.seconds(C.Stage.STEP, 64, 96, 17, guidance_scale=4.0, degree=2, ulysses=2) == pytest.approx(
+    assert pm.seconds(C.Stage.DENOISE, 64, 96, 17, guidance_scale=4.0, degree=2, ulysses=2) == pytest.approx(
         0.010
     )
     assert pm.seconds(C.Stage.DECODE, 64, 96, 17, guidance_scale=4.0) == pytest.approx(0.3)
     assert pm.seconds(C.Stage.ENCODE, 256, 256, 33, guidance_scale=4.0, degree=2) == pytest.approx(0.002)
     with pytest.raises(gfdit.InvalidUsage, match=r"128x128x33"):
-        pm.seconds(C.Stage.STEP, 128, 128, 33, guidance_scale=4.0, degree=2, ulysses=2)
+        pm.seconds(C.Stage.DENOISE, 128, 128, 33, guidance_scale=4.0, degree=2, ulysses=2)
     with pytest.raises(gfdit.InvalidUsage, match="degree 4"):
-        pm.seconds(C.Stage.STEP, 32, 48, 9, guidance_scale=4.0, degree=4, ulysses=4)
+        pm.seconds(C.Stage.DENOISE, 32, 48, 9, guidance_scale=4.0, degree=4, ulysses=4)
     # A CFG-parallel entry is a layout of its own.
     data = _profile_dict()
     data["entries"].append({**data["entries"][0], "degree": 2, "ulysses": 1, "cfg": 2, "seconds": 0.003})
     data["entries"].append({**data["entries"][1], "degree": 2, "ulysses": 1, "cfg": 2, "seconds": 0.007})
     pc = C.profiled(cost.load_profile(_write_profile(tmp_path, data)))
-    assert pc.seconds(C.Stage.STEP, 64, 96, 17, guidance_scale=4.0, degree=2, cfg=2) == pytest.approx(0.007)
-    assert pc.seconds(C.Stage.STEP, 64, 96, 17, guidance_scale=4.0, degree=2, ulysses=2) == pytest.approx(
+    assert pc.seconds(C.Stage.DENOISE, 64, 96, 17, guidance_scale=4.0, degree=2, cfg=2) == pytest.approx(
+        0.007
+    )
+    assert pc.seconds(C.Stage.DENOISE, 64, 96, 17, guidance_scale=4.0, degree=2, ulysses=2) == pytest.approx(
         0.010
     )
     # A Profile built in Python works the same.
     q = C.Profile()
     q.model = "tiny-qwen-image"
     q.entries = [
-        C.ProfileEntry(stage=C.Stage.STEP, tokens=15, seconds=0.01),
-        C.ProfileEntry(stage=C.Stage.STEP, tokens=60, seconds=0.03),
+        C.ProfileEntry(stage=C.Stage.DENOISE, tokens=15, seconds=0.01),
+        C.ProfileEntry(stage=C.Stage.DENOISE, tokens=60, seconds=0.03),
     ]
-    assert C.profiled(q).seconds(C.Stage.STEP, 96, 80, 1) == pytest.approx(0.01 + 0.02 * 15 / 45)
+    assert C.profiled(q).seconds(C.Stage.DENOISE, 96, 80, 1) == pytest.approx(0.01 + 0.02 * 15 / 45)
 
 
 @pytest.mark.parametrize(
@@ -205,11 +209,16 @@ def test_load_profile_good(tmp_path: Path) -> None:
         (lambda d: d.update(model="flux"), "unknown model 'flux'"),
         (lambda d: d.update(world_size=0), "world_size"),
         (lambda d: d.update(entries=[]), "entries"),
-        (lambda d: d["entries"][1].update(stage="denoise"), r"entry 1: stage"),
+        (
+            lambda d: d["entries"][1].update(stage="step"),
+            r"entry 1: stage must be one of \['encode', 'denoise'",
+        ),
+        (lambda d: d.update(format="gfdit-profile/1"), r"entry 0: stage must be one of \['encode', 'step'"),
         (lambda d: d["entries"][0].update(seconds=-0.1), r"entry 0: seconds"),
         (lambda d: d["entries"][2].update(tokens=0), r"entry 2: tokens"),
         (lambda d: d["entries"][0].update(ulysses=4), r"entry 0: ulysses 4 x ring 1 != degree 2"),
         (lambda d: d["entries"][5].update(num_new=-1), r"entry 5: num_new"),
+        (lambda d: d["entries"][1].update(samples=1.5), r"entry 1: samples must be an integer >= 0"),
         (lambda d: d["entries"][0].update(mode="ring"), r"entry 0: mode"),
         (lambda d: d["entries"][0].update(cfg=3), r"entry 0: cfg must be 1 or 2"),
         (lambda d: d["entries"][0].update(cfg=2), r"entry 0: ulysses 2 x ring 1 x cfg 2 != degree 2"),
@@ -224,6 +233,91 @@ def test_load_profile_bad(tmp_path: Path, edit, match: str) -> None:
     edit(data)
     with pytest.raises(gfdit.InvalidUsage, match=match):
         cost.load_profile(_write_profile(tmp_path, data))
+
+
+def test_profile_format_1_reads_step_as_denoise(tmp_path: Path) -> None:
+    """A gfdit-profile/1 file loads, its "step" entries as the denoise stage (gfdit.planning.cost.PROFILE_FORMAT)."""
+    data = _profile_dict()
+    data["format"] = "gfdit-profile/1"
+    for e in data["entries"]:
+        if e["stage"] == "denoise":
+            e["stage"] = "step"
+    old = cost.load_profile(_write_profile(tmp_path, data))
+    new = cost.load_profile(_write_profile(tmp_path))
+    assert cost.profile_to_json(old) == cost.profile_to_json(new)
+    assert [e.stage for e in old.entries][:2] == [C.Stage.DENOISE, C.Stage.DENOISE]
+
+
+def test_profile_written_and_read_back(tmp_path: Path) -> None:
+    """write_profile writes every field of the schema (the C++ ProfileEntry) and load_profile reads it all."""
+    p = C.Profile()
+    p.model, p.hardware, p.world_size, p.num_cores = "tiny-wan", "cpu", 4, 2
+    p.dispatch_s, p.completion_s, p.collective_efficiency = 3e-5, 2e-6, 0.75
+    p.entries = [
+        C.ProfileEntry(
+            stage=C.Stage.DENOISE,
+            tokens=t,
+            degree=4,
+            ulysses=2,
+            ring=2,
+            mode="torus",
+            guidance=True,
+            seconds=t / 1000,
+            samples=6,
+        )
+        for t in (18, 120)
+    ] + [C.ProfileEntry(stage=C.Stage.MIGRATE, tokens=18, degree=2, num_new=1, seconds=0.01, samples=3)]
+    path = tmp_path / "out.json"
+    cost.write_profile(path, p, extra={"measured_with": {"steps": 2}})
+    data = json.loads(path.read_text())
+    assert data["format"] == cost.PROFILE_FORMAT == "gfdit-profile/2"
+    assert data["measured_with"] == {"steps": 2}
+    assert list(data) == [
+        "format",
+        "model",
+        "hardware",
+        "world_size",
+        "num_cores",
+        "dispatch_s",
+        "completion_s",
+        "collective_efficiency",
+        "entries",
+        "measured_with",
+    ]
+    assert data["entries"][0] == {
+        "stage": "denoise",
+        "tokens": 18,
+        "degree": 4,
+        "ulysses": 2,
+        "ring": 2,
+        "mode": "torus",
+        "cfg": 1,
+        "guidance": True,
+        "num_new": 0,
+        "seconds": 0.018,
+        "samples": 6,
+    }
+    back = cost.load_profile(path)
+    assert cost.profile_to_json(back) == {k: v for k, v in data.items() if k != "measured_with"}
+    assert back.entries[0].mode == gfdit._C.runtime.LayoutMode.TORUS
+    with pytest.raises(gfdit.InvalidUsage, match="'model' is a profile field"):
+        cost.write_profile(path, p, extra={"model": "x"})
+    with pytest.raises(gfdit.InvalidUsage, match="unknown mode 'ring'; valid modes: usp, torus"):
+        C.ProfileEntry(mode="ring")
+
+
+def test_stage_and_mode_names() -> None:
+    """One name per stage (its task kind's) and per mode, from the C++."""
+    assert cost.STAGES == {
+        "encode": C.Stage.ENCODE,
+        "denoise": C.Stage.DENOISE,
+        "migrate": C.Stage.MIGRATE,
+        "decode": C.Stage.DECODE,
+    }
+    assert [C.stage_from_name(n) for n in cost.STAGES] == list(cost.STAGES.values())
+    assert list(cost.MODES) == ["usp", "torus"]
+    with pytest.raises(gfdit.InvalidUsage, match="valid stages: encode, denoise, migrate, decode"):
+        C.stage_from_name("step")
 
 
 def test_load_profile_not_json(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from gfdit import Decision, Engine, Layout, Policy, Request
 
-LIVENESS_INTERVAL_S = 0.1  # how often the control thread checks its workers (EngineOptions, engine_loop.h)
+LIVENESS_INTERVAL_S = gfdit._C.runtime.LIVENESS_INTERVAL_S  # how often the control thread checks its workers
 
 
 def _shm_names() -> set[str]:
@@ -184,23 +184,30 @@ def test_bad_arguments():
 
 def test_bad_requests_are_refused_at_submit_naming_the_field():
     with Engine(model="tiny-qwen-image", world_size=1, policy="fcfs", timeout_s=20.0) as eng:
-        cases = [
-            (dict(num_inference_steps=10**9), "num_inference_steps"),
-            (dict(height=100000, width=100000), "pixels"),
-            (dict(guidance_scale=float("inf")), "guidance_scale"),
-            (dict(guidance_scale=float("nan")), "guidance_scale"),
-            (dict(guidance_scale_2=float("inf")), "guidance_scale_2"),
-            (dict(num_frames=9), "num_frames"),  # an image model
-            (dict(height=40), "height"),
-            (dict(width=-16), "width"),
-            (dict(deadline_s=-1.0), "deadline_s"),
-            (dict(priority=2**40), "priority"),
-            (dict(prompt="x" * 100_000), "prompt"),
+        cases = [  # (the request's fields, what the message says, the field the error names)
+            (dict(num_inference_steps=10**9), "num_inference_steps", "num_inference_steps"),
+            (dict(num_inference_steps=10**12), "num_inference_steps", "num_inference_steps"),  # not 32-bit
+            (dict(height=100000, width=100000), "pixels", "height"),
+            (dict(guidance_scale=float("inf")), "guidance_scale", "guidance_scale"),
+            (dict(guidance_scale=float("nan")), "guidance_scale", "guidance_scale"),
+            (dict(guidance_scale="high"), "guidance_scale", "guidance_scale"),
+            (dict(guidance_scale_2=float("inf")), "guidance_scale_2", "guidance_scale_2"),
+            (dict(num_frames=9), "num_frames", "num_frames"),  # an image model
+            (dict(height=40), "height", "height"),
+            (dict(height=True), "height", "height"),
+            (dict(width=-16), "width", "width"),
+            (dict(deadline_s=-1.0), "deadline_s", "deadline_s"),
+            (dict(priority=2**40), "priority", "priority"),
+            (dict(seed=-1), "seed", "seed"),
+            (dict(prompt="x" * 100_000), "prompt", "prompt"),
+            (dict(prompt=3), "prompt", "prompt"),
+            (dict(negative_prompt="x" * 100_000), "negative_prompt", "negative_prompt"),
         ]
-        for kwargs, field in cases:
+        for kwargs, text, field in cases:
             kwargs = {"prompt": "a quiet street", **kwargs}
-            with pytest.raises(gfdit.InvalidUsage, match=field):
+            with pytest.raises(gfdit.InvalidUsage, match=text) as e:
                 eng.submit(Request(**kwargs))
+            assert e.value.param == field and e.value.message and e.value.message in str(e.value), kwargs
         assert eng.requests() == {}  # nothing was queued
         # prompts of ordinary length (real ones run to 1-2 KB) fit
         long_prompt = "a very detailed description of a harbour at dawn, " * 40
@@ -254,7 +261,7 @@ def test_shutdown_removes_a_region_a_killed_worker_left():
     from multiprocessing import shared_memory
 
     with Engine(model="tiny-wan", world_size=1, policy="static:1", timeout_s=20.0) as eng:
-        prefix = eng._loop.world_shm_prefix
+        prefix = gfdit._C.runtime.world_shm_prefix(eng._loop.queue_name)
         assert prefix.startswith("gfdit-w-")
         left = shared_memory.SharedMemory(name=f"{prefix}-0123456789abcdef", create=True, size=4096)
         left.close()

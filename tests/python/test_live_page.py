@@ -159,8 +159,9 @@ def test_a_running_request_shows_live_with_its_ranks(client, spy):
     assert tl["live"] == [] and tl["running"] == 0
 
 
-def _stage(kind, ranks, step, n, t0_ms, t1_ms, ulysses=None):
+def _stage(kind, ranks, step, n, t0_ms, t1_ms, ulysses=None, regroup=False):
     return Stage(
+        regroup=regroup,  # the control plane's mark (NOTE [regroups]): the recorder shows it, never decides it
         kind=kind,
         ranks=ranks,
         ulysses=ulysses if ulysses is not None else (len(ranks) if kind == "denoise" else 1),
@@ -197,9 +198,11 @@ def test_recorder_merges_steps_marks_regroups_and_forgets_the_past():
         _stage("denoise", [0, 1], 0, 1, 1010, 1020),
         _stage("denoise", [0, 1], 1, 1, 1021, 1030),  # merged with the one before
         _stage("migrate", [0], 2, 0, 1030, 1031),
-        _stage("denoise", [0], 2, 1, 1031, 1040),  # regrouped: fewer ranks
+        _stage("denoise", [0], 2, 1, 1031, 1040, regroup=True),  # regrouped: fewer ranks
         _stage("denoise", [0], 3, 1, 1040 + 2 * gap_ms, 1050 + 2 * gap_ms),  # a long gap: not merged
-        _stage("denoise", [0, 1], 4, 1, 1300, 1310, ulysses=1),  # regrouped again (ring 1, ulysses 1: "U1")
+        _stage(
+            "denoise", [0, 1], 4, 1, 1300, 1310, ulysses=1, regroup=True
+        ),  # again (ring 1, ulysses 1: "U1")
         _stage("decode", [1], 5, 0, 1310, 1400),
         _stage("denoise", [1], 9, 1, 0, 0),  # never ran: left out
     ]

@@ -51,14 +51,14 @@ def _profile(path) -> str:
             {"stage": "encode", "tokens": t, "seconds": 0.003},
             {"stage": "decode", "tokens": t, "seconds": 0.01},
             {"stage": "migrate", "tokens": t, "degree": 2, "ulysses": 2, "num_new": 1, "seconds": 0.002},
-            {"stage": "step", "tokens": t, "seconds": one},
-            {"stage": "step", "tokens": t, "degree": 2, "ulysses": 2, "seconds": two},
-            {"stage": "step", "tokens": t, "degree": 2, "ring": 2, "seconds": two * 1.2},
+            {"stage": "denoise", "tokens": t, "seconds": one},
+            {"stage": "denoise", "tokens": t, "degree": 2, "ulysses": 2, "seconds": two},
+            {"stage": "denoise", "tokens": t, "degree": 2, "ring": 2, "seconds": two * 1.2},
         ]
     for e in entries:
         e["guidance"] = True
     doc = {
-        "format": "gfdit-profile/1",
+        "format": "gfdit-profile/2",
         "model": MODEL,
         "hardware": "cpu",
         "world_size": WORLD,

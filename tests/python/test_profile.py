@@ -84,7 +84,7 @@ def test_reduced_profile_run(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "stage" in table and "migrate" in table
     p = json.loads(out.read_text())
-    assert p["format"] == "gfdit-profile/1" and p["model"] == "tiny-wan" and p["hardware"] == "cpu"
+    assert p["format"] == "gfdit-profile/2" and p["model"] == "tiny-wan" and p["hardware"] == "cpu"
     assert p["world_size"] == 2 and p["num_cores"] >= 1
     assert 0 < p["dispatch_s"] < 1 and 0 < p["completion_s"] < 1
     entries = p["entries"]
@@ -103,20 +103,20 @@ def test_reduced_profile_run(tmp_path, capsys):
     }
     assert all(set(e) == keys for e in entries)
     assert all(e["seconds"] > 0 and e["samples"] >= 1 and e["guidance"] for e in entries)
-    assert {e["stage"] for e in entries} == {"encode", "step", "migrate", "decode"}
+    assert {e["stage"] for e in entries} == {"encode", "denoise", "migrate", "decode"}
     facts = profile._ModelFacts("tiny-wan")
     tokens = {facts.tokens(*s) for s in shapes}
     assert len(tokens) == 2
-    for stage in ("encode", "step", "decode", "migrate"):
+    for stage in ("encode", "denoise", "decode", "migrate"):
         assert {e["tokens"] for e in entries if e["stage"] == stage} == tokens, stage
     steps = {
         (e["tokens"], e["degree"], e["ulysses"], e["ring"], e["mode"], e["cfg"])
         for e in entries
-        if e["stage"] == "step"
+        if e["stage"] == "denoise"
     }
     layouts = ((1, 1, 1, 1), (2, 2, 1, 1), (2, 1, 2, 1), (2, 1, 1, 2))  # the last: CFG-parallel
     assert steps == {(t, d, u, r, "usp", c) for t in tokens for d, u, r, c in layouts}
-    assert all(e["samples"] == 2 for e in entries if e["stage"] == "step")  # --steps 2 x --repeats 1
+    assert all(e["samples"] == 2 for e in entries if e["stage"] == "denoise")  # --steps 2 x --repeats 1
     assert {(e["degree"], e["num_new"]) for e in entries if e["stage"] == "migrate"} == {(2, 1)}
     assert {e["degree"] for e in entries if e["stage"] == "decode"} == {1}
 

@@ -99,7 +99,7 @@ def test_replay_records_every_request(trace):
         ranks_of.setdefault(iv.request_id, set()).add(iv.rank)
         assert 0 <= iv.rank < WORLD and iv.end_s >= iv.start_s
     assert all(len(r) == 1 for r in ranks_of.values()) and set(ranks_of) == {r.id for r in reqs}
-    assert {iv.kind for iv in replay.intervals} == {"encode", "step", "decode"}
+    assert {iv.kind for iv in replay.intervals} == {"encode", "denoise", "decode"}
     busy = sum(iv.end_s - iv.start_s for iv in replay.intervals)
     assert replay.busy_rank_s == pytest.approx(busy, rel=1e-6)
 
@@ -133,14 +133,14 @@ def _synthetic_profile(path, trace_path: str, *, model: str = "tiny-wan", world_
         entries.append(
             {"stage": "migrate", "tokens": t, "degree": 2, "ulysses": 2, "num_new": 1, "seconds": 0.001}
         )
-        entries.append({"stage": "step", "tokens": t, "seconds": 0.005})
+        entries.append({"stage": "denoise", "tokens": t, "seconds": 0.005})
         for u, r in ((2, 1), (1, 2)):
             entries.append(
-                {"stage": "step", "tokens": t, "degree": 2, "ulysses": u, "ring": r, "seconds": 0.05}
+                {"stage": "denoise", "tokens": t, "degree": 2, "ulysses": u, "ring": r, "seconds": 0.05}
             )
     for e in entries:
         e["guidance"] = True
-    doc = {"format": "gfdit-profile/1", "model": model, "hardware": "cpu", "world_size": world_size}
+    doc = {"format": "gfdit-profile/2", "model": model, "hardware": "cpu", "world_size": world_size}
     path.write_text(json.dumps({**doc, "num_cores": 2, "entries": entries}))
     return str(path)
 
@@ -154,8 +154,8 @@ def test_replay_with_a_profile_gives_the_policy_predictions(trace, tmp_path):
     replay = run_trace.replay_trace(reqs, model="tiny-wan", world_size=WORLD, policy="fcfs", profile=prof)
     assert all(o.completed for o in replay.outcomes)
     assert "profile of tiny-wan" in replay.where
-    steps = [iv for iv in replay.intervals if iv.kind == "step"]
-    assert steps and {iv.kind for iv in replay.intervals} >= {"encode", "step", "decode"}
+    steps = [iv for iv in replay.intervals if iv.kind == "denoise"]
+    assert steps and {iv.kind for iv in replay.intervals} >= {"encode", "denoise", "decode"}
     per_task = {}
     for iv in steps:
         per_task.setdefault((iv.request_id, iv.start_s), set()).add(iv.rank)

@@ -85,8 +85,8 @@ def test_generation_returns_png_of_the_asked_size(client):
         user="u1",
     )
     assert d.status_code == 200, d.text
-    info = client.app.state.server.engine.model_info["defaults"]
-    assert _png(d.json()["data"][0]["b64_json"]).size == (info["width"], info["height"])
+    info = client.app.state.server.engine.model_info.defaults
+    assert _png(d.json()["data"][0]["b64_json"]).size == (info.width, info.height)
     assert client.app.state.server.admission.pending == 0
 
 
@@ -246,6 +246,9 @@ class _FakeEngine:
 
     def requests(self) -> dict:
         return {}
+
+    def add_progress_listener(self, fn) -> None:
+        pass
 
 
 def test_health_reports_a_dead_worker(engine):

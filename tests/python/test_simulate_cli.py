@@ -10,7 +10,7 @@ import random
 import gfdit
 import pytest
 from gfdit._C import cost as cost_c
-from gfdit.planning import simulate
+from gfdit.planning import cost, simulate
 from gfdit.planning.trace import SUMMARY_KEYS, Interval, Outcome, TraceRequest, write_trace
 from gfdit.tools import profile
 
@@ -85,7 +85,7 @@ def cpu_profile(tmp_path_factory) -> str:
     """A reduced profile of tiny-wan measured here (world 2): what --cluster cpu needs."""
     path = tmp_path_factory.mktemp("profile") / "profile.json"
     p = profile.measure("tiny-wan", 2, [(32, 48, 1), (64, 96, 1)], steps=2, repeats=1)
-    path.write_text(json.dumps(p))
+    cost.write_profile(path, p)
     return str(path)
 
 
@@ -149,10 +149,10 @@ def test_plots_stay_readable_with_many_requests(tmp_path):
         t = arrival + rng.random()
         for kind, dur in (
             ("encode", 0.05),
-            ("step", 0.2),
-            ("step", 0.2),
+            ("denoise", 0.2),
+            ("denoise", 0.2),
             ("migrate", 0.01),
-            ("step", 0.2),
+            ("denoise", 0.2),
             ("decode", 0.1),
         ):
             for r in ranks if kind != "decode" else ranks[:1]:

@@ -185,7 +185,7 @@ def test_cpu_cluster_uses_the_profile(tmp_path):
     entries = []
     for d in (1, 2):
         for tokens, secs in ((lo, 0.01), (hi, 0.05)):
-            entries.append({"stage": "step", "tokens": tokens, "degree": d, "ulysses": d, "guidance": True,
+            entries.append({"stage": "denoise", "tokens": tokens, "degree": d, "ulysses": d, "guidance": True,
                             "seconds": secs / d})  # fmt: skip
             entries.append({"stage": "decode", "tokens": tokens, "guidance": True, "seconds": 2 * secs})
         entries.append({"stage": "encode", "tokens": lo, "degree": d, "guidance": True, "seconds": 0.003})
@@ -201,7 +201,7 @@ def test_cpu_cluster_uses_the_profile(tmp_path):
     cm = cost.cost_model("tiny-wan", profile=str(path))
     r = reqs[0]
     q = {"num_steps": r.num_inference_steps, "guidance_scale": float(arch.default_guidance)}
-    step = cm.seconds(cost.Stage.STEP, r.height, r.width, r.num_frames, degree=2, ulysses=2, **q)
+    step = cm.seconds(cost.Stage.DENOISE, r.height, r.width, r.num_frames, degree=2, ulysses=2, **q)
     dec = cm.seconds(cost.Stage.DECODE, r.height, r.width, r.num_frames, **q)
     assert r.deadline_s == pytest.approx(r.arrival_s + 3.0 * (0.003 + r.num_inference_steps * step + dec))
     with pytest.raises(gfdit.InvalidUsage, match="needs a profile"):

@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import collections
 import operator
-import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -82,15 +81,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gfdit import comm
-from gfdit._C import Error, InvalidUsage, RemoteError
+from gfdit import comm, settings
+from gfdit._C import DType, Error, InvalidUsage, RemoteError
 from gfdit.attention.plan import EXCHANGE_TAG, Plan, digest, plan_key
 from gfdit.attention.spec import ParallelSpec, resolve_placement
 from gfdit.attention.usp import ring_attention, usp
+from gfdit.comm.dtypes import TORCH_TO_DTYPE
 from gfdit.comm.topology import Topology
 
-_FLOAT_DTYPES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
-_DTYPE_NAMES = {1: "float32", 2: "bfloat16", 3: "float16"}
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what attention computes in
 
 # Local error codes carried in the metadata record (field 0).
 _ERR_OK = 0
@@ -124,12 +123,7 @@ _DEVICE_NAMES = {0: "CPU", 1: "CUDA"}
 
 _TAG_MISMATCH = "message tag mismatch"
 
-PLAN_CACHE = os.environ.get("GFDIT_ATTENTION_PLAN_CACHE", "1").strip().lower() not in (
-    "0",
-    "false",
-    "off",
-    "no",
-)
+PLAN_CACHE = settings.get_bool("GFDIT_ATTENTION_PLAN_CACHE")
 PLAN_CAPACITY = 16  # plans kept per group (NOTE [attention plan cache])
 
 
@@ -183,7 +177,7 @@ def _local_record(
     if q.device.type == "cuda" and world_device is None and n > 1:
         return fail(_ERR_DEVICE, f"q is on {q.device}, but this world is host only (gfdit.init device=None)")
     rec[11] = _DEVICE_KINDS[q.device.type]
-    rec[5] = _FLOAT_DTYPES[q.dtype]
+    rec[5] = int(TORCH_TO_DTYPE[q.dtype])
     joints = (jq, jk, jv)
     given = [t is not None for t in joints]
     if any(given) and not all(given):
@@ -245,7 +239,7 @@ def _check_records(
             )
         if r[5] != dt:
             raise InvalidUsage(
-                f"gfdit.attention: member {i} has dtype {_DTYPE_NAMES[r[5]]}, member 0 has {_DTYPE_NAMES[dt]}"
+                f"gfdit.attention: member {i} has dtype {DType(r[5]).name}, member 0 has {DType(dt).name}"
             )
         if (r[6], r[7]) != (recs[0][6], recs[0][7]):
             raise InvalidUsage(
@@ -359,21 +353,36 @@ def clear_plan_cache() -> None:
         _caches.clear()
 
 
-def _local(q, k, v, joint, joint_front: bool):
+def _local(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    joint: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    joint_front: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One member: one scaled_dot_product_attention over the whole sequence (the joint tokens concatenated
     where the model puts them), in the inputs' dtype: the computation diffusers' own attention processors
     run, so a one-rank call gives their output bit for bit in bf16 too (a log-sum-exp merge of blocks in
     float32 rounds differently)."""
     if joint is None:
-        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return out.transpose(1, 2).contiguous(), None
     s_joint = joint[0].shape[1]
     parts = [(jt, t) if joint_front else (t, jt) for jt, t in zip(joint, (q, k, v), strict=True)]
-    full = [torch.cat(p, dim=1).transpose(1, 2) for p in parts]
-    out = F.scaled_dot_product_attention(*full).transpose(1, 2)
+    full_q, full_k, full_v = (torch.cat(p, dim=1).transpose(1, 2) for p in parts)
+    out = F.scaled_dot_product_attention(full_q, full_k, full_v).transpose(1, 2)
     if joint_front:
         return out[:, s_joint:].contiguous(), out[:, :s_joint].contiguous()
     return out[:, : q.shape[1]].contiguous(), out[:, q.shape[1] :].contiguous()
+
+
+def _joint_inputs(
+    jq: torch.Tensor | None, jk: torch.Tensor | None, jv: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """joint_q/k/v, contiguous, of a call whose record has the joint tokens (field 6: _local_record found
+    all three tensors)."""
+    assert jq is not None and jk is not None and jv is not None
+    return jq.contiguous(), jk.contiguous(), jv.contiguous()
 
 
 def _plan_mismatch(exc: Error, group: comm.Group, ran: str, local_detail: str) -> PlanMismatch:
@@ -460,13 +469,13 @@ def attention(
             from gfdit.attention.torus import check_torus
 
             check_torus(spec, rec[3])
-        joint_t = tuple(t.contiguous() for t in (joint_q, joint_k, joint_v)) if rec[6] else None
+        joint_t = _joint_inputs(joint_q, joint_k, joint_v) if rec[6] else None
         out, joint_out = _local(q.contiguous(), k.contiguous(), v.contiguous(), joint_t, joint == "front")
         return (out, joint_out) if rec[6] else out
 
     cache = _group_cache(world, g) if PLAN_CACHE and splits is not None else None
     call = None
-    if cache is not None:  # a bad local record has no splits, so it always goes to the exchange
+    if cache is not None and splits is not None:  # a bad local record has no splits: the exchange
         call = cache.get(
             plan_key(spec, placement, rec[1], rec[3], rec[4], rec[5], rec[6], rec[7], splits, rec[11])
         )
@@ -487,7 +496,7 @@ def attention(
             ran = f"the metadata exchange, then plan 0x{call.tag:x}"
         world.set_message_tag(call.tag)
         q, k, v = (x.contiguous() for x in (q, k, v))
-        joint_t = tuple(t.contiguous() for t in (joint_q, joint_k, joint_v)) if call.has_joint else None
+        joint_t = _joint_inputs(joint_q, joint_k, joint_v) if call.has_joint else None
         if spec.mode == "torus":
             from gfdit.attention.torus import torus
 

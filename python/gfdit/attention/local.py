@@ -13,6 +13,8 @@ exact softmax in float32.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -31,20 +33,20 @@ def _cuda_block(
     neither takes these inputs; the caller then uses the portable path. No host synchronisation: a kernel
     that refuses its arguments does so when it is called, not when it runs."""
     sq, d = q.shape[2], q.shape[-1]
-    kernels = []
+    kernels: list[tuple[str, Callable[..., Any]]] = []
     if q.dtype in (torch.float16, torch.bfloat16) and _FLASH_CUDA is not None:
-        kernels.append("flash")
+        kernels.append(("flash", _FLASH_CUDA))
     if q.dtype in (torch.float32, torch.float16, torch.bfloat16) and _EFFICIENT_CUDA is not None:
-        kernels.append("efficient")
-    for kernel in kernels:
+        kernels.append(("efficient", _EFFICIENT_CUDA))
+    for kernel, op in kernels:
         key = (q.dtype, int(d), kernel)
         if key in _CUDA_REFUSED:
             continue
         try:
             if kernel == "flash":
-                res = _FLASH_CUDA(q, k, v, 0.0, False, False, scale=scale)
+                res = op(q, k, v, 0.0, False, False, scale=scale)
             else:
-                res = _EFFICIENT_CUDA(q, k, v, None, True, 0.0, False, scale=scale)
+                res = op(q, k, v, None, True, 0.0, False, scale=scale)
         except (RuntimeError, NotImplementedError):
             _CUDA_REFUSED.add(key)
             continue
@@ -97,7 +99,7 @@ class PartialMerger:
         self.lse: torch.Tensor | None = None
 
     def add(self, out: torch.Tensor, lse: torch.Tensor) -> None:
-        if self.out is None:
+        if self.out is None or self.lse is None:  # both or neither
             self.out, self.lse = out, lse
             return
         new_lse = torch.logaddexp(self.lse, lse)
@@ -115,7 +117,7 @@ class PartialMerger:
 
     def result(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(out float32 [B, H, Sq, D], lse float32 [B, H, Sq]); zeros / -inf when nothing was added."""
-        if self.out is None:
+        if self.out is None or self.lse is None:
             b, h, s, d = like.shape
             return (
                 like.new_zeros((b, h, s, d), dtype=torch.float32),

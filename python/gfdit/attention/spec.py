@@ -11,11 +11,9 @@ from gfdit._C import InvalidUsage
 from gfdit._C import runtime as _rt
 from gfdit.comm.topology import Topology
 
-MODES = ("usp", "torus")
-PLACEMENTS = ("ulysses-low", "ring-low", "auto")
-# The runtime's Layout numbers the modes and placements (include/gfdit/layout.h).
-_MODE_OF_CODE = {0: "usp", 1: "torus"}
-_PLACEMENT_OF_CODE = {0: "auto", 1: "ulysses-low", 2: "ring-low"}
+# The names of the runtime's LayoutMode and Placement (include/gfdit/layout.h), in their order there.
+MODES: tuple[str, ...] = tuple(_rt.layout_mode_name(m) for m in _rt.LayoutMode.__members__.values())
+PLACEMENTS: tuple[str, ...] = tuple(_rt.placement_name(p) for p in _rt.Placement.__members__.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +82,8 @@ class ParallelSpec:
         return cls(
             ulysses=int(layout.ulysses),
             ring=int(layout.ring),
-            mode=_MODE_OF_CODE.get(int(layout.mode), "usp"),
-            placement=_PLACEMENT_OF_CODE.get(int(layout.placement), "auto"),
+            mode=_rt.layout_mode_name(layout.mode),
+            placement=_rt.placement_name(layout.placement),
             cfg=int(layout.cfg),
         )
 
@@ -94,8 +92,8 @@ class ParallelSpec:
         return _rt.Layout(
             ulysses=self.ulysses,
             ring=self.ring,
-            mode=MODES.index(self.mode),
-            placement={v: k for k, v in _PLACEMENT_OF_CODE.items()}[self.placement],
+            mode=self.mode,  # the runtime's Layout takes the names
+            placement=self.placement,
             cfg=self.cfg,
         )
 

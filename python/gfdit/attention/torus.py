@@ -280,5 +280,7 @@ def torus(
     if joint is not None:
         part = torch.cat(joint_parts, dim=1)  # [B, h_me, S_joint, D + 1]
         joint_out = merge_joint_partials(world, group, lay, part, call.head_splits, dtype)
-    areas = area = ws = None  # the workspace goes back to the heap before the caller continues
+    # the workspace goes back to the heap before the caller continues (None rather than del: area is bound on
+    # one branch only)
+    areas = area = ws = None  # type: ignore[assignment]
     return out, joint_out

@@ -43,7 +43,7 @@ def ring_attention(
     try:
         for t in range(r):
             fut = None
-            if t < r - 1:
+            if executor is not None and t < r - 1:  # there is an executor when r > 1
                 s_next = block_sizes[(ring_idx - t - 1) % r]
                 nxt = spare[t % 2][: 2 * b * h * s_next * d].view(2, b, h, s_next, d)
                 fut = executor.submit(_exchange, world, cur, nxt, nxt_rank, prv_rank, send_first)

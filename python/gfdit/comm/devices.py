@@ -27,9 +27,9 @@ import torch
 from gfdit import _C
 from gfdit._C import InvalidUsage
 
-# Whether this build's _C.World has the CUDA transport (World.create(device=), collectives with stream=,
-# heap_alloc(device=), World.device, World.check()); see NOTE [device tensors].
-_HAS_CUDA_TRANSPORT = getattr(_C.World, "device", None) is not None and hasattr(_C.World, "check")
+# Whether this build has the CUDA transport, enabled (World.create(device=), collectives with stream=,
+# heap_alloc(device=)); see NOTE [device tensors].
+_HAS_CUDA_TRANSPORT = bool(_C.has_device_transport())
 _CUDA_STREAM_LEGACY = 1  # cudaStreamLegacy: torch's default stream (handle 0) under a nonzero name
 _NO_TRANSPORT = (
     "this build has no CUDA transport (gfdit._C.World lacks device support); rebuild gfdit with the CUDA "

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 
+from gfdit import settings
 from gfdit._C import InvalidUsage
 
 NODE_IDS_ENV = "GFDIT_NODE_IDS"
@@ -60,7 +60,7 @@ class Topology:
             from gfdit.comm.world import get_world_size
 
             world_size = get_world_size()
-        text = os.environ.get(NODE_IDS_ENV, "").strip()
+        text = settings.get(NODE_IDS_ENV).strip()
         if not text:
             return cls.single_node(world_size)
         return cls.from_string(text, world_size)

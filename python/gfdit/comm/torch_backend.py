@@ -30,7 +30,6 @@ NOTE [torch backend]
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,10 +44,6 @@ from gfdit.comm.dtypes import TORCH_TO_DTYPE as _DTYPES
 from gfdit.comm.world import Group, World
 
 BACKEND_NAME = "gfdit"
-
-# The backend moves tensors through staging slots; its symmetric heap serves only gfdit's own zero-copy
-# tensors, which torch code does not allocate, so it stays small unless GFDIT_HEAP_BYTES says otherwise.
-_DEFAULT_HEAP_BYTES = 8 << 20
 
 
 def register() -> None:
@@ -76,13 +71,11 @@ def _create(opts: Any, backend_options: Any) -> ProcessGroupGfdit:
             "(dist.new_group(ranks, backend='nccl'))"
         )
     if not ranks:
-        heap = int(os.environ.get("GFDIT_HEAP_BYTES", _DEFAULT_HEAP_BYTES))
         world = World(
             opts.group_rank,
             opts.group_size,
             opts.store,
             timeout=timeout,
-            heap_bytes=heap,
             key_prefix="gfdit-pg",
         )
         return ProcessGroupGfdit(world, world._whole, _P2PQueue(world))
@@ -106,7 +99,9 @@ def group_of(pg: Any = None) -> Group:
     if pg is None:
         pg = dist.group.WORLD
         if pg is None:
-            raise InvalidUsage("gfdit: no default process group; call dist.init_process_group('gfdit', ...) first")
+            raise InvalidUsage(
+                "gfdit: no default process group; call dist.init_process_group('gfdit', ...) first"
+            )
     if pg is dist.GroupMember.NON_GROUP_MEMBER:
         raise InvalidUsage("gfdit: this rank is not a member of that process group")
     if not isinstance(pg, ProcessGroupGfdit) or pg._world is None:
@@ -268,8 +263,12 @@ class _P2PWork(dist.Work):
 class ProcessGroupGfdit(dist.ProcessGroup):
     """A torch process group whose collectives are gfdit's (see NOTE [torch backend])."""
 
+    # torch's stubs declare ProcessGroup's front-end overloads (a tensor and an op, a list and options, ...);
+    # the collectives here take what torch's Python and C++ layers pass a Python process group (lists of
+    # tensors and an options object), so mypy finds them incompatible overrides: each has an ignore[override]
+    # (ignore[assignment] for the aliases). The stubs also lack the constructor ProcessGroup(rank, size).
     def __init__(self, world: World, group: Group, p2p: _P2PQueue) -> None:
-        super().__init__(group.rank(), group.size())
+        super().__init__(group.rank(), group.size())  # type: ignore[call-arg, arg-type]
         self._world: World | None = world
         self._group = group
         self._g = group._g
@@ -340,7 +339,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
 
     # ---- reductions ----
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         w = self._w("all_reduce")
         op, avg = _reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), "all_reduce")
         for t in tensors:
@@ -359,7 +358,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         # Every member computes the sum; only the root's tensor takes it, as torch specifies.
         w = self._w("reduce")
         op, avg = _reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), "reduce")
@@ -400,7 +399,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
             out.copy_(o.buf)
         return _done(out)
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def reduce_scatter_single_coalesced(
         self, outs: list[torch.Tensor], inps: list[torch.Tensor], opts: Any = None
@@ -409,9 +408,9 @@ class ProcessGroupGfdit(dist.ProcessGroup):
             self.reduce_scatter_single(o, i, opts)
         return _done(outs)
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]
         self, outs: list[torch.Tensor], in_lists: list[list[torch.Tensor]], opts: Any = None
     ) -> Any:
         for o, parts in zip(outs, in_lists, strict=True):
@@ -439,7 +438,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
         o.finish()
         return _done(out)
 
-    _allgather_base = all_gather_single
+    _allgather_base = all_gather_single  # type: ignore[assignment]
 
     def all_gather_single_coalesced(
         self, outs: list[torch.Tensor], inps: list[torch.Tensor], opts: Any = None
@@ -448,9 +447,9 @@ class ProcessGroupGfdit(dist.ProcessGroup):
             self.all_gather_single(o, i, opts)
         return _done(outs)
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
 
-    def allgather(
+    def allgather(  # type: ignore[override]
         self, out_lists: list[list[torch.Tensor]], inps: list[torch.Tensor], opts: Any = None
     ) -> Any:
         for outs, inp in zip(out_lists, inps, strict=True):
@@ -469,7 +468,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
                 o.copy_(buf[k].view(o.shape))
         return _done(out_lists)
 
-    allgather_coalesced = allgather
+    allgather_coalesced = allgather  # type: ignore[assignment]
 
     def _check_root_parts(self, parts: list[torch.Tensor], like: torch.Tensor, what: str, kind: str) -> None:
         """The root's list of a rooted collective: one CPU tensor per member, each of like's dtype and size."""
@@ -480,7 +479,9 @@ class ProcessGroupGfdit(dist.ProcessGroup):
                 f"gfdit backend: {what}: the root needs {self._n} CPU {kind} of {tuple(like.shape)} {like.dtype}"
             )
 
-    def gather(self, out_lists: list[list[torch.Tensor]], inps: list[torch.Tensor], opts: Any = None) -> Any:
+    def gather(  # type: ignore[override]
+        self, out_lists: list[list[torch.Tensor]], inps: list[torch.Tensor], opts: Any = None
+    ) -> Any:
         # An all-gather that only the root keeps: gfdit has no rooted gather, and DiT code gathers little.
         root = int(_opt(opts, "rootRank", 0))
         if self.rank() == root:
@@ -494,7 +495,9 @@ class ProcessGroupGfdit(dist.ProcessGroup):
                     o.copy_(buf[j].view(o.shape))
         return _done(out_lists)
 
-    def scatter(self, outs: list[torch.Tensor], in_lists: list[list[torch.Tensor]], opts: Any = None) -> Any:
+    def scatter(  # type: ignore[override]
+        self, outs: list[torch.Tensor], in_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> Any:
         # An all-to-all in which only the root sends.
         root = int(_opt(opts, "rootRank", 0))
         for k, out in enumerate(outs):
@@ -531,7 +534,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
         self._all_to_all_bytes(out, _bytes(inp.contiguous()), out_b, in_b, "all_to_all_single")
         return _done(out)
 
-    alltoall_base = all_to_all_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]
 
     def alltoall(self, outs: list[torch.Tensor], inps: list[torch.Tensor], opts: Any = None) -> Any:
         if len(outs) != self._n or len(inps) != self._n:
@@ -591,7 +594,7 @@ class ProcessGroupGfdit(dist.ProcessGroup):
         w.all_to_all_v(self._g, ins, outs)
         o.finish()
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         w = self._w("broadcast")
         root = self._ranks[int(_opt(opts, "rootRank", 0))]
         for t in tensors:

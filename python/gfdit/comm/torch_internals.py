@@ -44,7 +44,8 @@ def registered(name: str) -> bool:
 
 def completed_work(result: Any = None) -> Any:
     """A torch ``Work`` that has finished with ``result``."""
-    from torch._C._distributed_c10d import _create_work_from_future
+    # in torch's extension, but not in its stubs (torch/_C/_distributed_c10d.pyi)
+    from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
     fut: Future = Future()
     fut.set_result(result)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gfdit import _C
+from gfdit import _C, settings
 from gfdit._C import InvalidUsage
 from gfdit.comm.devices import (
     _require_cuda_transport,
@@ -27,8 +27,6 @@ from gfdit.comm.devices import (
 from gfdit.comm.dtypes import TORCH_TO_DTYPE as _DTYPES
 
 _OPS = {"sum": _C.ReduceOp.sum, "max": _C.ReduceOp.max, "min": _C.ReduceOp.min, "prod": _C.ReduceOp.prod}
-
-_DEFAULT_HEAP_BYTES = 256 << 20
 
 View = tuple  # (address, rows, row_bytes, stride)
 
@@ -184,7 +182,7 @@ class World:
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
         if heap_bytes is None:
-            heap_bytes = int(os.environ.get("GFDIT_HEAP_BYTES", _DEFAULT_HEAP_BYTES))
+            heap_bytes = settings.get_int("GFDIT_HEAP_BYTES")
         if not (isinstance(rank, int) and isinstance(world_size, int)):
             raise InvalidUsage("gfdit: rank and world_size must be integers")
         index = resolve_device(device, rank, "gfdit.init device")
@@ -199,7 +197,7 @@ class World:
             int(spin_us),
             key_prefix,
         )
-        extra = {} if shm_prefix == "gfdit" else {"shm_prefix": shm_prefix}
+        extra: dict[str, Any] = {} if shm_prefix == "gfdit" else {"shm_prefix": shm_prefix}
         if index is None:
             self._w = _C.World.create(*args, **extra)  # exactly the host-only call of builds without a device
         else:
@@ -501,6 +499,7 @@ class World:
         """Every member's head count: from head_splits, else even (h_total / n, or h_local each)."""
         if head_splits is None:
             if h_total is None:
+                assert h_local is not None  # the callers give h_total or h_local
                 return [h_local] * n
             if h_total % n != 0:
                 raise InvalidUsage(
@@ -526,6 +525,7 @@ class World:
         if seq_splits is None:
             if s_local is not None:
                 return [s_local] * n
+            assert s_total is not None  # the callers give s_local or s_total
             if s_total % n != 0:
                 raise InvalidUsage(
                     f"gfdit: all_to_all_4d: sequence {s_total} is not divisible by {n}; pass seq_splits"

@@ -13,6 +13,13 @@ from gfdit.models.sharding import SequenceShards
 
 Undo = Callable[[], None]
 
+# A diffusers model or one of its submodules, whose parts gfdit reaches by name (``model.config.patch_size``,
+# ``model.blocks[0].attn1.to_q``, ``model.dtype``). Neither torch nor diffusers types those parts: torch types
+# an nn.Module's attribute as Tensor | Module, and mypy does not follow diffusers (see pyproject.toml: its
+# top-level names type as its placeholder classes). So the adapters and staged models take such modules as
+# Any, under this name, rather than casting at every use.
+DiffusersModule = Any
+
 
 class ModelAdapter:
     """What gfdit needs to know about one family of diffusers transformers (see NOTE [parallel call])."""

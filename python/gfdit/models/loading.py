@@ -7,10 +7,12 @@ import os
 import torch
 
 from gfdit._C import InvalidUsage
+from gfdit._C import cost as _registry
 from gfdit.models import qwen_pipeline, wan_pipeline
 from gfdit.models.staged import StagedModel
 
-_MODELS = ("tiny-wan", "tiny-qwen-image", "wan2.2", "wan2.1", "qwen-image")
+# the pipelines that build staged models, by the registry's name of them (ModelArch::pipeline)
+_PIPELINES = {"wan": wan_pipeline, "qwen-image": qwen_pipeline}
 
 
 def load(
@@ -34,9 +36,12 @@ def load(
     (NOTE [state placement]).
     Unknown names, a missing path or an incomplete folder raise gfdit.InvalidUsage.
     """
-    if not isinstance(name, str) or name not in _MODELS:
-        raise InvalidUsage(f"gfdit.models.load: unknown model {name!r}; known: {', '.join(_MODELS)}")
-    mod = wan_pipeline if name in ("tiny-wan", "wan2.2", "wan2.1") else qwen_pipeline
+    known = _registry.loadable_model_names()  # the model registry (src/runtime/cost.cpp) says which
+    if not isinstance(name, str) or name not in known:
+        raise InvalidUsage(
+            f"gfdit.models.load: unknown model {name!r}; known: {', '.join(known)}", param="name"
+        )
+    mod = _PIPELINES[_registry.model_arch(name).pipeline]
     if name.startswith("tiny-") and path is None:
         model = mod.build_tiny(seed=seed)
         return model if torch.device(device).type == "cpu" else model.to(device)

@@ -25,8 +25,9 @@ import torch
 from gfdit import comm
 from gfdit._C import InvalidUsage
 from gfdit.attention.spec import ParallelSpec
+from gfdit.models.adapter import DiffusersModule
 from gfdit.models.staged import (
-    GFDIT_CONFIG,
+    CONFIG_FILE,
     Conditioning,
     DenoiseState,
     StageDefaults,
@@ -45,13 +46,9 @@ PROMPT_TEMPLATE = (
 PROMPT_TEMPLATE_DROP = 34  # diffusers' prompt_template_encode_start_idx for the real Qwen2 tokenizer
 TOKENIZER_MAX_LENGTH = 1024
 
-# Serving defaults (DESIGN.md): Qwen-Image 50 steps at 1024 px, true CFG 4.0.
-QWEN_IMAGE_DEFAULTS = StageDefaults(
-    height=1024, width=1024, num_frames=1, num_inference_steps=50, guidance_scale=4.0, max_sequence_length=512
-)
-TINY_DEFAULTS = StageDefaults(
-    height=48, width=80, num_frames=1, num_inference_steps=4, guidance_scale=4.0, max_sequence_length=64
-)
+# Serving defaults, from the model registry (src/runtime/cost.cpp): Qwen-Image 50 steps at 1024 px, true CFG 4.0.
+QWEN_IMAGE_DEFAULTS = StageDefaults.of("qwen-image", max_sequence_length=512)
+TINY_DEFAULTS = StageDefaults.of("tiny-qwen-image", max_sequence_length=64)
 # Qwen/Qwen-Image's scheduler_config.json (dynamic shifting with mu from the token count).
 QWEN_IMAGE_SCHEDULER = {
     "_class_name": "FlowMatchEulerDiscreteScheduler",
@@ -104,8 +101,8 @@ class QwenImageStagedModel(StagedModel):
         name: str,
         tokenizer: Any,
         text_encoder: torch.nn.Module,
-        vae: torch.nn.Module,
-        transformer: torch.nn.Module,
+        vae: DiffusersModule,
+        transformer: DiffusersModule,
         scheduler_config: dict,
         defaults: StageDefaults,
         prompt_template_drop: int = PROMPT_TEMPLATE_DROP,
@@ -126,7 +123,7 @@ class QwenImageStagedModel(StagedModel):
         self.defaults = defaults
         self.prompt_template_drop = int(prompt_template_drop)
         self.vae_scale = 2 ** len(vae.temperal_downsample)
-        self.patch_size = (1, 2, 2)  # type: ignore[assignment]
+        self.patch_size = (1, 2, 2)
 
     # -- encode ------------------------------------------------------------------------------------------
     def _embed(self, text: str, max_len: int) -> torch.Tensor:
@@ -360,7 +357,7 @@ def load_folder(
     from gfdit.models.samplers import sampler_from_config
 
     path = check_folder(name, path, ("tokenizer", "text_encoder", "vae", "transformer"))
-    gcfg_file = os.path.join(path, GFDIT_CONFIG)
+    gcfg_file = os.path.join(path, CONFIG_FILE)
     gcfg = read_json(gcfg_file) if os.path.isfile(gcfg_file) else {}
     defaults = StageDefaults(**gcfg["defaults"]) if "defaults" in gcfg else QWEN_IMAGE_DEFAULTS
     sched_file = os.path.join(path, "scheduler", "scheduler_config.json")
@@ -368,8 +365,9 @@ def load_folder(
     sampler_from_config(sched)  # an unsupported scheduler is refused before any weights load
     try:
         tokenizer = AutoTokenizer.from_pretrained(os.path.join(path, "tokenizer"), local_files_only=True)
-        encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            os.path.join(path, "text_encoder"), local_files_only=True, **({"dtype": dtype} if dtype else {})
+        dtype_arg: dict[str, Any] = {"dtype": dtype} if dtype else {}
+        encoder: torch.nn.Module = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            os.path.join(path, "text_encoder"), local_files_only=True, **dtype_arg
         )
         # the VAE as QwenImagePipeline.from_pretrained(dtype=dtype) loads it (float32 without a dtype)
         vae = load_diffusers_model(AutoencoderKLQwenImage, path, "vae", dtype or torch.float32)

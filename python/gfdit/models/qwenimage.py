@@ -21,7 +21,15 @@ import torch
 
 from gfdit._C import InvalidUsage
 from gfdit.attention.core import attention
-from gfdit.models.adapter import ModelAdapter, Undo, call_arg, hook, set_call_arg, swap_processor
+from gfdit.models.adapter import (
+    DiffusersModule,
+    ModelAdapter,
+    Undo,
+    call_arg,
+    hook,
+    set_call_arg,
+    swap_processor,
+)
 from gfdit.models.sharding import SequenceShards
 
 
@@ -33,7 +41,7 @@ class QwenJointAttentionProcessor:
 
     def __call__(
         self,
-        attn: torch.nn.Module,
+        attn: DiffusersModule,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_hidden_states_mask: torch.Tensor | None = None,
@@ -104,10 +112,10 @@ class QwenImageAdapter(ModelAdapter):
         mod = sys.modules.get("diffusers.models.transformers.transformer_qwenimage")
         return mod is not None and type(model) is mod.QwenImageTransformer2DModel
 
-    def heads(self, model: torch.nn.Module) -> int:
+    def heads(self, model: DiffusersModule) -> int:
         return int(model.config.num_attention_heads)
 
-    def prepare(self, model: torch.nn.Module, bound: inspect.BoundArguments, shards: SequenceShards) -> None:
+    def prepare(self, model: DiffusersModule, bound: inspect.BoundArguments, shards: SequenceShards) -> None:
         args = bound.arguments
         hs = args.get("hidden_states")
         if not isinstance(hs, torch.Tensor) or hs.dim() != 3:
@@ -129,7 +137,7 @@ class QwenImageAdapter(ModelAdapter):
         if control is not None:
             args["controlnet_block_samples"] = [shards.take(c, 1, "a ControlNet residual") for c in control]
 
-    def install(self, model: torch.nn.Module, shards: SequenceShards) -> list[Undo]:
+    def install(self, model: DiffusersModule, shards: SequenceShards) -> list[Undo]:
         from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
         blocks = model.transformer_blocks

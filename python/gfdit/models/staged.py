@@ -84,14 +84,16 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, overload
 
 import torch
 
 from gfdit import comm
-from gfdit._C import InvalidUsage
+from gfdit._C import DType, InvalidUsage
 from gfdit.attention.spec import ParallelSpec
+from gfdit.comm.dtypes import DTYPE_TO_TORCH, TORCH_TO_DTYPE
+from gfdit.models.adapter import DiffusersModule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +106,22 @@ class StageDefaults:
     num_inference_steps: int
     guidance_scale: float
     max_sequence_length: int
+
+    @classmethod
+    def of(cls, model: str, max_sequence_length: int) -> StageDefaults:
+        """The serving defaults the model registry holds for ``model`` (src/runtime/cost.cpp: one place for a
+        model's facts), with the pipeline's own text length."""
+        from gfdit._C import cost
+
+        a = cost.model_arch(model)
+        return cls(
+            height=int(a.default_height),
+            width=int(a.default_width),
+            num_frames=int(a.default_frames),
+            num_inference_steps=int(a.default_steps),
+            guidance_scale=float(a.default_guidance),
+            max_sequence_length=max_sequence_length,
+        )
 
 
 @dataclasses.dataclass
@@ -191,6 +209,12 @@ def flow_match_schedule(
 
 
 # ---------------------------------------------------------------------------------------------- the interface
+def _grid_tuple(cells: Iterable[Any]) -> tuple[int, int, int]:
+    """A latent grid (frames, height, width) as Python ints; the callers pass its three sizes."""
+    # mypy types tuple(a generator) as tuple[int, ...]: it does not count the items
+    return tuple(int(x) for x in cells)  # type: ignore[return-value]
+
+
 class StagedModel(abc.ABC):
     """A diffusion model cut into stages a runtime may place on different groups of ranks.
 
@@ -203,6 +227,7 @@ class StagedModel(abc.ABC):
     name: str = "model"
     defaults: StageDefaults
     is_video: bool = False
+    transformer: DiffusersModule  # the denoising transformer: where it runs is ``device``
 
     # -- stages ------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -255,7 +280,7 @@ class StagedModel(abc.ABC):
     @property
     def device(self) -> torch.device:
         """Where the transformer runs, and where held states keep their per-step tensors."""
-        return next(self.transformer.parameters()).device  # type: ignore[attr-defined]
+        return next(self.transformer.parameters()).device
 
     def _modules(self) -> list[torch.nn.Module]:
         names = ("transformer", "transformer_2", "text_encoder", "vae")
@@ -272,7 +297,7 @@ class StagedModel(abc.ABC):
     def place_state(self, state: DenoiseState) -> DenoiseState:
         """The state with its per-step tensors on this model's device (the same object when they are)."""
         dev = self.device
-        moved = {
+        moved: dict[str, Any] = {
             name: t.to(dev)
             for name in DEVICE_TENSORS
             if isinstance(t := getattr(state, name), torch.Tensor) and t.device != dev
@@ -338,7 +363,7 @@ class StagedModel(abc.ABC):
                 f"gfdit.models: guidance_scale_2 is for models with two experts (Wan 2.2's transformer_2 and "
                 f"boundary_ratio); {self.name} has one"
             )
-        grid = self._grid_of(latent) if grid is None else tuple(int(x) for x in grid)
+        grid = self._grid_of(latent) if grid is None else _grid_tuple(grid)
         sigmas, timesteps = self.schedule(steps, grid)
         neg = conditioning.negative_prompt_embeds if scale > 1.0 else None
         dev = self.device
@@ -362,7 +387,7 @@ class StagedModel(abc.ABC):
             raise InvalidUsage(
                 f"gfdit.models: cannot derive the latent grid from shape {tuple(latent.shape)}; pass grid="
             )
-        return tuple(int(x) for x in latent.shape[2:])  # type: ignore[return-value]
+        return _grid_tuple(latent.shape[2:])
 
     def sequence_length(self, grid: tuple[int, int, int]) -> int:
         """Image/video tokens the transformer sees for a latent grid (for cost models)."""
@@ -393,7 +418,7 @@ class StagedModel(abc.ABC):
         state = self.initial_state(
             cond,
             self.init_latent(seed, shape),
-            grid=tuple(shape[2:]),
+            grid=_grid_tuple(shape[2:]),
             num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale,
             guidance_scale_2=guidance_scale_2,
@@ -464,7 +489,7 @@ class StagedModel(abc.ABC):
         sub = world.new_group(ranks[:half] if conditional else ranks[half:])
         embeds = state.prompt_embeds if conditional else state.negative_prompt_embeds
         # exchanged in the dtype the guidance combines in: the same predictions as the passes in turn
-        mine = velocity(embeds, sub, spec.per_pass()).contiguous()  # type: ignore[arg-type]
+        mine = velocity(embeds, sub, spec.per_pass()).contiguous()
         pair = world.new_group([ranks[me % half], ranks[half + me % half]])
         both = torch.empty((2 * mine.shape[0], *mine.shape[1:]), dtype=mine.dtype, device=mine.device)
         world.all_gather_into_tensor(both, mine, group=pair)
@@ -514,15 +539,8 @@ _TENSORS_AT = 16
 HEADER_LEN = _TENSORS_AT + len(STATE_TENSORS) * (2 + _MAX_DIMS)
 MAGIC = 0x6766646974  # "gfdit"
 VERSION = 2
-_CODES = {
-    torch.float32: 0,
-    torch.float16: 1,
-    torch.bfloat16: 2,
-    torch.int32: 3,
-    torch.int64: 4,
-    torch.uint8: 5,
-}
-_DTYPES = {v: k for k, v in _CODES.items()}
+# the element types a state's tensors may have, as the header codes them (gfdit._C.DType values)
+_STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
 
 
 def _f64_bits(x: float) -> int:
@@ -537,6 +555,12 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
+@overload
+def pack_state(
+    state: DenoiseState, with_payload: Literal[True] = True
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def pack_state(state: DenoiseState, with_payload: bool) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 def pack_state(state: DenoiseState, with_payload: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(header int64[HEADER_LEN], payload uint8[...]) of a state; see NOTE [state header]. Without the
     payload (None) when with_payload is False."""
@@ -554,11 +578,11 @@ def pack_state(state: DenoiseState, with_payload: bool = True) -> tuple[torch.Te
         if t is None:
             head += [-1, 0] + [0] * _MAX_DIMS
             continue
-        if t.dtype not in _CODES or t.dim() > _MAX_DIMS:
+        if t.dtype not in _STATE_DTYPES or t.dim() > _MAX_DIMS:
             raise InvalidUsage(
                 f"gfdit.models: state tensor {name} ({t.dtype}, {t.dim()} dims) cannot migrate"
             )
-        head += [_CODES[t.dtype], t.dim()] + list(t.shape) + [0] * (_MAX_DIMS - t.dim())
+        head += [int(TORCH_TO_DTYPE[t.dtype]), t.dim()] + list(t.shape) + [0] * (_MAX_DIMS - t.dim())
         if with_payload:
             parts.append(_bytes(t))
     header[: len(head)] = torch.tensor(head, dtype=torch.int64)
@@ -576,7 +600,7 @@ def _layout(header: torch.Tensor) -> list[tuple[torch.dtype, tuple[int, ...]] | 
     pos = _TENSORS_AT
     for _ in STATE_TENSORS:
         code, ndim = h[pos], h[pos + 1]
-        out.append(None if code < 0 else (_DTYPES[code], tuple(h[pos + 2 : pos + 2 + ndim])))
+        out.append(None if code < 0 else (DTYPE_TO_TORCH[DType(code)], tuple(h[pos + 2 : pos + 2 + ndim])))
         pos += 2 + _MAX_DIMS
     return out
 
@@ -713,12 +737,12 @@ def migrate(
 
 
 # ---------------------------------------------------------------------------------------------- loading
-GFDIT_CONFIG = "gfdit.json"  # written by save_pretrained of a staged model: its name and defaults
+CONFIG_FILE = "gfdit.json"  # written by save_pretrained of a staged model: its name and defaults
 
 
 def write_gfdit_config(path: Any, name: str, defaults: StageDefaults, **extra: Any) -> None:
-    """Writes GFDIT_CONFIG (the model's name and defaults) next to a saved diffusers pipeline."""
-    with open(os.path.join(os.fspath(path), GFDIT_CONFIG), "w", encoding="utf-8") as f:
+    """Writes CONFIG_FILE (the model's name and defaults) next to a saved diffusers pipeline."""
+    with open(os.path.join(os.fspath(path), CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump({"name": name, "defaults": dataclasses.asdict(defaults), **extra}, f, indent=1)
 
 

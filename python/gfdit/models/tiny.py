@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from gfdit.models.adapter import DiffusersModule
+
 WAN_CONFIG: dict[str, Any] = dict(
     patch_size=(1, 2, 2),
     num_attention_heads=4,
@@ -48,14 +50,14 @@ def _randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return randomize_module(model, seed, norm_mean=2.0, norm_std=0.2, vector_std=0.1)
 
 
-def tiny_wan(seed: int = 0, **overrides: Any) -> torch.nn.Module:
+def tiny_wan(seed: int = 0, **overrides: Any) -> DiffusersModule:
     """A float32 WanTransformer3DModel with WAN_CONFIG (updated by overrides) and seeded weights."""
     from diffusers import WanTransformer3DModel
 
     return _randomize(WanTransformer3DModel(**{**WAN_CONFIG, **overrides}), seed)
 
 
-def tiny_qwen_image(seed: int = 0, **overrides: Any) -> torch.nn.Module:
+def tiny_qwen_image(seed: int = 0, **overrides: Any) -> DiffusersModule:
     """A float32 QwenImageTransformer2DModel with QWEN_IMAGE_CONFIG (updated by overrides), seeded."""
     from diffusers import QwenImageTransformer2DModel
 
@@ -63,7 +65,7 @@ def tiny_qwen_image(seed: int = 0, **overrides: Any) -> torch.nn.Module:
 
 
 def wan_inputs(
-    model: torch.nn.Module,
+    model: DiffusersModule,
     seed: int,
     *,
     batch: int = 1,
@@ -101,7 +103,7 @@ def wan_inputs(
 
 
 def qwen_image_inputs(
-    model: torch.nn.Module,
+    model: DiffusersModule,
     seed: int,
     *,
     batch: int = 1,

@@ -18,7 +18,15 @@ import torch
 
 from gfdit._C import InvalidUsage
 from gfdit.attention.core import attention
-from gfdit.models.adapter import ModelAdapter, Undo, call_arg, hook, set_call_arg, swap_processor
+from gfdit.models.adapter import (
+    DiffusersModule,
+    ModelAdapter,
+    Undo,
+    call_arg,
+    hook,
+    set_call_arg,
+    swap_processor,
+)
 from gfdit.models.sharding import SequenceShards
 
 
@@ -39,7 +47,7 @@ class WanSelfAttentionProcessor:
 
     def __call__(
         self,
-        attn: torch.nn.Module,
+        attn: DiffusersModule,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
@@ -76,10 +84,10 @@ class WanAdapter(ModelAdapter):
         mod = sys.modules.get("diffusers.models.transformers.transformer_wan")
         return mod is not None and type(model) is mod.WanTransformer3DModel
 
-    def heads(self, model: torch.nn.Module) -> int:
+    def heads(self, model: DiffusersModule) -> int:
         return int(model.config.num_attention_heads)
 
-    def prepare(self, model: torch.nn.Module, bound: inspect.BoundArguments, shards: SequenceShards) -> None:
+    def prepare(self, model: DiffusersModule, bound: inspect.BoundArguments, shards: SequenceShards) -> None:
         hs = bound.arguments.get("hidden_states")
         if not isinstance(hs, torch.Tensor) or hs.dim() != 5:
             raise InvalidUsage("gfdit.models: Wan hidden_states must be a [B, C, F, H, W] tensor")
@@ -97,7 +105,7 @@ class WanAdapter(ModelAdapter):
                 f"gfdit.models: Wan per-token timestep has {ts.shape[1]} tokens, the latent {shards.total}"
             )
 
-    def install(self, model: torch.nn.Module, shards: SequenceShards) -> list[Undo]:
+    def install(self, model: DiffusersModule, shards: SequenceShards) -> list[Undo]:
         from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
         if len(model.blocks) == 0:

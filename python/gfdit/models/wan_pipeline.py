@@ -28,8 +28,9 @@ import torch
 from gfdit import comm
 from gfdit._C import InvalidUsage
 from gfdit.attention.spec import ParallelSpec
+from gfdit.models.adapter import DiffusersModule
 from gfdit.models.staged import (
-    GFDIT_CONFIG,
+    CONFIG_FILE,
     Conditioning,
     DenoiseState,
     StageDefaults,
@@ -40,17 +41,12 @@ from gfdit.models.staged import (
     write_gfdit_config,
 )
 
-# Serving defaults (DESIGN.md): Wan2.2 T2V 40 steps, 1280x720, 81 frames, guidance 4.0.
-WAN22_DEFAULTS = StageDefaults(
-    height=720, width=1280, num_frames=81, num_inference_steps=40, guidance_scale=4.0, max_sequence_length=512
-)
+# Serving defaults, from the model registry (src/runtime/cost.cpp): Wan2.2 T2V 40 steps, 1280x720, 81 frames,
+# guidance 4.0.
+WAN22_DEFAULTS = StageDefaults.of("wan2.2", max_sequence_length=512)
 # diffusers WanPipeline's own defaults (Wan 2.1).
-WAN21_DEFAULTS = StageDefaults(
-    height=480, width=832, num_frames=81, num_inference_steps=50, guidance_scale=5.0, max_sequence_length=512
-)
-TINY_DEFAULTS = StageDefaults(
-    height=32, width=48, num_frames=9, num_inference_steps=4, guidance_scale=4.0, max_sequence_length=16
-)
+WAN21_DEFAULTS = StageDefaults.of("wan2.1", max_sequence_length=512)
+TINY_DEFAULTS = StageDefaults.of("tiny-wan", max_sequence_length=16)
 TINY_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0}
 # The scheduler_config.json of Wan-AI/Wan2.1-T2V-1.3B-Diffusers (the 14B 720p folders: flow_shift 5.0).
 WAN21_SCHEDULER = {
@@ -108,11 +104,11 @@ class WanStagedModel(StagedModel):
         name: str,
         tokenizer: Any,
         text_encoder: torch.nn.Module,
-        vae: torch.nn.Module,
-        transformer: torch.nn.Module,
+        vae: DiffusersModule,
+        transformer: DiffusersModule,
         scheduler_config: dict,
         defaults: StageDefaults,
-        transformer_2: torch.nn.Module | None = None,
+        transformer_2: DiffusersModule | None = None,
         boundary_ratio: float | None = None,
         expand_timesteps: bool = False,
     ) -> None:
@@ -209,7 +205,7 @@ class WanStagedModel(StagedModel):
     def two_experts(self) -> bool:  # type: ignore[override]
         return self.transformer_2 is not None and self.boundary_ratio is not None
 
-    def _expert(self, t: float) -> tuple[torch.nn.Module, torch.nn.Module]:
+    def _expert(self, t: float) -> tuple[DiffusersModule, torch.nn.Module]:
         if self.transformer_2 is None or self.boundary_ratio is None:
             return self.transformer, self.parallel
         boundary = self.boundary_ratio * float(self.scheduler_config.get("num_train_timesteps", 1000))
@@ -331,7 +327,7 @@ def load_folder(
     scheduler_config = _scheduler_config(path)
     sampler_from_config(scheduler_config)  # an unsupported scheduler is refused before any weights load
     index = read_json(os.path.join(path, "model_index.json"))
-    gcfg_file = os.path.join(path, GFDIT_CONFIG)
+    gcfg_file = os.path.join(path, CONFIG_FILE)
     gcfg = read_json(gcfg_file) if os.path.isfile(gcfg_file) else {}
     if "defaults" in gcfg:
         defaults = StageDefaults(**gcfg["defaults"])
@@ -339,10 +335,9 @@ def load_folder(
         defaults = WAN21_DEFAULTS if name == "wan2.1" else WAN22_DEFAULTS
     try:
         tokenizer = AutoTokenizer.from_pretrained(os.path.join(path, "tokenizer"), local_files_only=True)
-        encoder = UMT5EncoderModel.from_pretrained(
-            os.path.join(path, "text_encoder"),
-            local_files_only=True,
-            **({"dtype": dtype} if dtype is not None else {}),
+        dtype_arg: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
+        encoder: torch.nn.Module = UMT5EncoderModel.from_pretrained(
+            os.path.join(path, "text_encoder"), local_files_only=True, **dtype_arg
         )
         # the VAE as WanPipeline.from_pretrained(dtype=dtype) loads it (float32 without a dtype)
         vae = load_diffusers_model(AutoencoderKLWan, path, "vae", dtype or torch.float32)

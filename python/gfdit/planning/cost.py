@@ -1,6 +1,7 @@
 """The cost model from Python: stage estimates, profiles, and the ``gfdit cost`` command.
 
-The model lives in C++ (``gfdit._C.cost``); this module fills in defaults, reads profile files and prints.
+The model lives in C++ (``gfdit._C.cost``); this module fills in defaults, reads and writes profile files (the
+one place that does: their schema is the C++ ``ProfileEntry``, their formats are at PROFILE_FORMAT) and prints.
 
     >>> import gfdit.planning.cost
     >>> gfdit.planning.cost.estimate("qwen-image", "h20", ulysses=4)["step_s"]  # doctest: +SKIP
@@ -17,9 +18,10 @@ from typing import Any
 
 from gfdit._C import InvalidUsage
 from gfdit._C import cost as _C
-from gfdit._errors import user_message
+from gfdit._C import runtime as _rt
 
 Stage = _C.Stage
+LayoutMode = _rt.LayoutMode
 Profile = _C.Profile
 ProfileEntry = _C.ProfileEntry
 CostModel = _C.CostModel
@@ -34,9 +36,22 @@ hardware_names = _C.hardware_names
 cluster = _C.cluster
 cluster_names = _C.cluster_names
 
-PROFILE_FORMAT = "gfdit-profile/1"
-MODES = {"usp": 0, "torus": 1}
-STAGES = {"encode": Stage.ENCODE, "step": Stage.STEP, "migrate": Stage.MIGRATE, "decode": Stage.DECODE}
+stage_name = _C.stage_name
+layout_mode_name = _rt.layout_mode_name
+
+# Names of the stages and modes, as the C++ names them (cost.h, layout.h), in their order there.
+STAGES: dict[str, Any] = {stage_name(s): s for s in Stage.__members__.values()}
+MODES: dict[str, Any] = {layout_mode_name(m): m for m in LayoutMode.__members__.values()}
+
+# The profile formats. gfdit-profile/2, which write_profile writes, names each stage as the task kind that runs
+# it (STAGES). gfdit-profile/1 is the same but for one name: it called the denoise stage "step". load_profile
+# reads both, a /1 file's "step" entries as "denoise"; each format takes only its own stage names. Older still,
+# an entry without "cfg" (written before CFG-parallel) is cfg 1, and one without "samples" has 0.
+PROFILE_FORMAT = "gfdit-profile/2"
+_STAGES_OF_FORMAT: dict[str, dict[str, Any]] = {
+    PROFILE_FORMAT: STAGES,
+    "gfdit-profile/1": {("step" if s == Stage.DENOISE else n): s for n, s in STAGES.items()},
+}
 
 
 def _cluster_for(hw: str, degree: int, num_nodes: int) -> Cluster:
@@ -85,7 +100,7 @@ def estimate(
     num_new = degree - 1 if degree > 1 else 1
     return {
         "encode_s": cm.seconds(Stage.ENCODE, height, width, num_frames, degree=degree, **group, **common),
-        "step_s": cm.seconds(Stage.STEP, height, width, num_frames, **layout, **group, **common),
+        "step_s": cm.seconds(Stage.DENOISE, height, width, num_frames, **layout, **group, **common),
         "decode_s": cm.seconds(Stage.DECODE, height, width, num_frames, **common),
         "migrate_s": cm.seconds(
             Stage.MIGRATE,
@@ -110,18 +125,27 @@ def _positive(value: Any, where: str, *, integer: bool) -> Any:
     return int(value) if integer else float(value)
 
 
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidUsage(f"gfdit.planning.cost: {where} must be an integer >= 0, got {value!r}")
+    return value
+
+
 def load_profile(path: str | Path) -> Profile:
-    """Reads and checks a profile file written by ``gfdit profile``; errors name the entry and field."""
+    """Reads and checks a profile file written by ``gfdit profile`` (either format, see PROFILE_FORMAT);
+    errors name the entry and field."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InvalidUsage(f"gfdit.planning.cost: cannot read profile {path}: {e}") from e
+    except (OSError, ValueError) as err:
+        raise InvalidUsage(f"gfdit.planning.cost: cannot read profile {path}: {err}") from err
     if not isinstance(data, dict):
         raise InvalidUsage(f"gfdit.planning.cost: profile {path} must be a JSON object")
-    if data.get("format") != PROFILE_FORMAT:
+    stages = _STAGES_OF_FORMAT.get(str(data.get("format")))
+    if stages is None:
         raise InvalidUsage(
-            f"gfdit.planning.cost: profile {path}: format must be {PROFILE_FORMAT!r}, got {data.get('format')!r}"
+            f"gfdit.planning.cost: profile {path}: format must be {PROFILE_FORMAT!r} (or an older one: "
+            f"{', '.join(repr(f) for f in _STAGES_OF_FORMAT if f != PROFILE_FORMAT)}), got {data.get('format')!r}"
         )
     if data.get("model") not in model_names():
         raise InvalidUsage(
@@ -148,9 +172,9 @@ def load_profile(path: str | Path) -> Profile:
         where = f"profile {path}: entry {i}"
         if not isinstance(e, dict):
             raise InvalidUsage(f"gfdit.planning.cost: {where} must be an object")
-        if e.get("stage") not in STAGES:
+        if e.get("stage") not in stages:
             raise InvalidUsage(
-                f"gfdit.planning.cost: {where}: stage must be one of {list(STAGES)}, got {e.get('stage')!r}"
+                f"gfdit.planning.cost: {where}: stage must be one of {list(stages)}, got {e.get('stage')!r}"
             )
         if e.get("mode", "usp") not in MODES:
             raise InvalidUsage(
@@ -161,18 +185,13 @@ def load_profile(path: str | Path) -> Profile:
             raise InvalidUsage(
                 f"gfdit.planning.cost: {where}: guidance must be true or false, got {guidance!r}"
             )
-        num_new = e.get("num_new", 0)
-        if isinstance(num_new, bool) or not isinstance(num_new, int) or num_new < 0:
-            raise InvalidUsage(
-                f"gfdit.planning.cost: {where}: num_new must be an integer >= 0, got {num_new!r}"
-            )
         cfg = e.get("cfg", 1)  # profiles from before CFG-parallel: cfg 1
         if isinstance(cfg, bool) or cfg not in (1, 2):
             raise InvalidUsage(f"gfdit.planning.cost: {where}: cfg must be 1 or 2, got {cfg!r}")
         if cfg == 2 and not guidance:
             raise InvalidUsage(f"gfdit.planning.cost: {where}: cfg 2 (CFG-parallel) needs guidance true")
         entry = ProfileEntry(
-            stage=STAGES[e["stage"]],
+            stage=stages[e["stage"]],
             tokens=_positive(e.get("tokens"), f"{where}: tokens", integer=True),
             degree=_positive(e.get("degree", 1), f"{where}: degree", integer=True),
             ulysses=_positive(e.get("ulysses", 1), f"{where}: ulysses", integer=True),
@@ -180,10 +199,11 @@ def load_profile(path: str | Path) -> Profile:
             mode=MODES[e.get("mode", "usp")],
             cfg=cfg,
             guidance=guidance,
-            num_new=num_new,
+            num_new=_count(e.get("num_new", 0), f"{where}: num_new"),
             seconds=_positive(e.get("seconds"), f"{where}: seconds", integer=False),
+            samples=_count(e.get("samples", 0), f"{where}: samples"),
         )
-        if entry.stage == Stage.STEP and entry.ulysses * entry.ring * entry.cfg != entry.degree:
+        if entry.stage == Stage.DENOISE and entry.ulysses * entry.ring * entry.cfg != entry.degree:
             cfg_part = f" x cfg {entry.cfg}" if entry.cfg != 1 else ""
             raise InvalidUsage(
                 f"gfdit.planning.cost: {where}: ulysses {entry.ulysses} x ring {entry.ring}{cfg_part} != degree {entry.degree}"
@@ -191,6 +211,50 @@ def load_profile(path: str | Path) -> Profile:
         out.append(entry)
     p.entries = out
     return p
+
+
+def profile_to_json(profile: Profile) -> dict[str, Any]:
+    """``profile`` as the JSON object of a profile file (format PROFILE_FORMAT): every field of the Profile
+    and of each ProfileEntry, stage and mode by name."""
+    return {
+        "format": PROFILE_FORMAT,
+        "model": profile.model,
+        "hardware": profile.hardware,
+        "world_size": profile.world_size,
+        "num_cores": profile.num_cores,
+        "dispatch_s": profile.dispatch_s,
+        "completion_s": profile.completion_s,
+        "collective_efficiency": profile.collective_efficiency,
+        "entries": [
+            {
+                "stage": stage_name(e.stage),
+                "tokens": e.tokens,
+                "degree": e.degree,
+                "ulysses": e.ulysses,
+                "ring": e.ring,
+                "mode": layout_mode_name(e.mode),
+                "cfg": e.cfg,
+                "guidance": e.guidance,
+                "num_new": e.num_new,
+                "seconds": e.seconds,
+                "samples": e.samples,
+            }
+            for e in profile.entries
+        ],
+    }
+
+
+def write_profile(path: str | Path, profile: Profile, extra: dict[str, Any] | None = None) -> None:
+    """Writes ``profile`` to ``path`` as ``profile_to_json`` has it, with the top-level keys of ``extra``
+    besides (notes of the writer's, e.g. how it measured; load_profile ignores them)."""
+    data = profile_to_json(profile)
+    for key in extra or {}:
+        if key in data:
+            raise InvalidUsage(f"gfdit.planning.cost: write_profile: extra key {key!r} is a profile field")
+    data.update(extra or {})
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
 
 
 def cost_model(
@@ -247,7 +311,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             cfg=args.cfg,
         )
     except InvalidUsage as e:
-        print(f"gfdit cost: {user_message(e)}", file=sys.stderr)
+        print(f"gfdit cost: {e.message}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(est))

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from gfdit._C import InvalidUsage
-from gfdit._errors import user_message
 from gfdit.planning.trace import (
     Interval,
     Outcome,
@@ -79,7 +78,7 @@ def simulate_trace(
     from gfdit.planning import cost
 
     prof = cost.load_profile(profile) if profile is not None else None
-    num_ranks = prof.world_size if cluster == "cpu" else 0
+    num_ranks = prof.world_size if cluster == "cpu" and prof is not None else 0
     cl = cost_c.cluster(cluster, num_ranks)  # unknown names: InvalidUsage listing the valid ones
     check_policy(policy, int(cl.num_ranks))
     cm = cost.cost_model(model, cluster, profile=prof)
@@ -97,7 +96,7 @@ def simulate_trace(
         )
         for r in requests
     ]
-    overheads = {}
+    overheads: dict[str, Any] = {}
     if prof is not None:  # what this machine measured: ring round trips, and the cores the ranks share
         overheads = {
             "dispatch_s": prof.dispatch_s,
@@ -165,7 +164,7 @@ def check_policy(policy: str | Any, num_ranks: int) -> None:
     try:
         rt.make_policy(policy)  # parses the name the way the simulator and the engine do
     except InvalidUsage as e:
-        raise InvalidUsage(user_message(e)) from None  # names the built-in policies
+        raise InvalidUsage(e.message, param=e.param) from None  # names the built-in policies
     if policy.startswith("static:") and num_ranks % int(policy.split(":", 1)[1]) != 0:
         raise InvalidUsage(
             f"policy {policy!r} needs a rank count divisible by its degree; the cluster has {num_ranks}"
@@ -179,7 +178,7 @@ def _policy_name(policy: str | Any) -> str:
 # ------------------------------------------------------------------------------------------------ plots
 _KIND_STYLE: dict[str, dict[str, Any]] = {
     # steps: solid in the request's colour; encode/decode: pale and hatched; migrations: near-black marks
-    "step": {"alpha": 1.0, "hatch": None, "edgecolor": "white", "linewidth": 0.3},
+    "denoise": {"alpha": 1.0, "hatch": None, "edgecolor": "white", "linewidth": 0.3},
     "encode": {"alpha": 0.45, "hatch": "////", "edgecolor": "0.25", "linewidth": 0.3},
     "decode": {"alpha": 0.45, "hatch": "....", "edgecolor": "0.25", "linewidth": 0.3},
     "migrate": {"alpha": 1.0, "hatch": None, "edgecolor": "black", "linewidth": 0.6, "facecolor": "0.1"},
@@ -196,15 +195,16 @@ def plot_latency_cdf(outcomes: Sequence[Outcome], path: str, title: str = "") ->
     fig = Figure(figsize=(7, 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    done = sorted((o for o in outcomes if o.completed), key=lambda o: o.latency_s)
+    # (latency, outcome) of the completed requests (latency_s is None for the others), by latency
+    done = sorted(((lat, o) for o in outcomes if (lat := o.latency_s) is not None), key=lambda d: d[0])
     n = len(done)
     if n:
-        xs = [o.latency_s for o in done]
+        xs = [lat for lat, _ in done]
         ys = [(i + 1) / n for i in range(n)]
         ax.step([0.0] + xs, [0.0] + ys, where="post", color="C0", label=f"latency ({n} completed)")
         late = [
-            (o.latency_s, (i + 1) / n)
-            for i, o in enumerate(done)
+            (lat, (i + 1) / n)
+            for i, (lat, o) in enumerate(done)
             if o.deadline_s is not None and not o.met_deadline
         ]
         if late:
@@ -272,7 +272,7 @@ def plot_timeline(intervals: Sequence[Interval], num_ranks: int, path: str, titl
     for iv in intervals:
         groups.setdefault((iv.rank, iv.kind), []).append(iv)
     for (rank, kind), ivs in groups.items():
-        style = dict(_KIND_STYLE.get(kind, _KIND_STYLE["step"]))
+        style = dict(_KIND_STYLE.get(kind, _KIND_STYLE["denoise"]))
         face = style.pop("facecolor", None)
         alpha = style.pop("alpha")
         colours = [face if face is not None else colour(iv.request_id) for iv in ivs]
@@ -389,6 +389,6 @@ def run(args: argparse.Namespace, command: str) -> int:
             record_intervals=bool(args.plot),
         )
     except InvalidUsage as e:
-        print(f"gfdit {command}: {user_message(e)}", file=sys.stderr)
+        print(f"gfdit {command}: {e.message}", file=sys.stderr)
         return 2
     return report(replay, args, command)

@@ -22,7 +22,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gfdit._C import InvalidUsage
-from gfdit._errors import user_message
 from gfdit.stats import mean, percentile
 
 # field -> (accepted Python types, required)
@@ -82,7 +81,7 @@ def check_size(model: str, height: int, width: int, num_frames: int, num_steps: 
     try:
         runtime.check_request(model, height, width, num_frames, num_steps)
     except InvalidUsage as e:
-        raise InvalidUsage(user_message(e)) from None
+        raise InvalidUsage(e.message, param=e.param) from None
 
 
 def _parse_line(text: str, model: str | None) -> TraceRequest:
@@ -192,11 +191,13 @@ class Outcome:
 
     @property
     def latency_s(self) -> float | None:
-        return self.finish_s - self.arrival_s if self.completed else None
+        return self.finish_s - self.arrival_s if self.completed and self.finish_s is not None else None
 
     @property
     def met_deadline(self) -> bool:
-        return self.deadline_s is not None and self.completed and self.finish_s <= self.deadline_s
+        if not self.completed or self.finish_s is None or self.deadline_s is None:
+            return False
+        return self.finish_s <= self.deadline_s
 
 
 @dataclasses.dataclass
@@ -205,7 +206,7 @@ class Interval:
 
     rank: int
     request_id: int
-    kind: str  # "encode", "step", "migrate", "decode"
+    kind: str  # "encode", "denoise", "migrate", "decode"
     start_s: float
     end_s: float
 
@@ -233,8 +234,8 @@ def summarize(policy: str, outcomes: Sequence[Outcome], busy_rank_s: float, num_
     slo_attainment: share of the requests that have a deadline and completed by it (None when no request
     has a deadline; requests that did not complete count as missed).
     """
-    latencies = [o.latency_s for o in outcomes if o.completed]
-    finishes = [o.finish_s for o in outcomes if o.completed]
+    latencies = [lat for o in outcomes if (lat := o.latency_s) is not None]  # None: not completed
+    finishes = [o.finish_s for o in outcomes if o.completed and o.finish_s is not None]
     span = max(finishes) - min(o.arrival_s for o in outcomes) if finishes else 0.0
     with_deadline = [o for o in outcomes if o.deadline_s is not None]
     return {

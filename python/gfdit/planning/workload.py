@@ -58,7 +58,6 @@ from typing import Any
 import numpy as np
 
 from gfdit._C import InvalidUsage
-from gfdit._errors import user_message
 from gfdit.planning.trace import TraceRequest, write_trace
 
 WORKLOADS = ("image", "video", "mixed")
@@ -130,7 +129,7 @@ class Pricer:
             raise InvalidUsage(
                 "the cpu cluster is this machine: it needs a profile (written by `gfdit profile`)"
             )
-        num_ranks = int(self._prof.world_size) if cluster == "cpu" else 0
+        num_ranks = int(self._prof.world_size) if cluster == "cpu" and self._prof is not None else 0
         self.cluster = cost.cluster(cluster, num_ranks)  # unknown names: InvalidUsage listing the valid ones
         self.cluster_name = cluster
         self._models: dict[str, Any] = {}
@@ -165,7 +164,7 @@ class Pricer:
         common = {"num_steps": num_steps, "guidance_scale": guidance}
         group = {"degree": degree, "ulysses": degree, "num_nodes": -(-degree // per_node)}
         encode = cm.seconds(cost.Stage.ENCODE, height, width, num_frames, **common, **group)
-        step = cm.seconds(cost.Stage.STEP, height, width, num_frames, **common, **group)
+        step = cm.seconds(cost.Stage.DENOISE, height, width, num_frames, **common, **group)
         decode = cm.seconds(cost.Stage.DECODE, height, width, num_frames, **common)
         return encode + num_steps * step + decode
 
@@ -557,13 +556,13 @@ def run(args: argparse.Namespace, command: str) -> int:
             raise InvalidUsage(f"no request arrives in {args.duration} s at {rate:.4g} requests/s")
         write_trace(args.out, requests)
     except InvalidUsage as e:
-        print(f"gfdit {command}: {user_message(e)}", file=sys.stderr)
+        print(f"gfdit {command}: {e.message}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"gfdit {command}: cannot write {args.out}: {e.strerror}", file=sys.stderr)
         return 2
     videos = sum(r.num_frames > 1 for r in requests)
-    budgets = [r.deadline_s - r.arrival_s for r in requests]
+    budgets = [r.deadline_s - r.arrival_s for r in requests if r.deadline_s is not None]  # generate sets all
     print(
         f"gfdit {command}: wrote {len(requests)} requests to {args.out}: {args.workload} ({videos} videos), "
         f"{args.arrival} arrivals at {rate:.4g}/s ({rate / capacity:.2f} x the capacity of {capacity:.4g}/s on "

@@ -23,7 +23,10 @@ COMMANDS = {
         "replay a trace on the simulated cluster (the control plane on a virtual clock)",
     ),
     "run-trace": ("gfdit.tools.replay", "replay a trace on the real engine in real time"),
-    "serve": ("gfdit.serving.server.main", "serve a model over HTTP (OpenAI-compatible /v1/images/generations)"),
+    "serve": (
+        "gfdit.serving.server.main",
+        "serve a model over HTTP (OpenAI-compatible /v1/images/generations)",
+    ),
     "bench": (
         "gfdit.tools.loadgen",
         "load a running server: replay a trace or Poisson arrivals (or a closed loop); latency, SLO, errors",
@@ -34,18 +37,23 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gfdit", description="gfdit: DiT serving on group-free collectives")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="print what this build supports (CUDA, NVSHMEM, backends) as JSON")
+    sub.add_parser(
+        "info",
+        help="print what this build supports (CUDA, NVSHMEM, backends) and every GFDIT_* setting (its default, "
+        "meaning and value here) as JSON",
+    )
     for command, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(command, help=help_text, description=help_text)
         importlib.import_module(module).add_arguments(p, command)
     args = parser.parse_args(argv)
     if args.command == "info":
+        from gfdit import settings
         from gfdit._C import build_info
 
-        print(json.dumps(dict(build_info()), indent=2))
+        print(json.dumps({**dict(build_info()), "settings": settings.entries()}, indent=2, default=str))
         return 0
-    module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.run(args, args.command) or 0)
+    tool = importlib.import_module(COMMANDS[args.command][0])
+    return int(tool.run(args, args.command) or 0)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,6 @@ DEFAULT_POLL_S = 0.1
 PROMPT = "a red fox in the snow, photograph"
 _SIZE = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)$")
 # The arch record behind a served model name where the two differ (as gfdit.Engine maps them).
-_ARCH_OF = {"wan2.1": "wan2.1-1.3b"}
 
 OK = "ok"
 UNSUPPORTED_VIDEO = "unsupported_video"
@@ -240,18 +239,24 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def arch_name(model: str) -> str:
-    """The cost model's name of a served model (they differ for wan2.1)."""
-    return _ARCH_OF.get(model, model)
+    """The model registry's name of a served model (the registry resolves aliases such as wan2.1); the name
+    itself when the registry does not know it."""
+    from gfdit._C import InvalidUsage, cost
+
+    try:
+        return str(cost.model_arch(model).name)
+    except InvalidUsage:
+        return model
 
 
 def is_video_model(model: str) -> bool | None:
     """Whether a served model makes videos; None when the model is not one gfdit knows."""
-    from gfdit._C import cost
+    from gfdit._C import InvalidUsage, cost
 
-    name = arch_name(model)
-    if name not in list(cost.model_names()):
+    try:
+        return bool(cost.model_arch(model).is_video)
+    except InvalidUsage:
         return None
-    return bool(cost.model_arch(name).is_video)
 
 
 def workload_requests(
@@ -270,7 +275,6 @@ def workload_requests(
     the alone latency on ``cluster`` or ``profile``, as ``gfdit trace``). BenchError for a workload the model
     cannot serve."""
     from gfdit._C import InvalidUsage
-    from gfdit._errors import user_message
     from gfdit.planning.workload import generate
 
     name = arch_name(model)
@@ -291,7 +295,7 @@ def workload_requests(
             profile=profile,
         )
     except InvalidUsage as e:
-        raise BenchError(user_message(e)) from None
+        raise BenchError(e.message) from None
     for r in reqs:
         r.model = model
         if slo_scale is None:
@@ -856,7 +860,6 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 def _requests_of(args: argparse.Namespace, model: str) -> list[TraceRequest]:
     from gfdit._C import InvalidUsage
-    from gfdit._errors import user_message
     from gfdit.planning.trace import load_trace
 
     gen = {"slo_scale": args.slo_scale, "cluster": args.cluster, "profile": args.profile}
@@ -864,7 +867,7 @@ def _requests_of(args: argparse.Namespace, model: str) -> list[TraceRequest]:
         try:
             reqs = load_trace(args.trace)
         except InvalidUsage as e:
-            raise BenchError(user_message(e)) from None
+            raise BenchError(e.message) from None
         others = sorted({r.model for r in reqs} - {model, arch_name(model)})
         if others:
             print(

@@ -9,8 +9,10 @@ migration times (one holder, d - 1 new members). Control-plane latencies come fr
 ranks outnumber the cores, two-rank groups running at once give the collective efficiency (how much of its
 share of the cores a collective task gets done), which the simulator's core sharing uses.
 
-The file (format ``gfdit-profile/1``) holds the median of each stage's samples; ``gfdit simulate --cluster
-cpu --profile FILE`` and ``gfdit.planning.cost.cost_model(..., profile=FILE)`` read it.
+The profile (a ``gfdit.planning.cost.Profile``: a C++ ``ProfileEntry`` per stage, layout and shape) holds the
+median of each stage's samples. ``gfdit.planning.cost`` writes the file (``PROFILE_FORMAT`` there), and
+``gfdit simulate --cluster cpu --profile FILE`` and ``gfdit.planning.cost.cost_model(..., profile=FILE)`` read
+it.
 """
 
 from __future__ import annotations
@@ -26,29 +28,8 @@ from typing import Any
 
 from gfdit._C import InvalidUsage
 from gfdit._C import runtime as rt
-from gfdit._errors import user_message
+from gfdit.planning import cost
 from gfdit.serving.engine import Engine, Request
-
-FORMAT = "gfdit-profile/1"
-STAGES = ("encode", "step", "migrate", "decode")
-_KIND_TO_STAGE = {"encode": "encode", "denoise": "step", "migrate": "migrate", "decode": "decode"}
-
-
-@dataclasses.dataclass
-class ProfileEntry:
-    """The median time of one stage of one request shape on one group layout."""
-
-    stage: str  # "encode", "step", "migrate", "decode"
-    tokens: int  # image/video tokens of the request
-    degree: int  # ranks in the group
-    ulysses: int
-    ring: int
-    mode: str  # "usp" or "torus"
-    cfg: int  # 2: CFG-parallel (degree = ulysses * ring * cfg)
-    guidance: bool  # two transformer passes per step
-    num_new: int  # migrate: members that received the state
-    seconds: float
-    samples: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +38,7 @@ class LayoutSpec:
 
     ulysses: int
     ring: int
-    mode: str = "usp"
+    mode: str = "usp"  # a LayoutMode's name
     cfg: int = 1
 
     @property
@@ -65,9 +46,7 @@ class LayoutSpec:
         return self.ulysses * self.ring * self.cfg
 
     def layout(self) -> Any:
-        return rt.Layout(
-            ulysses=self.ulysses, ring=self.ring, mode=1 if self.mode == "torus" else 0, cfg=self.cfg
-        )
+        return rt.Layout(ulysses=self.ulysses, ring=self.ring, mode=self.mode, cfg=self.cfg)
 
     def __str__(self) -> str:
         return layout_name(self.mode, self.ulysses, self.ring, self.cfg)
@@ -132,8 +111,6 @@ class _ModelFacts:
     model will be asked about)."""
 
     def __init__(self, name: str) -> None:
-        from gfdit._C import cost
-
         self.name = name
         self.arch = cost.model_arch(name)
         self.is_video = bool(self.arch.is_video)
@@ -238,11 +215,11 @@ def _collective_efficiency(
     1 when the ranks do not outnumber the cores, or two groups of two do not fit."""
     world = eng.world_size
     cores = os.cpu_count() or 1
-    heads = int(eng.model_info.get("heads", 1))
+    heads = int(eng.model_info.heads)
     if world <= cores or world % 2 or world < 4 or heads % 2:
         return 1.0
     shape = max(shapes, key=lambda s: facts.tokens(*s))
-    alone = samples.get(("step", facts.tokens(*shape), 2, 2, 1, "usp", 1, 0))
+    alone = samples.get(("denoise", facts.tokens(*shape), 2, 2, 1, "usp", 1, 0))
     if not alone:
         return 1.0
     h, w, f = shape
@@ -285,9 +262,9 @@ def measure(
     pings: int = 50,
     timeout_s: float = 120.0,
     log: Any = None,
-) -> dict[str, Any]:
-    """Measures every stage of ``model`` on this machine at ``world_size`` ranks; returns the profile
-    (the JSON object ``gfdit profile`` writes)."""
+) -> Any:
+    """Measures every stage of ``model`` on this machine at ``world_size`` ranks; returns the profile (a
+    ``gfdit.planning.cost.Profile``: ``cost.write_profile`` writes the file ``gfdit profile`` writes)."""
     if world_size < 1:
         raise InvalidUsage(f"--world-size must be positive, got {world_size}")
     if steps < 1 or repeats < 1:
@@ -303,8 +280,8 @@ def measure(
     samples: dict[tuple, list[float]] = {}
     t0 = time.perf_counter()
     with Engine(model=model, world_size=world_size, policy=policy) as eng:
-        heads = int(eng.model_info.get("heads", 1))
-        guidance = float(eng.model_info.get("defaults", {}).get("guidance_scale", 1.0)) > 1.0
+        heads = int(eng.model_info.heads)
+        guidance = float(eng.model_info.defaults.guidance_scale) > 1.0
         layouts = layouts_for(world_size, heads, guidance)
         if log:
             log(
@@ -320,8 +297,8 @@ def measure(
                 for _ in range(repeats):
                     seed += 1
                     for s in _run(eng, policy, [Phase(group, lay, steps)], shape, seed, timeout_s):
-                        stage = _KIND_TO_STAGE.get(s.kind)
-                        if stage is None or stage == "migrate":
+                        stage = s.kind  # a task kind and its stage share one name
+                        if stage not in cost.STAGES or stage == "migrate":
                             continue
                         if stage == "decode":
                             key = ("decode", tokens, 1, 1, 1, "usp", 1, 0)
@@ -355,9 +332,17 @@ def measure(
         if log:
             log(f"  collective efficiency {collective:.3f} at {time.perf_counter() - t0:.1f} s")
         ping = eng.ping(0, pings)
-    entries = [
-        ProfileEntry(
-            stage=k[0],
+    prof = cost.Profile()
+    prof.model = model
+    prof.hardware = "cpu"
+    prof.world_size = world_size
+    prof.num_cores = os.cpu_count() or 1
+    prof.dispatch_s = statistics.median([(start - disp) / 1e9 for disp, start, _, _ in ping])
+    prof.completion_s = statistics.median([(seen - post) / 1e9 for _, _, post, seen in ping])
+    prof.collective_efficiency = collective
+    prof.entries = [
+        cost.ProfileEntry(
+            stage=cost.STAGES[k[0]],
             tokens=k[1],
             degree=k[2],
             ulysses=k[3],
@@ -369,38 +354,28 @@ def measure(
             seconds=statistics.median(v),
             samples=len(v),
         )
-        for k, v in sorted(samples.items(), key=lambda kv: (STAGES.index(kv[0][0]), *kv[0][1:]))
+        for k, v in sorted(samples.items(), key=lambda kv: (int(cost.STAGES[kv[0][0]]), *kv[0][1:]))
     ]
-    return {
-        "format": FORMAT,
-        "model": model,
-        "hardware": "cpu",
-        "world_size": world_size,
-        "num_cores": os.cpu_count() or 1,
-        "dispatch_s": statistics.median([(start - disp) / 1e9 for disp, start, _, _ in ping]),
-        "completion_s": statistics.median([(seen - post) / 1e9 for _, _, post, seen in ping]),
-        "collective_efficiency": collective,
-        "entries": [dataclasses.asdict(e) for e in entries],
-    }
+    return prof
 
 
-def format_table(profile: dict[str, Any]) -> str:
-    """The entries of a profile as a table a person can read."""
+def format_table(profile: Any) -> str:
+    """The entries of a profile (a ``gfdit.planning.cost.Profile``) as a table a person can read."""
     head = f"{'stage':<8} {'tokens':>7} {'degree':>6} {'layout':<17} {'new':>3} {'ms':>9} {'n':>3}"
     title = (
-        f"{profile['model']} on {profile['hardware']}: world {profile['world_size']}, {profile['num_cores']} cores; "
-        f"dispatch {profile['dispatch_s'] * 1e6:.1f} us, completion {profile['completion_s'] * 1e6:.1f} us"
+        f"{profile.model} on {profile.hardware}: world {profile.world_size}, {profile.num_cores} cores; "
+        f"dispatch {profile.dispatch_s * 1e6:.1f} us, completion {profile.completion_s * 1e6:.1f} us"
     )
     lines = [
         title,
         head,
         "-" * len(head),
     ]
-    for e in profile["entries"]:
-        layout = layout_name(e["mode"], e["ulysses"], e["ring"], e.get("cfg", 1))
+    for e in profile.entries:
+        layout = layout_name(cost.layout_mode_name(e.mode), e.ulysses, e.ring, e.cfg)
         lines.append(
-            f"{e['stage']:<8} {e['tokens']:>7} {e['degree']:>6} {layout:<17} {e['num_new']:>3} "
-            f"{e['seconds'] * 1e3:>9.3f} {e['samples']:>3}"
+            f"{cost.stage_name(e.stage):<8} {e.tokens:>7} {e.degree:>6} {layout:<17} {e.num_new:>3} "
+            f"{e.seconds * 1e3:>9.3f} {e.samples:>3}"
         )
     return "\n".join(lines)
 
@@ -438,7 +413,7 @@ def profile_collectives(device: int = 0) -> dict:
         return dict(_C.measure_copy_table(int(device)))
     except _C.Error as e:
         raise InvalidUsage(
-            f"gfdit profile --collectives: no CUDA device to measure on ({user_message(e)})"
+            f"gfdit profile --collectives: no CUDA device to measure on ({e.message})"
         ) from None
 
 
@@ -448,7 +423,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         try:
             table = profile_collectives(args.device)
         except InvalidUsage as e:
-            print(f"gfdit {command}: {user_message(e)}", file=sys.stderr)
+            print(f"gfdit {command}: {e.message}", file=sys.stderr)
             return 2
         print(json.dumps(table, indent=1, default=str))
         print(f"export GFDIT_CUDA_COPY_TABLE={table.get('table', '')}")
@@ -475,11 +450,9 @@ def run(args: argparse.Namespace, command: str) -> int:
             log=lambda s: print(s, flush=True),
         )
     except InvalidUsage as e:
-        print(f"gfdit {command}: {user_message(e)}", file=sys.stderr)
+        print(f"gfdit {command}: {e.message}", file=sys.stderr)
         return 2
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(profile, f, indent=1)
-        f.write("\n")
+    cost.write_profile(args.out, profile)
     print(format_table(profile))
-    print(f"wrote {args.out} ({len(profile['entries'])} entries)")
+    print(f"wrote {args.out} ({len(profile.entries)} entries)")
     return 0

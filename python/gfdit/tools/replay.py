@@ -12,10 +12,10 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import CancelledError
+from pathlib import Path
 from typing import Any
 
 from gfdit._C import Error, InvalidUsage
-from gfdit._errors import user_message
 from gfdit.planning.simulate import Replay, add_common_arguments, check_policy, report
 from gfdit.planning.trace import Interval, Outcome, TraceRequest, load_trace
 from gfdit.serving.engine import Engine, Request, RequestFailed
@@ -30,7 +30,7 @@ def engine_cost_model(model: str, world_size: int, profile: str | os.PathLike | 
     otherwise InvalidUsage says what to measure."""
     from gfdit.planning import cost
 
-    prof = profile if isinstance(profile, cost.Profile) else cost.load_profile(profile)
+    prof = profile if isinstance(profile, cost.Profile) else cost.load_profile(Path(profile))
     where = f"the profile {profile}" if not isinstance(profile, cost.Profile) else "the profile"
     if prof.model != model:
         raise InvalidUsage(
@@ -170,13 +170,12 @@ def replay_on_engine(engine: Any, requests: Sequence[TraceRequest], *, timeout_s
                 finish = (times["DONE"] - start_ns) / 1e9
                 for s in res.timeline:
                     busy_ns += (s.end_ns - s.start_ns) * len(s.ranks)
-                    kind = "step" if s.kind == "denoise" else s.kind
                     for rank in s.ranks:
                         intervals.append(
                             Interval(
                                 rank=rank,
                                 request_id=r.id,
-                                kind=kind,
+                                kind=s.kind,
                                 start_s=(s.start_ns - start_ns) / 1e9,
                                 end_s=(s.end_ns - start_ns) / 1e9,
                             )
@@ -254,6 +253,6 @@ def run(args: argparse.Namespace, command: str) -> int:
             timeout_s=args.timeout,
         )
     except InvalidUsage as e:
-        print(f"gfdit {command}: {user_message(e)}", file=sys.stderr)
+        print(f"gfdit {command}: {e.message}", file=sys.stderr)
         return 2
     return report(replay, args, command)

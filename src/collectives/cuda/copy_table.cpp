@@ -10,6 +10,7 @@
 #include "cuda_transport.h"
 #include "device_region.h"
 #include "error_record.h"
+#include "gfdit/settings.h"
 #include "kernels.h"
 #include "launcher.h"
 
@@ -30,13 +31,13 @@ namespace cuda {
 //    16 MiB transfer at ~400 GB/s (what copy-engine peer copies reach of NVLink 4 in NVIDIA's
 //    nvbandwidth measurements).
 // Without TMA (no sm_90 image, or an older device) the tma entry becomes sm.
-const char* defaultCopyTable() { return "65536:sm,16777216:tma,inf:ce"; }
+const char* defaultCopyTable() { return settings::cudaDefaultCopyTable(); }
 
 CopySelector resolveCopyTable(const std::string& option, bool tma_available) {
   std::string spec = option;
   const char* source = "CudaTransportOptions::copy_table";
   if (spec.empty()) {
-    const char* env = std::getenv("GFDIT_CUDA_COPY_TABLE");
+    const char* env = settings::cudaCopyTable();
     if (env != nullptr && *env != '\0') {
       spec = env;
       source = "GFDIT_CUDA_COPY_TABLE";
@@ -110,8 +111,7 @@ CopyMeasurement measureCopyTable(int device, size_t min_bytes, size_t max_bytes,
   GFDIT_CUDA_CHECK(cudaStreamCreateWithFlags(&res.stream, cudaStreamNonBlocking));
   GFDIT_CUDA_CHECK(cudaEventCreate(&res.start));
   GFDIT_CUDA_CHECK(cudaEventCreate(&res.stop));
-  const char* blocks_env = std::getenv("GFDIT_CUDA_COPY_BLOCKS");
-  int max_sm = blocks_env != nullptr && *blocks_env != '\0' ? std::max(1, std::atoi(blocks_env)) : 32;
+  int max_sm = settings::cudaCopyBlocksToMeasure();
   OpLauncher launcher(res.signals, static_cast<ErrorRecord*>(record_dev), 0, uint64_t{10} * 1000000000ull, max_sm, 16,
                       tma);
 

@@ -18,6 +18,7 @@
 #include "cuda_check.h"
 #include "device_region.h"
 #include "error_record.h"
+#include "gfdit/settings.h"
 #include "ipc.h"
 #include "kernels.h"
 #include "launcher.h"
@@ -60,14 +61,6 @@ class DeviceGuard {
   int prev_ = 0;
   bool switched_ = false;
 };
-
-size_t envSize(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  std::string s(v);
-  GFDIT_CHECK(s.find_first_not_of("0123456789") == std::string::npos) << name << "=" << s << " is not a number";
-  return static_cast<size_t>(std::stoull(s));
-}
 
 // NOTE [op fusion]
 // Every operation is held back until the next one arrives (or flush / end): a publish or consumed that
@@ -138,15 +131,12 @@ class CudaTransportImpl final : public CudaTransport {
     bool tma = tmaKernelActive();
 
     // Sizes: see CudaTransportOptions.
-    slot_bytes_ =
-        alignUp(options_.slot_bytes ? options_.slot_bytes : envSize("GFDIT_CUDA_SLOT_BYTES", 4 << 20), kDeviceAlign);
-    size_t default_slots = std::min<size_t>(64, std::max<size_t>(8, 4 * static_cast<size_t>(size_ - 1)));
-    num_slots_ = options_.num_slots ? options_.num_slots : envSize("GFDIT_CUDA_NUM_SLOTS", default_slots);
+    slot_bytes_ = alignUp(options_.slot_bytes ? options_.slot_bytes : settings::cudaSlotBytes(), kDeviceAlign);
+    num_slots_ = options_.num_slots ? options_.num_slots : settings::cudaNumSlots(size_);
     // see NOTE [staging rounds] in the protocol engine: fewer than world_size - 1 slots could deadlock a reduction
     num_slots_ = std::max<size_t>({num_slots_, static_cast<size_t>(size_ - 1), 2});
     heap_bytes_ = alignUp(options_.heap_bytes, kDeviceAlign);
-    int max_sm =
-        options_.max_sm_blocks > 0 ? options_.max_sm_blocks : static_cast<int>(envSize("GFDIT_CUDA_COPY_BLOCKS", 32));
+    int max_sm = options_.max_sm_blocks > 0 ? options_.max_sm_blocks : settings::cudaCopyBlocks();
     int max_tma = options_.max_tma_blocks > 0 ? options_.max_tma_blocks : 16;
     table_ = resolveCopyTable(options_.copy_table, tma);
 

@@ -4,6 +4,7 @@
 
 #include "cuda_transport.h"
 #include "gfdit/cuda.h"
+#include "gfdit/settings.h"
 #include "transport.h"
 
 namespace gfdit {
@@ -14,8 +15,7 @@ std::unique_ptr<Transport> makeForWorld(const DeviceTransportArgs& a) {
   CudaTransportOptions o;
   o.timeout = a.timeout;
   // The device heap: GFDIT_CUDA_HEAP_BYTES, else the size of the host heap.
-  const char* v = std::getenv("GFDIT_CUDA_HEAP_BYTES");
-  o.heap_bytes = (v != nullptr && *v != '\0') ? static_cast<size_t>(std::stoull(v)) : a.heap_bytes;
+  o.heap_bytes = settings::cudaHeapBytes(a.heap_bytes);
   return makeCudaTransport(a.rank, a.world_size, a.device, *a.store, a.key_prefix, o);
 }
 

@@ -1,8 +1,13 @@
 // Uses only the installed public headers: two forked ranks all-gather through a FileStore; then the control
 // plane runs requests with this program's own executor (tasks "run" in-process, a queue per worker) and its
 // own policy (every request alone on all ranks, two steps per decision).
+#include <gfdit/clock.h>
 #include <gfdit/control.h>
 #include <gfdit/error.h>
+#include <gfdit/executor.h>
+#include <gfdit/messages.h>
+#include <gfdit/policy.h>
+#include <gfdit/request.h>
 #include <gfdit/store.h>
 #include <gfdit/world.h>
 #include <sys/wait.h>

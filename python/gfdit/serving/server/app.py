@@ -68,6 +68,8 @@ def create_app(
         live=live.ActivityRecorder(),
     )
 
+    engine.add_progress_listener(server.live.on_progress)  # the live page hears where requests run
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> Any:
         import torch

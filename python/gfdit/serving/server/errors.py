@@ -44,6 +44,16 @@ class EngineCancelled(Exception):
     waiting task itself: the client would get no answer at all."""
 
 
+# The engine's names of the request fields that this API names otherwise: one size for height and width, and
+# slo_ms (milliseconds) for the deadline.
+_HTTP_PARAM = {"height": "size", "width": "size", "deadline_s": "slo_ms"}
+
+
+def http_param(param: str | None) -> str | None:
+    """The request field, as the HTTP API names it, of an engine error's ``param``."""
+    return None if param is None else _HTTP_PARAM.get(param, param)
+
+
 def error_body(message: str, *, param: str | None, type: str, code: str | None) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import re
 import secrets
 import time
@@ -18,26 +17,11 @@ from pydantic import BaseModel, ValidationError
 
 from gfdit._C import InvalidUsage
 from gfdit.serving.engine import Request as EngineRequest
-from gfdit.serving.server.errors import APIError, ClientDisconnected, EngineCancelled
+from gfdit.serving.server.errors import APIError, ClientDisconnected, EngineCancelled, http_param
 from gfdit.serving.server.schemas import GenerationRequest
 from gfdit.serving.server.state import ServerState
 
 _SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
-# Which request field an engine message is about (the engine names its own fields; "size" stands for both
-# height and width, "slo_ms" for the deadline).
-_PARAM_OF = (
-    ("num_inference_steps", "num_inference_steps"),
-    ("height", "size"),
-    ("width", "size"),
-    ("pixels", "size"),
-    ("tokens", "size"),
-    ("guidance_scale_2", "guidance_scale_2"),
-    ("guidance_scale", "guidance_scale"),
-    ("prompt", "prompt"),
-    ("seed", "seed"),
-    ("priority", "priority"),
-    ("deadline", "slo_ms"),
-)
 
 
 async def read_json(request: Request, max_body_bytes: int) -> dict:
@@ -70,7 +54,9 @@ def parse(body_model: type[BaseModel], data: dict) -> Any:
 
 
 def check_common(server: ServerState, b: GenerationRequest) -> tuple[int, int, int]:
-    """Checks the fields images and videos share; returns (width, height, seed)."""
+    """Checks what only HTTP knows of the fields images and videos share (the model's name, a prompt that is
+    not empty, the size string); returns (width, height, seed). Every value the engine checks (sizes against
+    the model, steps, guidance, the deadline, seed and priority) is the engine's to refuse (``submit``)."""
     if b.model is not None and b.model != server.model:
         raise APIError(
             404,
@@ -80,37 +66,12 @@ def check_common(server: ServerState, b: GenerationRequest) -> tuple[int, int, i
         )
     if not b.prompt.strip():
         raise APIError(400, "prompt must not be empty", param="prompt")
-    width, height = server.defaults["width"], server.defaults["height"]
-    stride = int(server.info["vae_stride_s"]) * int(server.info["patch_s"])
-    if b.size not in (None, "auto"):
+    width, height = server.info.defaults.width, server.info.defaults.height
+    if b.size is not None and b.size != "auto":
         m = _SIZE.match(b.size)
         if m is None:
             raise APIError(400, f"size {b.size!r} is not of the form 'WIDTHxHEIGHT'", param="size")
         width, height = int(m.group(1)), int(m.group(2))
-        if width % stride or height % stride:
-            raise APIError(
-                400, f"size {b.size}: width and height must be multiples of {stride}", param="size"
-            )
-        max_pixels = server.engine.limits["max_pixels"]
-        if width * height > max_pixels:
-            raise APIError(400, f"size {b.size} has more than {max_pixels} pixels", param="size")
-    max_steps = server.engine.limits["max_steps"]
-    if b.num_inference_steps is not None and not 1 <= b.num_inference_steps <= max_steps:
-        raise APIError(
-            400,
-            f"num_inference_steps {b.num_inference_steps} is outside [1, {max_steps}]",
-            param="num_inference_steps",
-        )
-    if b.guidance_scale is not None and not (math.isfinite(b.guidance_scale) and b.guidance_scale >= 0):
-        raise APIError(400, "guidance_scale must be a finite number >= 0", param="guidance_scale")
-    if b.guidance_scale_2 is not None and not (math.isfinite(b.guidance_scale_2) and b.guidance_scale_2 >= 0):
-        raise APIError(400, "guidance_scale_2 must be a finite number >= 0", param="guidance_scale_2")
-    if b.slo_ms is not None and not (math.isfinite(b.slo_ms) and b.slo_ms > 0):
-        raise APIError(400, "slo_ms must be a positive number", param="slo_ms")
-    if b.seed is not None and not 0 <= b.seed < 2**63:
-        raise APIError(400, "seed must be in [0, 2^63)", param="seed")
-    if not -(2**31) <= b.priority < 2**31:
-        raise APIError(400, "priority must be a 32-bit integer", param="priority")
     return width, height, secrets.randbits(31) if b.seed is None else b.seed
 
 
@@ -126,21 +87,24 @@ def engine_request(
         num_inference_steps=b.num_inference_steps,
         guidance_scale=b.guidance_scale,
         guidance_scale_2=b.guidance_scale_2,
-        seed=seed % 2**63,
+        seed=seed,
         deadline_s=None if b.slo_ms is None else b.slo_ms / 1000.0,
         priority=b.priority,
     )
 
 
-def _param_of(message: str) -> str | None:
-    for word, param in _PARAM_OF:
-        if word in message:
-            return param
-    return None
+def check(server: ServerState, reqs: list[EngineRequest]) -> None:
+    """Has the engine check the requests before anything else happens to them (admission): a refusal becomes a
+    400 naming the field the engine named."""
+    try:
+        for r in reqs:
+            server.engine.check(r)
+    except InvalidUsage as e:
+        raise APIError(400, e.message, param=http_param(e.param)) from None
 
 
 def submit(server: ServerState, reqs: list[EngineRequest]) -> list[Any]:
-    """Submits to the engine (returns at once); a refusal becomes a 400 naming the field."""
+    """Submits to the engine (returns at once); a refusal becomes a 400 naming the field the engine named."""
     handles = []
     try:
         for r in reqs:
@@ -148,13 +112,7 @@ def submit(server: ServerState, reqs: list[EngineRequest]) -> list[Any]:
     except InvalidUsage as e:
         for h in handles:
             h.cancel()
-        msg = str(e).removeprefix("gfdit.Request: ")
-        param = _param_of(msg)
-        if msg.startswith("prompt and negative_prompt"):  # too long together: name the longer
-            r0 = reqs[0]
-            param = "prompt" if len(r0.prompt) >= len(r0.negative_prompt or "") else "negative_prompt"
-        raise APIError(400, msg, param=param) from None
-    server.live.track(handles)
+        raise APIError(400, e.message, param=http_param(e.param)) from None
     return handles
 
 

@@ -66,6 +66,7 @@ async def _generate(server: ServerState, request: Request, t0: float) -> JSONRes
     server.check_key(request)
     body = gen.parse(ImageGenerationRequest, await gen.read_json(request, server.max_body_bytes))
     reqs = to_engine_requests(server, body)
+    gen.check(server, reqs)  # bad fields are refused (400) before a full queue (429)
     server.admission.admit(len(reqs))
     handles = []
     try:

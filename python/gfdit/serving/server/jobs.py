@@ -29,14 +29,12 @@ class VideoJob:
         self.content: bytes | None = None
         self.error: str | None = None
 
-    def to_json(self, ttl_s: float, probe: bool = True) -> dict:
-        """The OpenAI-style video object; probe asks the engine for progress (may wait: call off the loop)."""
+    def to_json(self, ttl_s: float) -> dict:
+        """The OpenAI-style video object, with the progress the engine last pushed to the request's handle."""
         progress = 100 if self.status == "completed" else 0
         status = self.status
-        if probe and self.finished_monotonic is None and not self.handle.done():
-            st = (
-                self.handle.status()
-            )  # may wait up to a second when the request just ended: call off the loop
+        if self.finished_monotonic is None and not self.handle.done():
+            st = self.handle.status()  # pushed by the engine: never waits
             if st["state"] != "QUEUED":
                 status = "in_progress"
                 progress = min(99, int(100 * st["step"] / max(1, st["num_steps"])))

@@ -18,7 +18,7 @@ import importlib.resources
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -29,7 +29,6 @@ from gfdit._C import runtime as rt
 
 DEFAULT_WINDOW_S = 300.0
 DEFAULT_MAX_SPANS = 20_000
-DEFAULT_SAMPLE_S = 0.2
 # Consecutive denoise stages of a request on the same ranks and layout become one span when the second
 # starts within this long of the first's end (dispatch gaps on a busy CPU reach tens of ms); a longer gap
 # may hold another request's work on those ranks, so it stays visible.
@@ -90,12 +89,12 @@ _MAX_EARLIER = 64
 class ActivityRecorder:
     """Spans of the requests that finished in the last ``window_s`` seconds, and the requests running now.
 
-    ``record(result)`` takes a finished ``gfdit.Result``; ``track(handles)`` the handles ``Engine.submit``
-    returned: while any of them runs, a thread asks the engine every ``sample_s`` seconds where they are
-    (``RequestHandle.status``, one look-up each), so the page sees when a request took its ranks whether
-    or not anyone was watching. ``snapshot(engine)`` is what ``GET /v1/timeline`` answers. Memory is
-    bounded: spans older than the window are dropped, and past ``max_spans`` spans (or finished requests)
-    the oldest go first. Thread-safe. ``clock`` returns monotonic nanoseconds (a test may pass its own).
+    ``record(result)`` takes a finished ``gfdit.Result``; ``on_progress(progress)`` each progress event the
+    engine pushes (``Engine.add_progress_listener``), so the page sees when a request took its ranks, and when
+    it moved, as the control plane decided it. ``snapshot(engine)`` is what ``GET /v1/timeline`` answers.
+    Memory is bounded: spans older than the window are dropped, and past ``max_spans`` spans (or finished
+    requests) the oldest go first. Thread-safe. ``clock`` returns monotonic nanoseconds (a test may pass its
+    own).
     """
 
     def __init__(
@@ -103,7 +102,6 @@ class ActivityRecorder:
         window_s: float = DEFAULT_WINDOW_S,
         *,
         max_spans: int = DEFAULT_MAX_SPANS,
-        sample_s: float = DEFAULT_SAMPLE_S,
         clock: Callable[[], int] = rt.now_ns,
     ) -> None:
         if not (window_s > 0 and math.isfinite(window_s)):
@@ -112,39 +110,34 @@ class ActivityRecorder:
             raise ValueError(f"max_spans must be >= 1, got {max_spans!r}")
         self.window_s = float(window_s)
         self.max_spans = max_spans
-        self.sample_s = sample_s
         self._clock = clock
         self._lock = threading.Lock()
         self._spans: collections.deque[Span] = collections.deque()  # in the order requests finished
         self._finished: collections.deque[_Finished] = collections.deque()
-        self._handles: dict[int, Any] = {}  # request id -> handle, submitted and not yet finished
-        self._running: dict[int, _Running] = {}  # what the sampler saw last, for tracked requests that run
-        self._sampler: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._running: dict[int, _Running] = {}  # requests that run now, as their progress said
 
     # ---- input ----
 
-    def track(self, handles: Iterable[Any]) -> None:
-        """Remembers submitted requests so that the page shows them while they run."""
+    def on_progress(self, p: Any) -> None:
+        """One progress event of the engine (a ``gfdit._C.runtime.RequestProgress``): where a request runs now."""
+        state = p.state.name
+        ranks = tuple(p.ranks)
         with self._lock:
-            for h in handles:
-                self._handles[h.request_id] = h
-            self._forget_done()
-            if self._handles and self._sampler is None and not self._stop.is_set():
-                self._sampler = threading.Thread(target=self._sample, name="gfdit-live", daemon=True)
-                self._sampler.start()
-
-    def close(self) -> None:
-        """Stops the sampler thread (it also ends by itself whenever no tracked request is left)."""
-        self._stop.set()
-        sampler = self._sampler
-        if sampler is not None:
-            sampler.join(5.0)
+            if state not in _RUNNING_STATES or not ranks:
+                self._running.pop(p.id, None)
+                return
+            prev = self._running.get(p.id)
+            if prev is None:
+                self._running[p.id] = _Running(state, ranks, p.step, p.num_steps, p.t_ns, [])
+                return
+            if prev.ranks != ranks:  # moved: the earlier group ends now
+                prev.earlier = (prev.earlier + [(prev.ranks, prev.since_ns, p.t_ns)])[-_MAX_EARLIER:]
+                prev.ranks, prev.since_ns = ranks, p.t_ns
+            prev.state, prev.step = state, p.step
 
     def record(self, result: Any) -> None:
         """Adds the stages of a finished request (a ``gfdit.Result``)."""
         spans: list[Span] = []
-        prev_denoise: Span | None = None
         num_regroups = 0
         for st in result.timeline:
             if st.start_ns <= 0 or st.end_ns < st.start_ns:
@@ -162,11 +155,7 @@ class ActivityRecorder:
                 last.num_steps += st.num_steps
                 last.end_ns = max(last.end_ns, st.end_ns)
                 continue
-            regroup = (
-                st.kind == "denoise"
-                and prev_denoise is not None
-                and sorted(prev_denoise.ranks) != sorted(st.ranks)
-            )
+            regroup = bool(st.regroup)  # the control plane's mark (NOTE [regroups])
             num_regroups += regroup
             span = Span(
                 request_id=int(result.request_id),
@@ -183,8 +172,6 @@ class ActivityRecorder:
                 cfg=st.cfg,
             )
             spans.append(span)
-            if st.kind == "denoise":
-                prev_denoise = span
         times = [t for _, _, t in result.transitions]
         end_ns = max([s.end_ns for s in spans] + times[-1:] or [self._clock()])
         finished = _Finished(
@@ -198,17 +185,16 @@ class ActivityRecorder:
         with self._lock:
             self._spans.extend(spans)
             self._finished.append(finished)
-            self._handles.pop(finished.request_id, None)
             self._running.pop(finished.request_id, None)
             self._prune(self._clock())
 
     # ---- output ----
 
     def snapshot(self, engine: Any) -> dict:
-        """The JSON of GET /v1/timeline (see ``add_live_routes``)."""
+        """The JSON of GET /v1/timeline (see ``timeline``)."""
         states = engine.requests()  # id -> state, every request submitted and not finished
         with self._lock:
-            # read under the lock: the sampler stamps what it saw with a time it read before taking the lock,
+            # read under the lock: progress is stamped with a time read before it takes the lock,
             # so a time read here is never earlier than any stamp (since_s <= 0)
             now = self._clock()
             self._prune(now)
@@ -228,7 +214,7 @@ class ActivityRecorder:
                     ],
                 }
                 for rid, r in sorted(self._running.items())
-                if rid in states and rid in self._handles and not self._handles[rid].done()
+                if rid in states
             ]
         lat = stats.summary([f.latency_s for f in finished], (50, 95))
         latency = {"count": lat["count"], "mean_s": lat["mean"], "p50_s": lat["p50"], "p95_s": lat["p95"]}
@@ -286,43 +272,6 @@ class ActivityRecorder:
         while self._finished and (self._finished[0].end_ns < horizon or len(self._finished) > self.max_spans):
             self._finished.popleft()
 
-    def _forget_done(self) -> None:
-        """Forgets handles that ended without a recorded result: failed or cancelled (lock held)."""
-        for rid in [rid for rid, h in self._handles.items() if h.done()]:
-            del self._handles[rid]
-            self._running.pop(rid, None)
-
-    def _sample(self) -> None:
-        """The sampler thread: notes where each tracked request runs; ends when none is left."""
-        while not self._stop.is_set():
-            with self._lock:
-                self._forget_done()
-                handles = list(self._handles.values())
-                if not handles:
-                    self._sampler = None
-                    return
-            seen = [(h.request_id, h.status()) for h in handles if not h.done()]
-            now = self._clock()
-            with self._lock:
-                for rid, st in seen:
-                    if rid not in self._handles or st["state"] not in _RUNNING_STATES or not st["ranks"]:
-                        self._running.pop(rid, None)
-                        continue
-                    ranks = tuple(st["ranks"])
-                    prev = self._running.get(rid)
-                    if prev is None:
-                        self._running[rid] = _Running(
-                            st["state"], ranks, st["step"], st["num_steps"], now, []
-                        )
-                        continue
-                    if prev.ranks != ranks:  # regrouped: the earlier group ends now
-                        prev.earlier = (prev.earlier + [(prev.ranks, prev.since_ns, now)])[-_MAX_EARLIER:]
-                        prev.ranks, prev.since_ns = ranks, now
-                    prev.state, prev.step = st["state"], st["step"]
-            self._stop.wait(self.sample_s)
-        with self._lock:
-            self._sampler = None
-
 
 def page_html() -> str:
     """The live page: one HTML file with its CSS and JavaScript inline."""
@@ -351,8 +300,8 @@ def timeline(request: Request) -> dict:
     (per rank), ``queued`` and ``running`` (engine requests), ``latency`` (count, mean_s, p50_s, p95_s of the
     requests that finished in the window, submit to done), ``spans`` (request_id, kind, ranks, ulysses, ring,
     mode, cfg, layout, step_begin, num_steps, start_s, end_s, regroup), ``live`` (requests running now:
-    request_id, state, ranks, step, num_steps, since_s: when first seen on these ranks, earlier: the rank sets
-    it held before, each with start_s and end_s, as sampled) and ``requests`` (one line per finished request:
+    request_id, state, ranks, step, num_steps, since_s: since when it runs on these ranks, earlier: the rank
+    sets it held before, each with start_s and end_s) and ``requests`` (one line per finished request:
     request_id, end_s, latency_s, num_steps, max_degree, regroups).
     """
     server = request.app.state.server  # a gfdit.serving.server.state.ServerState
@@ -360,8 +309,8 @@ def timeline(request: Request) -> dict:
     engine = server.engine
     about = {
         "model": server.model,
-        "is_video": bool(server.info["is_video"]),
-        "defaults": dict(server.defaults),
+        "is_video": bool(server.info.is_video),
+        "defaults": server.defaults_json(),
         "policy": getattr(engine, "policy_name", None),
     }
     return {**about, **server.live.snapshot(engine)}

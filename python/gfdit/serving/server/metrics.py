@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -20,7 +21,7 @@ class Metrics:
         self._engine = engine
         states = Gauge("gfdit_requests_in_engine", "engine requests by state", ["state"], registry=r)
         for state in ("QUEUED", "RUNNING"):
-            states.labels(state).set_function(lambda s=state: self._count(s))
+            states.labels(state).set_function(functools.partial(self._count, state))
         Gauge("gfdit_outstanding_images", "images accepted and not yet answered", registry=r).set_function(
             lambda: admission.pending
         )

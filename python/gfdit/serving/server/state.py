@@ -38,13 +38,21 @@ class ServerState:
     loop_seen_since: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
-    def info(self) -> dict:
-        """What the engine's workers reported of the model (heads, strides, defaults)."""
+    def info(self) -> Any:
+        """What the engine's workers reported of the model (a gfdit._C.runtime.ModelInfo: heads, strides,
+        defaults)."""
         return self.engine.model_info
 
-    @property
-    def defaults(self) -> dict:
-        return self.info["defaults"]
+    def defaults_json(self) -> dict:
+        """The model's serving defaults with the request fields' names (the live page's prompt box)."""
+        d = self.info.defaults
+        return {
+            "height": d.height,
+            "width": d.width,
+            "num_frames": d.num_frames,
+            "num_inference_steps": d.num_steps,
+            "guidance_scale": d.guidance_scale,
+        }
 
     def check_key(self, request: Request) -> None:
         """Raises the 401 APIError unless the request carries ``Authorization: Bearer <key>`` (when a key is

@@ -12,7 +12,6 @@ import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from gfdit.serving.engine import RequestFailed
 from gfdit.serving.server import generation as gen
@@ -64,7 +63,7 @@ async def create_video(request: Request) -> JSONResponse:
 async def _create(server: ServerState, request: Request, t0: float) -> JSONResponse:
     server.check_key(request)
     info = server.info
-    if not info["is_video"]:
+    if not info.is_video:
         raise APIError(
             400, f"the model {server.model!r} makes images; use /v1/images/generations", param="model"
         )
@@ -80,14 +79,12 @@ async def _create(server: ServerState, request: Request, t0: float) -> JSONRespo
             raise APIError(400, f"seconds {b.seconds!r} is not a number", param="seconds") from None
         if not (math.isfinite(seconds) and seconds > 0):
             raise APIError(400, "seconds must be a positive number", param="seconds")
-        t = int(info["vae_stride_t"])
+        t = int(info.vae_stride_t)
         num_frames = int(seconds * b.fps) // t * t + 1  # the VAE takes 1 + stride_t * k frames
     if num_frames is None:
-        num_frames = server.defaults["num_frames"]
-    max_frames = server.engine.limits["max_frames"]
-    if not 1 <= num_frames <= max_frames:
-        raise APIError(400, f"num_frames {num_frames} is outside [1, {max_frames}]", param="num_frames")
+        num_frames = server.info.defaults.num_frames
     req = gen.engine_request(b, width, height, num_frames, seed)
+    gen.check(server, [req])  # bad fields are refused (400) before a full queue (429)
     server.admission.admit(1)
     try:
         (handle,) = gen.submit(server, [req])
@@ -96,7 +93,7 @@ async def _create(server: ServerState, request: Request, t0: float) -> JSONRespo
         raise
     job = VideoJob("video_" + secrets.token_hex(12), server.model, handle, width, height, num_frames)
     server.jobs.add(job, _finish(server, job, b.fps, req.deadline_s, t0))
-    return JSONResponse(job.to_json(server.jobs.ttl_s, probe=False))
+    return JSONResponse(job.to_json(server.jobs.ttl_s))
 
 
 @router.get("/v1/videos/{video_id}", response_model=VideoJobObject, responses={404: {"model": ErrorResponse}})
@@ -115,7 +112,7 @@ async def get_video(video_id: str, request: Request) -> dict:
     if wait_s > 0 and job.finished_monotonic is None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(job.ended.wait(), wait_s)
-    return await run_in_threadpool(job.to_json, server.jobs.ttl_s)  # status() may wait a moment
+    return job.to_json(server.jobs.ttl_s)
 
 
 @router.get(

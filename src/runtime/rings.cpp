@@ -1,4 +1,4 @@
-// Shared-memory rings between the control plane and its workers, and the shared-memory outputs.
+// Shared-memory rings between the control plane and its workers (see gfdit/rings.h).
 //
 // NOTE [message ring]
 // One producer, one consumer, variable-length messages. Positions `head` (consumer) and `tail` (producer)
@@ -8,7 +8,7 @@
 // stores tail with release; the consumer loads tail with acquire, reads the frame, then stores head with
 // release (the producer loads head with acquire before reusing the bytes). A producer that dies while
 // writing never published its tail, so the consumer sees nothing of the frame and the ring stays usable.
-// Waiting uses NOTE [doorbell] of src/collectives/edge.h: a push rings the data bell (which several rings
+// Waiting uses NOTE [doorbell] in src/core/doorbell.h: a push rings the data bell (which several rings
 // may share: all completion rings ring the control plane's one bell), a pop rings the ring's space bell.
 //
 // NOTE [quiet completions]
@@ -21,16 +21,15 @@
 // dispatched to all its members already (NOTE [dispatch order]). And before a worker waits for work it rings
 // the bell if it posted a quiet completion since it last rang, so the control plane never sleeps on news
 // from an idle worker. Failures and every other kind always ring.
-#include <dirent.h>
-#include <time.h>
+#include <sched.h>
 
-#include <cerrno>
-#include <climits>
+#include <algorithm>
 #include <cstring>
 
 #include "doorbell.h"
+#include "gfdit/clock.h"
 #include "gfdit/error.h"
-#include "gfdit/runtime.h"
+#include "gfdit/rings.h"
 #include "shm.h"
 
 namespace gfdit {
@@ -50,12 +49,6 @@ struct FrameHeader {
 };
 
 }  // namespace
-
-int64_t nowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
 
 // The runtime's doorbells are the same futex doorbells as the world's (NOTE [doorbell] in src/core/doorbell.h).
 void ringDoorbell(Doorbell* bell) { core::ringBell(&bell->value, &bell->waiters); }
@@ -160,6 +153,12 @@ bool MessageRing::tryPop(std::string& out) {
 
 namespace {
 
+// How a ring waits (waitFor): spin this long, then yield the core until kYieldNs have passed, then block
+// on the doorbell, waking at least every kWakeSliceNs to look again.
+constexpr int64_t kSpinNs = 20000;          // 20 us
+constexpr int64_t kYieldNs = 1000000;       // 1 ms
+constexpr int64_t kWakeSliceNs = 50000000;  // 50 ms
+
 // Retries `attempt` until it succeeds or the timeout passes: spin ~20 us, then yield the core for up to
 // ~1 ms (an idle worker usually gets its next task within that, and waking a process blocked in a futex
 // costs tens of microseconds on a virtual machine), then block on the doorbell.
@@ -167,8 +166,8 @@ template <typename F>
 bool waitFor(Doorbell* bell, std::chrono::microseconds timeout, F attempt) {
   int64_t start = nowNs();
   int64_t deadline = start + timeout.count() * 1000;
-  int64_t spin_end = start + 20000;
-  int64_t yield_end = start + 1000000;
+  int64_t spin_end = start + kSpinNs;
+  int64_t yield_end = start + kYieldNs;
   while (true) {
     uint32_t seen = core::readBell(&bell->value);
     if (attempt()) return true;
@@ -182,7 +181,7 @@ bool waitFor(Doorbell* bell, std::chrono::microseconds timeout, F attempt) {
       sched_yield();
       continue;
     }
-    waitDoorbell(bell, seen, std::min(deadline, now + 50000000));  // wake at least every 50 ms
+    waitDoorbell(bell, seen, std::min(deadline, now + kWakeSliceNs));
   }
 }
 
@@ -281,77 +280,26 @@ bool QueueSet::popTask(int worker, TaskDescriptor& t, std::string& payload, std:
   return true;
 }
 
-bool QueueSet::pushCompletion(int worker, const Completion& c, std::chrono::microseconds timeout, bool wake) {
+bool QueueSet::pushCompletion(int worker, const Completion& c, std::chrono::microseconds timeout, bool wake,
+                              const std::string& payload) {
   GFDIT_CHECK(worker >= 0 && worker < num_workers_) << "worker " << worker;
-  return completion_[worker].push(&c, sizeof(c), nullptr, 0, timeout, wake);
+  GFDIT_CHECK(c.payload_bytes == payload.size())
+      << "completion says " << c.payload_bytes << " payload bytes, got " << payload.size();
+  return completion_[worker].push(&c, sizeof(c), payload.data(), payload.size(), timeout, wake);
 }
 
-bool QueueSet::tryPopCompletion(int worker, Completion& c) {
+bool QueueSet::tryPopCompletion(int worker, Completion& c, std::string* payload) {
   thread_local std::string scratch;
   if (!completion_[worker].tryPop(scratch)) return false;
-  GFDIT_CHECK_CODE(kInternal, scratch.size() == sizeof(c)) << "bad completion message";
+  GFDIT_CHECK_CODE(kInternal, scratch.size() >= sizeof(c)) << "short completion message";
   std::memcpy(&c, scratch.data(), sizeof(c));
+  GFDIT_CHECK_CODE(kInternal, scratch.size() - sizeof(c) == c.payload_bytes)
+      << "completion message of " << scratch.size() << " bytes for a payload of " << c.payload_bytes;
+  if (payload != nullptr) payload->assign(scratch.data() + sizeof(c), c.payload_bytes);
   return true;
 }
 
 void QueueSet::unlinkName() { shm_->unlink(); }
-
-// ---- outputs (NOTE [outputs] in runtime.h) ----
-
-namespace {
-// The first 16 characters of the queue set's random name: what tells one engine's names from another's.
-std::string queueTag(const std::string& queue_name) {
-  return queue_name.substr(queue_name.rfind('-') + 1).substr(0, 16);
-}
-}  // namespace
-
-std::string outputPrefix(const std::string& queue_name) { return "/gfdit-o-" + queueTag(queue_name) + "-"; }
-
-std::string worldShmPrefix(const std::string& queue_name) { return "gfdit-w-" + queueTag(queue_name); }
-
-void writeOutput(const std::string& name, const void* data, size_t bytes, OutputRef& ref) {
-  GFDIT_CHECK(!name.empty() && name[0] == '/' && name.size() < sizeof(ref.name)) << "output name '" << name << "'";
-  auto out = core::SharedMemory::createNamed(name, bytes);
-  if (bytes > 0) std::memcpy(out.data(), data, bytes);
-  out.keepName();  // the engine maps it and removes the name (NOTE [outputs])
-  std::memset(ref.name, 0, sizeof(ref.name));
-  std::memcpy(ref.name, name.data(), name.size());
-  ref.bytes = bytes;
-}
-
-MappedOutput::MappedOutput() = default;
-MappedOutput::~MappedOutput() = default;
-const void* MappedOutput::data() const { return shm_->data(); }
-size_t MappedOutput::bytes() const { return shm_->size(); }
-
-std::shared_ptr<MappedOutput> MappedOutput::open(const OutputRef& ref) {
-  std::string name(ref.name, strnlen(ref.name, sizeof(ref.name)));
-  std::shared_ptr<MappedOutput> out(new MappedOutput());
-  out->shm_ = std::make_unique<core::SharedMemory>(core::SharedMemory::open(name, ref.bytes));
-  core::unlinkShm(name);  // mapped: the name is no longer needed (NOTE [outputs])
-  return out;
-}
-
-void discardOutput(const OutputRef& ref) {
-  std::string name(ref.name, strnlen(ref.name, sizeof(ref.name)));
-  if (!name.empty()) core::unlinkShm(name);
-}
-
-int unlinkOutputs(const std::string& prefix) {
-  // POSIX shm names live in /dev/shm on Linux, without the leading '/'.
-  std::string want = prefix.size() > 1 && prefix[0] == '/' ? prefix.substr(1) : prefix;
-  DIR* dir = ::opendir("/dev/shm");
-  if (dir == nullptr) return 0;
-  int n = 0;
-  while (dirent* e = ::readdir(dir)) {
-    if (std::strncmp(e->d_name, want.c_str(), want.size()) == 0) {
-      std::string name = "/" + std::string(e->d_name);
-      if (core::unlinkShm(name)) ++n;
-    }
-  }
-  ::closedir(dir);
-  return n;
-}
 
 }  // namespace runtime
 }  // namespace gfdit

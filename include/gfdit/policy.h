@@ -1,0 +1,106 @@
+// Scheduling policies: what a policy sees (SchedulerView), what it answers (Decision), the interface, and
+// the built-in policies by name. A policy is pure: it reads a snapshot and returns decisions; the control
+// plane validates and applies them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gfdit/cost.h"
+#include "gfdit/layout.h"
+#include "gfdit/request.h"
+
+namespace gfdit {
+namespace runtime {
+
+/// Which layouts a policy considers for a group (docs/architecture.md, Policies).
+enum class LayoutFamily : int32_t {
+  kAuto = 0,   ///< whatever the cost model predicts fastest: Ulysses, Ring, USP in either placement, Torus
+  kUsp = 1,    ///< xDiT's USP: Ulysses inside a node, Ring across nodes
+  kSwift = 2,  ///< SwiftFusion's placement: Ring inside a node, Ulysses across nodes
+  kTorus = 3,  ///< Torus (overlapped Ulysses x Ring)
+};
+
+/// Name of a layout family ("auto", "usp", "swift", "torus").
+const char* layoutFamilyName(LayoutFamily f);
+
+/// A policy's answer for one ready request: run it on `ranks` (in order) with `layout` for `num_steps`
+/// steps before the next decision. layout.degree() must equal the number of ranks; layout.cfg = 2 only for a
+/// request with guidance (the first half of `ranks` runs the conditional pass, the second the unconditional).
+struct Decision {
+  uint64_t request_id = 0;
+  std::vector<int> ranks;
+  Layout layout;
+  int32_t num_steps = 1;
+  /// Whether steps may be dispatched ahead of completions (NOTE [lookahead] in src/runtime/control.cpp). A
+  /// policy that lends a request ranks others may soon need turns it off, so the ranks come back after one
+  /// step, not two.
+  bool dispatch_ahead = true;
+};
+
+/// What a policy sees at a scheduling point. Pointers are valid during the call only.
+struct SchedulerView {
+  int64_t now_ns = 0;
+  int world_size = 0;
+  std::vector<int> free_ranks;                ///< alive ranks with no decision running
+  std::vector<const RequestRecord*> ready;    ///< waiting for a decision, in arrival order
+  std::vector<const RequestRecord*> running;  ///< a decision of theirs is running
+  std::vector<int> node_of;                   ///< node of each rank (topology)
+  const cost::CostModel* cost = nullptr;      ///< predictions, when the control plane has a model
+  double long_step_s = 0.1;                   ///< ControlConfig::long_step_s: such steps are not dispatched ahead
+};
+
+/// Decides, at each scheduling point, which ready requests run next and where. Pure: reads the view,
+/// returns decisions; the control plane validates and applies them.
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  /// Name as the engine accepts it ("fcfs", "static:2").
+  virtual std::string name() const = 0;
+  /// Decisions for some ready requests; each uses distinct ranks from view.free_ranks.
+  virtual std::vector<Decision> schedule(const SchedulerView& view) = 0;
+  /// The layouts it chooses from: RequestRecord::cost is predicted for these.
+  virtual LayoutFamily layouts() const { return LayoutFamily::kAuto; }
+};
+
+/// How a built-in dynamic policy orders requests.
+enum class PolicyOrder : int32_t {
+  kArrival = 0,    ///< fcfs
+  kRemaining = 1,  ///< srtf: shortest remaining trajectory time first, with aging
+  kDeadline = 2,   ///< edf: earliest deadline first; requests that cannot make theirs last
+  kPriority = 3,   ///< priority: strict classes (larger first), EDF inside a class
+};
+
+/// Options of the built-in dynamic policies (fcfs, srtf, edf, priority).
+struct PolicyOptions {
+  PolicyOrder order = PolicyOrder::kArrival;
+  LayoutFamily layouts = LayoutFamily::kAuto;
+  int32_t steps_per_decision = 2;  ///< steps before the next decision (NOTE [lookahead] asks again before they end)
+  /// Spare ranks grow a group of d ranks to d' only when its step gets at least this much faster per doubling:
+  /// step(d') <= step(d) x (1 - min_gain)^log2(d' / d) (NOTE [planning] in src/runtime/planning_policy.cpp).
+  double min_gain = 0.1;
+  /// srtf: a request waiting this many times its remaining time alone goes first (no starvation).
+  double aging = 4.0;
+  /// edf, priority: the degree a deadline needs is the smallest whose predicted remaining time, times this,
+  /// fits before the deadline (predictions miss queueing and later preemption).
+  double deadline_margin = 1.5;
+};
+
+/// "static:D": ranks split into fixed groups of D (0..D-1, D..2D-1, ...); a request keeps the group it
+/// got first for its whole life; the baseline of fixed-degree serving systems.
+std::unique_ptr<Policy> makeStaticPolicy(int degree);
+/// The built-in dynamic policies (NOTE [planning] in src/runtime/planning_policy.cpp): at every step
+/// boundary, requests in the policy's order get a degree from the cost model and the load, the ranks that
+/// hold their state where possible, and a layout for the topology; requests that do not fit wait (paused on
+/// their holders).
+std::unique_ptr<Policy> makePlanningPolicy(const PolicyOptions& options);
+/// Parses a policy name: "fcfs", "srtf", "edf", "priority", "static:D", the dynamic ones optionally with
+/// ":layout=auto|usp|swift|torus"; unknown names list the built-in ones.
+std::unique_ptr<Policy> makePolicy(const std::string& spec);
+/// Names of the built-in policies ("static:D" stands for any degree).
+std::vector<std::string> policyNames();
+
+}  // namespace runtime
+}  // namespace gfdit

@@ -1,0 +1,449 @@
+"""
+cost model: stage times of a request on a group of ranks
+"""
+
+from __future__ import annotations
+import collections.abc
+import gfdit._C.runtime
+import typing
+
+__all__: list[str] = [
+    "Cluster",
+    "CostModel",
+    "Hardware",
+    "ModelArch",
+    "Profile",
+    "ProfileEntry",
+    "Stage",
+    "analytic",
+    "cluster",
+    "cluster_names",
+    "hardware",
+    "hardware_names",
+    "loadable_model_names",
+    "model_arch",
+    "model_names",
+    "profiled",
+    "stage_from_name",
+    "stage_name",
+]
+
+class Cluster:
+    """
+    nodes of ranks of one hardware
+    """
+    def __repr__(self) -> str: ...
+    def node_of(self, rank: typing.SupportsInt | typing.SupportsIndex) -> int:
+        """
+        node of a rank
+        """
+    def replace(self, *, hw: typing.Any = None, num_ranks: typing.Any = None) -> Cluster:
+        """
+        a copy with another hardware or rank count
+        """
+    @property
+    def hw(self) -> Hardware: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_ranks(self) -> int: ...
+    @property
+    def ranks_per_node(self) -> int: ...
+
+class CostModel:
+    """
+    predicts stage times in seconds
+    """
+    def __repr__(self) -> str: ...
+    def describe(self) -> str:
+        """
+        a one-line description
+        """
+    def seconds(
+        self,
+        stage: Stage,
+        height: typing.SupportsInt | typing.SupportsIndex,
+        width: typing.SupportsInt | typing.SupportsIndex,
+        num_frames: typing.SupportsInt | typing.SupportsIndex = 1,
+        num_steps: typing.SupportsInt | typing.SupportsIndex = 1,
+        guidance_scale: typing.SupportsFloat | typing.SupportsIndex = 1.0,
+        degree: typing.SupportsInt | typing.SupportsIndex = 1,
+        ulysses: typing.SupportsInt | typing.SupportsIndex = 1,
+        ring: typing.SupportsInt | typing.SupportsIndex = 1,
+        mode: typing.Any = gfdit._C.runtime.LayoutMode.USP,
+        num_nodes: typing.SupportsInt | typing.SupportsIndex = 1,
+        num_new: typing.SupportsInt | typing.SupportsIndex = 0,
+        placement: typing.Any = gfdit._C.runtime.Placement.AUTO,
+        cfg: typing.SupportsInt | typing.SupportsIndex = 1,
+    ) -> float:
+        """
+        seconds `stage` takes for a request of this size on a group of `degree` ranks (degree = ulysses * ring * cfg for a step; cfg 2: CFG-parallel; mode and placement: the enum or its name)
+        """
+    @property
+    def model(self) -> ModelArch:
+        """
+        the model it predicts for
+        """
+
+class Hardware:
+    """
+    one device type (datasheet rates and fitted efficiency factors)
+    """
+    def __repr__(self) -> str: ...
+    def replace(self, **kwargs) -> Hardware:
+        """
+        a copy with the named fields replaced
+        """
+    @property
+    def attention_efficiency(self) -> float: ...
+    @property
+    def collective_latency_s(self) -> float: ...
+    @property
+    def conv_efficiency(self) -> float: ...
+    @property
+    def dtype_bytes(self) -> int: ...
+    @property
+    def half_efficiency_tokens(self) -> float: ...
+    @property
+    def inter_node_bw(self) -> float: ...
+    @property
+    def inter_node_latency_s(self) -> float: ...
+    @property
+    def layer_overhead_s(self) -> float: ...
+    @property
+    def link_bw(self) -> float: ...
+    @property
+    def matmul_efficiency(self) -> float: ...
+    @property
+    def mem_bw(self) -> float: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_cores(self) -> int: ...
+    @property
+    def peak_flops(self) -> float: ...
+    @property
+    def peer_latency_s(self) -> float: ...
+    @property
+    def ranks_per_node(self) -> int: ...
+    @property
+    def regroup_s(self) -> float: ...
+
+class ModelArch:
+    """
+    architecture facts, serving defaults and limits of a model
+    """
+    def __repr__(self) -> str: ...
+    def replace(self, **kwargs) -> ModelArch:
+        """
+        a copy with the named fields replaced
+        """
+    def spatial_multiple(self) -> int:
+        """
+        height and width must be multiples of this
+        """
+    def tokens(
+        self,
+        height: typing.SupportsInt | typing.SupportsIndex,
+        width: typing.SupportsInt | typing.SupportsIndex,
+        num_frames: typing.SupportsInt | typing.SupportsIndex = 1,
+    ) -> int:
+        """
+        image/video tokens of a request of this size
+        """
+    @property
+    def alias(self) -> str: ...
+    @property
+    def default_frames(self) -> int: ...
+    @property
+    def default_guidance(self) -> float: ...
+    @property
+    def default_height(self) -> int: ...
+    @property
+    def default_steps(self) -> int: ...
+    @property
+    def default_width(self) -> int: ...
+    @property
+    def ffn(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def is_video(self) -> bool: ...
+    @property
+    def joint_attention(self) -> bool: ...
+    @property
+    def latent_channels(self) -> int: ...
+    @property
+    def max_frames(self) -> int: ...
+    @property
+    def max_pixels(self) -> int: ...
+    @property
+    def max_steps(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_experts(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def patch_s(self) -> int: ...
+    @property
+    def patch_t(self) -> int: ...
+    @property
+    def pipeline(self) -> str:
+        """
+        the staged pipeline gfdit.models.load builds it with, or ""
+        """
+    @property
+    def sampler_history_latents(self) -> int: ...
+    @property
+    def text_encoder_params(self) -> float: ...
+    @property
+    def text_hidden(self) -> int: ...
+    @property
+    def text_tokens(self) -> int: ...
+    @property
+    def transformer_params(self) -> float: ...
+    @property
+    def vae_decode_flops_per_pixel(self) -> float: ...
+    @property
+    def vae_stride_s(self) -> int: ...
+    @property
+    def vae_stride_t(self) -> int: ...
+
+class Profile:
+    """
+    measured stage times of one model on one machine
+    """
+
+    hardware: str
+    model: str
+    def __init__(self) -> None: ...
+    @property
+    def collective_efficiency(self) -> float: ...
+    @collective_efficiency.setter
+    def collective_efficiency(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def completion_s(self) -> float: ...
+    @completion_s.setter
+    def completion_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def dispatch_s(self) -> float: ...
+    @dispatch_s.setter
+    def dispatch_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def entries(self) -> list[ProfileEntry]:
+        """
+        the measurements (a list; assign a new list to change it)
+        """
+    @entries.setter
+    def entries(self, arg0: collections.abc.Sequence[ProfileEntry]) -> None: ...
+    @property
+    def num_cores(self) -> int: ...
+    @num_cores.setter
+    def num_cores(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def world_size(self) -> int: ...
+    @world_size.setter
+    def world_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+
+class ProfileEntry:
+    """
+    one measurement of a profile
+    """
+
+    stage: Stage
+    def __init__(
+        self,
+        *,
+        stage: Stage = Stage.DENOISE,
+        tokens: typing.SupportsInt | typing.SupportsIndex = 0,
+        degree: typing.SupportsInt | typing.SupportsIndex = 1,
+        ulysses: typing.SupportsInt | typing.SupportsIndex = 1,
+        ring: typing.SupportsInt | typing.SupportsIndex = 1,
+        mode: typing.Any = gfdit._C.runtime.LayoutMode.USP,
+        guidance: bool = False,
+        num_new: typing.SupportsInt | typing.SupportsIndex = 0,
+        seconds: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+        cfg: typing.SupportsInt | typing.SupportsIndex = 1,
+        samples: typing.SupportsInt | typing.SupportsIndex = 0,
+    ) -> None:
+        """
+        mode: a LayoutMode or its name
+        """
+    def __repr__(self) -> str: ...
+    @property
+    def cfg(self) -> int:
+        """
+        2: CFG-parallel (degree = ulysses * ring * cfg for a step)
+        """
+    @cfg.setter
+    def cfg(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def degree(self) -> int:
+        """
+        ranks in the group
+        """
+    @degree.setter
+    def degree(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def guidance(self) -> bool:
+        """
+        two transformer passes per step
+        """
+    @guidance.setter
+    def guidance(self, arg0: bool) -> None: ...
+    @property
+    def mode(self) -> gfdit._C.runtime.LayoutMode:
+        """
+        a LayoutMode (set: it or its name)
+        """
+    @mode.setter
+    def mode(self, arg1: typing.Any) -> None: ...
+    @property
+    def num_new(self) -> int:
+        """
+        migrate: members that received the state
+        """
+    @num_new.setter
+    def num_new(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def ring(self) -> int: ...
+    @ring.setter
+    def ring(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def samples(self) -> int:
+        """
+        measurements the median is of (0: not recorded)
+        """
+    @samples.setter
+    def samples(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def seconds(self) -> float:
+        """
+        median measured time
+        """
+    @seconds.setter
+    def seconds(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def tokens(self) -> int:
+        """
+        image/video tokens of the request
+        """
+    @tokens.setter
+    def tokens(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def ulysses(self) -> int: ...
+    @ulysses.setter
+    def ulysses(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+
+class Stage:
+    """
+    a stage of a request's trajectory
+
+    Members:
+
+      ENCODE
+
+      DENOISE
+
+      MIGRATE
+
+      DECODE
+    """
+
+    DECODE: typing.ClassVar[Stage]  # value = <Stage.DECODE: 3>
+    DENOISE: typing.ClassVar[Stage]  # value = <Stage.DENOISE: 1>
+    ENCODE: typing.ClassVar[Stage]  # value = <Stage.ENCODE: 0>
+    MIGRATE: typing.ClassVar[Stage]  # value = <Stage.MIGRATE: 2>
+    __members__: typing.ClassVar[
+        dict[str, Stage]
+    ]  # value = {'ENCODE': <Stage.ENCODE: 0>, 'DENOISE': <Stage.DENOISE: 1>, 'MIGRATE': <Stage.MIGRATE: 2>, 'DECODE': <Stage.DECODE: 3>}
+    @typing.overload
+    def __eq__(self, other: Stage) -> bool: ...
+    @typing.overload
+    def __eq__(self, other: typing.Any) -> bool: ...
+    def __getstate__(self) -> int: ...
+    def __hash__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __init__(self, value: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def __int__(self) -> int: ...
+    @typing.overload
+    def __ne__(self, other: Stage) -> bool: ...
+    @typing.overload
+    def __ne__(self, other: typing.Any) -> bool: ...
+    def __repr__(self) -> str: ...
+    def __setstate__(self, state: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def __str__(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
+
+@typing.overload
+def analytic(model_name: str, cluster: Cluster) -> CostModel:
+    """
+    the analytic cost model of a model on a cluster
+    """
+
+@typing.overload
+def analytic(model: ModelArch, cluster: Cluster) -> CostModel:
+    """
+    the analytic cost model of a (modified) ModelArch on a cluster
+    """
+
+def cluster(name: str, num_ranks: typing.SupportsInt | typing.SupportsIndex = 0) -> Cluster:
+    """
+    a known cluster; num_ranks > 0 overrides its rank count (needed for 'cpu')
+    """
+
+def cluster_names() -> list[str]:
+    """
+    names of the known clusters
+    """
+
+def hardware(name: str) -> Hardware:
+    """
+    a known hardware
+    """
+
+def hardware_names() -> list[str]:
+    """
+    names of the known hardware
+    """
+
+def loadable_model_names() -> list[str]:
+    """
+    the names gfdit.models.load takes
+    """
+
+def model_arch(name: str) -> ModelArch:
+    """
+    a known model
+    """
+
+def model_names() -> list[str]:
+    """
+    names of the known models
+    """
+
+def profiled(profile: Profile) -> CostModel:
+    """
+    a cost model interpolating a profile's measurements
+    """
+
+def stage_from_name(name: str) -> Stage:
+    """
+    the stage of a name; others raise InvalidUsage listing the valid ones
+    """
+
+def stage_name(stage: Stage) -> str:
+    """
+    name of a stage: encode, denoise, migrate, decode
+    """

@@ -2,7 +2,8 @@
 
 Targets (CPU): dispatch-to-start and completion-to-control-plane at most 20 us median; control-plane CPU
 time (all CPU of the control thread, waits included) at most 1% of a tiny-wan step; an idle engine's
-control thread under 1% of a core; migration at least 50% of the memcpy bandwidth measured in the same run.
+control thread under 1% of a core; a killed worker noticed within 1 s (the liveness interval is 100 ms);
+migration at least 50% of the memcpy bandwidth measured in the same run.
 
     python bench/bench_runtime.py [--quick] [--json PATH]
 """
@@ -73,6 +74,21 @@ def bench_control(num_requests: int, steps: int) -> dict:
         "lookahead_hits": s1["lookahead_hits"] - s0["lookahead_hits"],
         "loop_wakeups_per_step": (s1["loop_wakeups"] - s0["loop_wakeups"]) / total_steps,
     }
+
+
+def bench_death(reps: int) -> dict:
+    """Seconds from SIGKILL of an idle engine's worker until the control plane counts it dead."""
+    import signal
+
+    seen = []
+    for _ in range(reps):
+        with Engine(model="tiny-wan", world_size=2, policy="fcfs") as eng:
+            t0 = time.monotonic()
+            os.kill(eng.worker_pids[1], signal.SIGKILL)
+            while eng.alive_workers()[1] and time.monotonic() - t0 < 10:
+                time.sleep(0.001)
+            seen.append(time.monotonic() - t0)
+    return {"reps": reps, "seconds": seen, "max_s": max(seen), "median_s": C.median(seen)}
 
 
 def _free_port() -> int:
@@ -160,6 +176,7 @@ def main() -> int:
     torch.set_num_threads(1)
     lat = bench_latency(100 if args.quick else 500)
     ctl = bench_control(3 if args.quick else 8, 4 if args.quick else 8)
+    death = bench_death(1 if args.quick else 3)
     sizes = [1 << 20, 16 << 20] if args.quick else [256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
     mig = bench_migration(sizes, 3 if args.quick else 5)
 
@@ -190,6 +207,10 @@ def main() -> int:
         f"idle engine: control thread {100 * ctl['idle_core_fraction']:.3f}% of a core (target < 1%)  "
         f"{verdict(ctl['idle_core_fraction'] < 0.01)}"
     )
+    print(
+        f"killed worker noticed after {death['median_s'] * 1e3:.0f} ms median, {death['max_s'] * 1e3:.0f} ms "
+        f"at most over {death['reps']} (target <= 1 s)  {verdict(death['max_s'] <= 1.0)}"
+    )
     print("\n== runtime: migration of a request's state, 1 holder -> 1 new member ==")
     print(f"{'bytes':>12}{'time us':>12}{'GB/s':>8}{'memcpy GB/s':>13}{'fraction':>10}   target >= 50%")
     for r in mig:
@@ -217,6 +238,12 @@ def main() -> int:
             ctl["control_fraction"] <= 0.01,
         ),
         C.Target(
+            "killed worker noticed, at most [s]",
+            death["max_s"],
+            "<= 1 s",
+            death["max_s"] <= 1.0,
+        ),
+        C.Target(
             "idle engine control thread [% of a core]",
             100 * ctl["idle_core_fraction"],
             "< 1%",
@@ -230,6 +257,7 @@ def main() -> int:
                 "build_info": gfdit.build_info(),
                 "latency": lat,
                 "control": ctl,
+                "worker_death": death,
                 "migration": mig,
                 "targets": [t.__dict__ for t in targets],
             },

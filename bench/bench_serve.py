@@ -73,16 +73,7 @@ def serve_process(world_size: int, policy: str, cost_args: list[str]) -> tuple[s
     import httpx
 
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gfdit.tools.cli",
-        "serve",
-        "--model",
-        MODEL,
-        "--world-size",
-        str(world_size),
-    ]
+    cmd = [sys.executable, "-m", "gfdit", "serve", "--model", MODEL, "--world-size", str(world_size)]
     cmd += ["--policy", policy, "--port", str(port), *cost_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

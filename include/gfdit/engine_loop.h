@@ -3,6 +3,7 @@
 // a C++ program can use it directly with workers of its own that speak the ring protocol (rings.h, messages.h).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -28,6 +29,8 @@ namespace runtime {
 /// How often the engine loop checks that its worker processes live, in seconds; so the control thread also
 /// wakes at least this often while it runs (NOTE [control thread] in src/runtime/engine_loop.cpp).
 constexpr double kLivenessIntervalS = 0.1;
+/// Progress alone wakes the one who waits for updates at most once this often (NOTE [progress pace]).
+constexpr double kProgressIntervalS = 0.02;
 
 /// Settings of an engine loop.
 struct EngineOptions {
@@ -100,6 +103,7 @@ class EngineLoop {
   /// Cancels a request.
   void cancel(uint64_t id);
   /// Progress and results since the last call; waits up to `timeout_s` for at least one. Empty when closed.
+  /// Results come at once; progress alone at most once per kProgressIntervalS (NOTE [progress pace]).
   /// Whoever runs the loop calls it regularly: nothing else drains them.
   EngineUpdates waitUpdates(double timeout_s);
   RequestStatus status(uint64_t id);
@@ -137,6 +141,7 @@ class EngineLoop {
   std::condition_variable results_cv_;
   std::deque<RequestResult> results_;
   std::vector<RequestProgress> progress_;
+  std::chrono::steady_clock::time_point last_updates_{};  // when waitUpdates last returned
   ModelInfo info_;
   RequestLimits limits_;
   bool have_info_ = false;

@@ -18,33 +18,11 @@ from gfdit._C import build_info as _build_info
 # what a Python policy receives (Policy.schedule(view)): the view, its records, their predictions
 from gfdit._C.runtime import LayoutFamily, RequestCost, RequestRecord, SchedulerView
 from gfdit.attention import ParallelSpec
-from gfdit.comm import (
-    Group,
-    World,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all_4d,
-    all_to_all_single,
-    barrier,
-    broadcast,
-    cuda_transport_available,
-    destroy,
-    empty,
-    get_rank,
-    get_world,
-    get_world_size,
-    init,
-    is_heap_tensor,
-    is_initialized,
-    new_group,
-    put_with_signal,
-    recv,
-    reduce_scatter_tensor,
-    send,
-    wait_signal,
-)
+from gfdit.comm import cuda_transport_available
+from gfdit.comm import world as _world
 from gfdit.comm.topology import Topology
 from gfdit.comm.torch_backend import register as _register_torch_backend
+from gfdit.comm.world import *  # noqa: F403 (the collectives: gfdit.init, gfdit.all_reduce, ...)
 from gfdit.planning import cost
 from gfdit.serving.engine import Decision, Engine, Layout, Policy
 from gfdit.serving.request import Request, RequestFailed, RequestHandle, RequestState, Result, Stage
@@ -59,52 +37,8 @@ def build_info() -> dict:
     return dict(_build_info())
 
 
-__all__ = [
-    "Decision",
-    "Engine",
-    "Error",
-    "Layout",
-    "Policy",
-    "LayoutFamily",
-    "Request",
-    "RequestCost",
-    "RequestFailed",
-    "RequestHandle",
-    "RequestRecord",
-    "RequestState",
-    "Result",
-    "SchedulerView",
-    "Stage",
-    "ParallelSpec",
-    "Topology",
-    "attention",
-    "cost",
-    "models",
-    "Group",
-    "InvalidUsage",
-    "RemoteError",
-    "Timeout",
-    "World",
-    "all_gather_into_tensor",
-    "all_reduce",
-    "all_to_all_4d",
-    "all_to_all_single",
-    "barrier",
-    "broadcast",
-    "build_info",
-    "cuda_transport_available",
-    "destroy",
-    "empty",
-    "get_rank",
-    "get_world",
-    "get_world_size",
-    "init",
-    "is_heap_tensor",
-    "is_initialized",
-    "new_group",
-    "put_with_signal",
-    "recv",
-    "reduce_scatter_tensor",
-    "send",
-    "wait_signal",
-]
+__all__ = ["Decision", "Engine", "Error", "InvalidUsage", "Layout", "LayoutFamily", "ParallelSpec", "Policy"]
+__all__ += ["RemoteError", "Request", "RequestCost", "RequestFailed", "RequestHandle", "RequestRecord"]
+__all__ += ["RequestState", "Result", "SchedulerView", "Stage", "Timeout", "Topology", "attention"]
+__all__ += ["build_info", "cost", "cuda_transport_available", "models"]
+__all__ += _world.__all__

@@ -1,5 +1,5 @@
 // gfdit._C.World, Group and HeapBlock. Tensors arrive as (address, bytes) from the Python layer,
-// which checks them once (python/gfdit/comm.py). Blocking calls release the GIL.
+// which checks them once (python/gfdit/comm/world.py). Blocking calls release the GIL.
 #include <pybind11/stl.h>
 
 #include <chrono>

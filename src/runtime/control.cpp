@@ -148,8 +148,11 @@ ControlPlane::ControlPlane(ControlConfig config, Clock& clock, Executor& executo
       policy_(std::move(policy)),
       cost_(std::move(cost)),
       durations_(std::make_unique<TaskDurations>()) {
-  GFDIT_CHECK(config_.world_size >= 1 && config_.world_size <= kMaxRanks) << "world size " << config_.world_size;
-  GFDIT_CHECK(config_.max_inflight_steps >= 1) << "max_inflight_steps must be >= 1";
+  GFDIT_CHECK(config_.world_size >= 1 && config_.world_size <= kMaxRanks).param("world_size")
+      << "world_size " << config_.world_size << " is outside [1, " << kMaxRanks << "]";
+  GFDIT_CHECK(config_.max_inflight_steps >= 1).param("max_inflight_steps") << "max_inflight_steps must be >= 1";
+  GFDIT_CHECK(std::isfinite(config_.task_timeout_s) && config_.task_timeout_s >= 0).param("task_timeout_s")
+      << "task_timeout_s must be a finite number >= 0 (0: no deadline), got " << config_.task_timeout_s;
   GFDIT_CHECK(policy_ != nullptr) << "a control plane needs a policy";
   if (config_.node_of.empty()) config_.node_of.assign(config_.world_size, 0);
   GFDIT_CHECK(static_cast<int>(config_.node_of.size()) == config_.world_size)

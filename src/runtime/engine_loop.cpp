@@ -69,7 +69,8 @@ class EngineLoop::RingExecutor : public Executor {
 EngineLoop::EngineLoop(EngineOptions options, std::shared_ptr<Policy> policy,
                        std::shared_ptr<const cost::CostModel> cost)
     : options_(std::move(options)) {
-  GFDIT_CHECK(options_.num_workers >= 1 && options_.num_workers <= kMaxRanks) << "workers: " << options_.num_workers;
+  GFDIT_CHECK(options_.num_workers >= 1 && options_.num_workers <= kMaxRanks).param("world_size")
+      << "world_size " << options_.num_workers << " is outside [1, " << kMaxRanks << "]";
   options_.control.world_size = options_.num_workers;
   queues_ = QueueSet::create(options_.num_workers, options_.ring_bytes);
   output_prefix_ = outputPrefix(queues_->name());
@@ -83,7 +84,7 @@ EngineLoop::EngineLoop(EngineOptions options, std::shared_ptr<Policy> policy,
   plane_->setProgressCallback([this](const RequestProgress& p) {
     std::lock_guard<std::mutex> lock(results_mu_);
     progress_.push_back(p);
-    results_cv_.notify_all();
+    if (progress_.size() == 1) results_cv_.notify_all();  // the first of a batch only: NOTE [progress pace]
   });
   plane_->setProbeCallback([this](const Completion& c, int64_t seen) {
     std::lock_guard<std::mutex> lock(results_mu_);
@@ -195,10 +196,33 @@ uint64_t EngineLoop::submit(RequestSpec spec) {
 
 void EngineLoop::cancel(uint64_t id) { post(Event{Event::kCancel, id, {}}); }
 
+// NOTE [progress pace]
+// The control plane reports progress at every step and state change (RequestProgress), and results when
+// requests end. Waking the thread that waits for them (Engine._collect, which takes the GIL and calls the
+// listeners) at every step costs the control thread a futex wake and the cores a Python wake-up per step, which
+// on a host with fewer cores than ranks slows the steps themselves. So results and the end wake it at once,
+// while progress alone is handed over at most once per kProgressIntervalS: the first progress after a hand-over
+// wakes the waiter (later ones find the batch begun and do not notify), which, when the interval has not passed,
+// lingers until it has, collecting what comes meanwhile and returning at once when a result arrives. A reader of
+// progress (RequestHandle.status, the live page) is thus at most an interval behind.
 EngineUpdates EngineLoop::waitUpdates(double timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto pace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kProgressIntervalS));
   std::unique_lock<std::mutex> lock(results_mu_);
-  results_cv_.wait_for(lock, std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1e6)),
-                       [&] { return !results_.empty() || !progress_.empty() || closed_; });
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(std::max(0.0, timeout_s)));
+  while (results_.empty() && !closed_) {
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    if (progress_.empty()) {
+      results_cv_.wait_until(lock, deadline);
+    } else if (now >= last_updates_ + pace) {
+      break;
+    } else {
+      results_cv_.wait_until(lock, std::min(deadline, last_updates_ + pace));  // lingers: more may come
+    }
+  }
+  last_updates_ = Clock::now();
   EngineUpdates out;
   out.progress.swap(progress_);
   out.results.assign(std::make_move_iterator(results_.begin()), std::make_move_iterator(results_.end()));

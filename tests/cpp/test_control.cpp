@@ -263,6 +263,33 @@ TEST(ControlPlane, WorkerDeathRecoversFromTheMostAdvancedSurvivingCopy) {
   EXPECT_EQ(steps_after, 5);
 }
 
+TEST(ControlPlane, ABadConfigurationIsRefusedNamingItsField) {
+  struct Case {
+    const char* param;
+    void (*spoil)(ControlConfig&);
+  };
+  const Case cases[] = {
+      {"world_size", [](ControlConfig& c) { c.world_size = 0; }},
+      {"world_size", [](ControlConfig& c) { c.world_size = kMaxRanks + 1; }},
+      {"max_inflight_steps", [](ControlConfig& c) { c.max_inflight_steps = 0; }},
+      {"task_timeout_s", [](ControlConfig& c) { c.task_timeout_s = -1; }},
+      {"task_timeout_s", [](ControlConfig& c) { c.task_timeout_s = INFINITY; }},
+      {"task_timeout_s", [](ControlConfig& c) { c.task_timeout_s = NAN; }},
+  };
+  for (const Case& c : cases) {
+    ControlConfig cfg;
+    cfg.world_size = 2;
+    c.spoil(cfg);
+    try {
+      Fixture f(cfg.world_size, "fcfs", cfg);
+      ADD_FAILURE() << "accepted a bad " << c.param;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidUsage) << e.what();
+      EXPECT_EQ(e.param(), c.param) << e.what();
+    }
+  }
+}
+
 TEST(ControlPlane, RequestFailsAfterTooManyRecoveries) {
   ControlConfig cfg;
   cfg.max_attempts = 2;

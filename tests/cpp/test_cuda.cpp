@@ -14,6 +14,7 @@
 #include "cuda/launcher.h"
 #include "cuda/nvshmem_edges.h"
 #include "cuda_harness.h"
+#include "scoped_env.h"
 
 using gfdit::CopyPath;
 using gfdit::CopySelector;
@@ -22,28 +23,7 @@ namespace cuda = gfdit::cuda;
 
 namespace {
 
-// Sets an environment variable for the scope of a test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+using gfdit::testing::ScopedEnv;
 
 cuda::ErrorRecord sampleRecord() {
   cuda::ErrorRecord r{};

@@ -14,37 +14,13 @@
 
 #include "gfdit/error.h"
 #include "gfdit/settings.h"
+#include "scoped_env.h"
 
 namespace settings = gfdit::settings;
 
 namespace {
 
-// Sets (or unsets, with nullptr) one variable for the scope of a test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value != nullptr) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      ::setenv(name_, old_.c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+using gfdit::testing::ScopedEnv;
 
 // Files under `dir` (recursively) whose names end with one of `exts`.
 void listFiles(const std::string& dir, const std::vector<std::string>& exts, std::vector<std::string>& out) {

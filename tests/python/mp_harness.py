@@ -396,13 +396,16 @@ def gfdit_shm_files() -> list:
         return []
 
 
-def wait_no_gfdit_shm(timeout: float = 2.0) -> list:
-    """Polls until no gfdit shm file is left (names live only during a world's setup); returns leftovers."""
+def wait_no_new_gfdit_shm(before, timeout: float = 2.0) -> list:
+    """Polls until no gfdit shm name outside `before` is left (names live only during a world's setup);
+    returns the new names still there. Names that were there before belong to another run on the same
+    machine (live, or killed without a chance to clean up) and are not this test's doing."""
+    before = set(before)
     deadline = time.monotonic() + timeout
-    left = gfdit_shm_files()
+    left = [n for n in gfdit_shm_files() if n not in before]
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = gfdit_shm_files()
+        left = [n for n in gfdit_shm_files() if n not in before]
     return left
 
 

@@ -323,6 +323,22 @@ def test_idle_engine_sleeps_and_progress_is_visible():
         assert wakeups <= elapsed / LIVENESS_INTERVAL_S + 5, f"{wakeups} wake-ups in {elapsed:.2f} s"
 
 
+def test_listeners_hear_every_request_s_progress_in_order_before_its_result():
+    # progress comes in paced batches (NOTE [progress pace]); none is lost, the order is kept, and a request's
+    # last progress (DONE) reaches the listeners before its handle's result
+    order = ["QUEUED", "ENCODING", "DENOISING", "DECODING", "DONE"]
+    seen: list = []
+    with Engine(model="tiny-wan", world_size=2, policy="fcfs", timeout_s=20.0) as eng:
+        eng.add_progress_listener(lambda p: seen.append((p.id, p.state.name, p.step)))
+        hs = [eng.submit(Request(prompt=f"heard {k}", num_inference_steps=6, seed=k)) for k in range(3)]
+        results = [h.result(timeout=120) for h in hs]
+        for r in results:
+            mine = [(order.index(state), step) for rid, state, step in seen if rid == r.request_id]
+            assert mine == sorted(mine), mine
+            assert mine[-1] == (order.index("DONE"), 6), mine
+            assert any(state == order.index("DENOISING") for state, _ in mine), mine
+
+
 def test_python_policy_sees_holders_shapes_and_the_cost_model():
     from gfdit.planning import cost
 

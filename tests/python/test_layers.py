@@ -18,7 +18,7 @@ PACKAGE = os.path.join(ROOT, "gfdit")
 
 # Bottom to top; a module may import its own layer's modules and those of lower layers.
 LAYERS = (
-    ("gfdit._C", "gfdit.settings", "gfdit.stats"),
+    ("gfdit._C", "gfdit.plots", "gfdit.settings", "gfdit.stats"),
     ("gfdit.comm",),
     ("gfdit.attention",),
     ("gfdit.models",),

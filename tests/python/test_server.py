@@ -587,18 +587,7 @@ def test_sigterm_drains_and_leaves_nothing(tmp_path):
         port = s.getsockname()[1]
     shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gfdit.tools.cli",
-            "serve",
-            "--model",
-            MODEL,
-            "--world-size",
-            "2",
-            "--port",
-            str(port),
-        ],
+        [sys.executable, "-m", "gfdit", "serve", "--model", MODEL, "--world-size", "2", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "serve.log", "wb"),
         start_new_session=True,

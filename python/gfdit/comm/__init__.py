@@ -2,6 +2,7 @@
 with torch.distributed's names), where tensors live (``devices``), the topology of the ranks, and the
 torch.distributed backend "gfdit" (``torch_backend``, registered by ``import gfdit``)."""
 
+from gfdit.comm import world
 from gfdit.comm.devices import (
     check_placement,
     cuda_transport_available,
@@ -10,60 +11,8 @@ from gfdit.comm.devices import (
     resolve_device,
 )
 from gfdit.comm.topology import Topology
-from gfdit.comm.world import (
-    Group,
-    World,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all_4d,
-    all_to_all_single,
-    barrier,
-    broadcast,
-    destroy,
-    empty,
-    even_head_splits,
-    get_rank,
-    get_world,
-    get_world_size,
-    init,
-    is_heap_tensor,
-    is_initialized,
-    new_group,
-    put_with_signal,
-    recv,
-    reduce_scatter_tensor,
-    send,
-    wait_signal,
-)
+from gfdit.comm.world import *  # noqa: F403 (the collectives, as world.__all__ lists them)
 
-__all__ = [
-    "Group",
-    "Topology",
-    "World",
-    "all_gather_into_tensor",
-    "all_reduce",
-    "all_to_all_4d",
-    "all_to_all_single",
-    "barrier",
-    "broadcast",
-    "check_placement",
-    "cuda_transport_available",
-    "default_device",
-    "destroy",
-    "empty",
-    "even_head_splits",
-    "get_rank",
-    "get_world",
-    "get_world_size",
-    "init",
-    "is_heap_tensor",
-    "is_initialized",
-    "new_group",
-    "parse_device",
-    "put_with_signal",
-    "recv",
-    "reduce_scatter_tensor",
-    "resolve_device",
-    "send",
-    "wait_signal",
-]
+__all__ = ["Topology", "check_placement", "cuda_transport_available", "default_device"]
+__all__ += ["parse_device", "resolve_device"]
+__all__ += world.__all__

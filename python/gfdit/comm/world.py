@@ -78,6 +78,23 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _shape_bytes(shape: Sequence[int] | int, dtype: torch.dtype) -> tuple[tuple[int, ...], int]:
+    """A heap tensor's shape as a tuple and its size in bytes."""
+    dims = (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    if dtype not in _DTYPES:
+        raise InvalidUsage(f"gfdit: unsupported dtype {dtype}")
+    return dims, math.prod(dims) * torch.empty((), dtype=dtype).element_size()
+
+
+def _whole_of_parts(what: str, whole: tuple[str, torch.Tensor], part: torch.Tensor, n: int) -> None:
+    """Refuses a gather's output (a scatter's input) that does not hold n parts of ``part``'s size."""
+    name, t = whole
+    if t.numel() != n * part.numel():
+        raise InvalidUsage(
+            f"gfdit: {what}: {name} has {t.numel()} elements, expected {n} x {part.numel()} for a group of {n}"
+        )
+
+
 def _contig(t: torch.Tensor) -> View:
     n = _nbytes(t)
     return (t.data_ptr(), 1, n, n)
@@ -235,6 +252,13 @@ class World:
             return 0
         return _stream_handle(torch.cuda.current_stream(index))
 
+    def _operands(self, what: str, out: torch.Tensor, inp: torch.Tensor) -> int:
+        """Checks an (out, inp) pair of one dtype; the stream to enqueue on (0: the host path)."""
+        _check(out, "out")
+        _check(inp, "inp")
+        _same_dtype(out, inp, what)
+        return self._stream(what, ("out", out), ("inp", inp)) if out.is_cuda or inp.is_cuda else 0
+
     # ---- groups ----
 
     def new_group(self, ranks: Sequence[int]) -> Group:
@@ -259,12 +283,7 @@ class World:
         device None or "cpu": the host heap (shared memory). "cuda" (or the world's device): the device heap
         of a world made with ``device=``; its blocks are freed when the tensor is, so use them in the order
         of one stream, as the caching allocator's tensors (NOTE [device tensors])."""
-        if isinstance(shape, int):
-            shape = (shape,)
-        shape = tuple(int(s) for s in shape)
-        if dtype not in _DTYPES:
-            raise InvalidUsage(f"gfdit: unsupported dtype {dtype}")
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        shape, nbytes = _shape_bytes(shape, dtype)
         parsed = parse_device(device)
         if parsed is not None:
             return self._device_empty(parsed, device, shape, dtype, nbytes)
@@ -284,12 +303,7 @@ class World:
         the group; raises the same ``InvalidUsage`` on every member when their heaps have no common room.
         device: as for ``empty`` (the device heap of a world made with ``device=``)."""
         g = self._group(group)
-        if isinstance(shape, int):
-            shape = (shape,)
-        shape = tuple(int(s) for s in shape)
-        if dtype not in _DTYPES:
-            raise InvalidUsage(f"gfdit: unsupported dtype {dtype}")
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        shape, nbytes = _shape_bytes(shape, dtype)
         parsed = parse_device(device)
         if parsed is None:
             block = self._w.symmetric_alloc(g._g, max(nbytes, 1))
@@ -331,24 +345,9 @@ class World:
         self, out: torch.Tensor, inp: torch.Tensor, group: Group | None = None
     ) -> None:
         g = self._group(group)
-        _check(out, "out")
-        _check(inp, "inp")
-        _same_dtype(out, inp, "all_gather_into_tensor")
-        stream = (
-            self._stream("all_gather_into_tensor", ("out", out), ("inp", inp))
-            if out.is_cuda or inp.is_cuda
-            else 0
-        )
-        n = g.size()
-        if out.numel() != n * inp.numel():
-            raise InvalidUsage(
-                f"gfdit: all_gather_into_tensor: out has {out.numel()} elements, expected "
-                f"{n} x {inp.numel()} for a group of {n}"
-            )
-        if stream:
-            self._w.all_gather(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp), stream=stream)
-        else:
-            self._w.all_gather(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp))
+        stream = self._operands("all_gather_into_tensor", out, inp)
+        _whole_of_parts("all_gather_into_tensor", ("out", out), inp, g.size())
+        self._w.all_gather(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp), stream)
 
     def all_to_all_single(
         self,
@@ -359,12 +358,7 @@ class World:
         group: Group | None = None,
     ) -> None:
         g = self._group(group)
-        _check(out, "out")
-        _check(inp, "inp")
-        _same_dtype(out, inp, "all_to_all_single")
-        stream = (
-            self._stream("all_to_all_single", ("out", out), ("inp", inp)) if out.is_cuda or inp.is_cuda else 0
-        )
+        stream = self._operands("all_to_all_single", out, inp)
         n = g.size()
         if output_split_sizes is None and input_split_sizes is None:
             if inp.dim() == 0 or out.dim() == 0:
@@ -375,17 +369,11 @@ class World:
                     f"{tuple(out.shape)} must hold as many elements, dim 0 divisible by the "
                     f"group size {n}"
                 )
-            if stream:
-                self._w.all_to_all(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp) // n, stream=stream)
-            else:
-                self._w.all_to_all(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp) // n)
+            self._w.all_to_all(g._g, inp.data_ptr(), out.data_ptr(), _nbytes(inp) // n, stream)
             return
         ins = self._split_views(inp, input_split_sizes, n, "input")
         outs = self._split_views(out, output_split_sizes, n, "output")
-        if stream:
-            self._w.all_to_all_v(g._g, ins, outs, stream=stream)
-        else:
-            self._w.all_to_all_v(g._g, ins, outs)
+        self._w.all_to_all_v(g._g, ins, outs, stream)
 
     @staticmethod
     def _split_views(t: torch.Tensor, splits: Sequence[int] | None, n: int, what: str) -> list[View]:
@@ -434,12 +422,7 @@ class World:
         more head.
         """
         g = self._group(group)
-        _check(out, "out")
-        _check(inp, "inp")
-        _same_dtype(out, inp, "all_to_all_4d")
-        stream = (
-            self._stream("all_to_all_4d", ("out", out), ("inp", inp)) if out.is_cuda or inp.is_cuda else 0
-        )
+        stream = self._operands("all_to_all_4d", out, inp)
         if inp.dim() != 4 or out.dim() != 4:
             raise InvalidUsage("gfdit: all_to_all_4d needs 4-D [B, S, H, D] tensors")
         n, me = g.size(), g.rank()
@@ -487,10 +470,7 @@ class World:
             ]
         else:
             raise InvalidUsage("gfdit: all_to_all_4d supports (scatter_dim, gather_dim) = (2, 1) or (1, 2)")
-        if stream:
-            self._w.all_to_all_v(g._g, ins, outs, stream=stream)
-        else:
-            self._w.all_to_all_v(g._g, ins, outs)
+        self._w.all_to_all_v(g._g, ins, outs, stream)
 
     @staticmethod
     def _head_splits(
@@ -544,45 +524,25 @@ class World:
         self, out: torch.Tensor, inp: torch.Tensor, op: Any = "sum", group: Group | None = None
     ) -> None:
         g = self._group(group)
-        _check(out, "out")
-        _check(inp, "inp")
-        _same_dtype(out, inp, "reduce_scatter_tensor")
-        stream = (
-            self._stream("reduce_scatter_tensor", ("out", out), ("inp", inp))
-            if out.is_cuda or inp.is_cuda
-            else 0
+        stream = self._operands("reduce_scatter_tensor", out, inp)
+        _whole_of_parts("reduce_scatter_tensor", ("inp", inp), out, g.size())
+        self._w.reduce_scatter(
+            g._g,
+            inp.data_ptr(),
+            out.data_ptr(),
+            out.numel(),
+            _DTYPES[out.dtype],
+            _reduce_op(op),
+            stream,
         )
-        n = g.size()
-        if inp.numel() != n * out.numel():
-            raise InvalidUsage(
-                f"gfdit: reduce_scatter_tensor: inp has {inp.numel()} elements, expected "
-                f"{n} x {out.numel()} for a group of {n}"
-            )
-        if stream:
-            self._w.reduce_scatter(
-                g._g,
-                inp.data_ptr(),
-                out.data_ptr(),
-                out.numel(),
-                _DTYPES[out.dtype],
-                _reduce_op(op),
-                stream=stream,
-            )
-        else:
-            self._w.reduce_scatter(
-                g._g, inp.data_ptr(), out.data_ptr(), out.numel(), _DTYPES[out.dtype], _reduce_op(op)
-            )
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = "sum", group: Group | None = None) -> None:
         g = self._group(group)
         _check(tensor, "tensor")
         stream = self._stream("all_reduce", ("tensor", tensor)) if tensor.is_cuda else 0
-        if stream:
-            self._w.all_reduce(
-                g._g, tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], _reduce_op(op), stream=stream
-            )
-        else:
-            self._w.all_reduce(g._g, tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], _reduce_op(op))
+        self._w.all_reduce(
+            g._g, tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], _reduce_op(op), stream
+        )
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Group | None = None) -> None:
         g = self._group(group)
@@ -590,26 +550,17 @@ class World:
         stream = self._stream("broadcast", ("tensor", tensor)) if tensor.is_cuda else 0
         if g._g.index_of(int(src)) < 0:
             raise InvalidUsage(f"gfdit: broadcast source {src} is not in group {g.ranks}")
-        if stream:
-            self._w.broadcast(g._g, tensor.data_ptr(), _nbytes(tensor), int(src), stream=stream)
-        else:
-            self._w.broadcast(g._g, tensor.data_ptr(), _nbytes(tensor), int(src))
+        self._w.broadcast(g._g, tensor.data_ptr(), _nbytes(tensor), int(src), stream)
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         _check(tensor, "tensor")
         stream = self._stream("send", ("tensor", tensor)) if tensor.is_cuda else 0
-        if stream:
-            self._w.send(tensor.data_ptr(), _nbytes(tensor), int(dst), stream=stream)
-        else:
-            self._w.send(tensor.data_ptr(), _nbytes(tensor), int(dst))
+        self._w.send(tensor.data_ptr(), _nbytes(tensor), int(dst), stream)
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         _check(tensor, "tensor")
         stream = self._stream("recv", ("tensor", tensor)) if tensor.is_cuda else 0
-        if stream:
-            self._w.recv(tensor.data_ptr(), _nbytes(tensor), int(src), stream=stream)
-        else:
-            self._w.recv(tensor.data_ptr(), _nbytes(tensor), int(src))
+        self._w.recv(tensor.data_ptr(), _nbytes(tensor), int(src), stream)
 
     def barrier(self, group: Group | None = None) -> None:
         self._w.barrier(self._group(group)._g)
@@ -631,10 +582,7 @@ class World:
                 f"gfdit: put_with_signal: src has {_nbytes(src)} bytes, dst only {_nbytes(dst)}"
             )
         offset = self._w.heap_offset(dst.data_ptr())
-        if stream:
-            self._w.put_with_signal(int(peer), src.data_ptr(), _nbytes(src), offset, stream=stream)
-        else:
-            self._w.put_with_signal(int(peer), src.data_ptr(), _nbytes(src), offset)
+        self._w.put_with_signal(int(peer), src.data_ptr(), _nbytes(src), offset, stream)
 
     def wait_signal(self, peer: int, count: int = 1, stream: Any = None) -> None:
         """Waits until `count` more puts from `peer` have landed. stream None: on this thread; a
@@ -866,3 +814,31 @@ def put_with_signal(src: torch.Tensor, dst: torch.Tensor, peer: int) -> None:
 
 def wait_signal(peer: int, count: int = 1, stream: Any = None) -> None:
     get_world().wait_signal(peer, count, stream=stream)
+
+
+# the names torch.distributed users know, re-exported by gfdit.comm and gfdit
+__all__ = [
+    "Group",
+    "World",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_to_all_4d",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "destroy",
+    "empty",
+    "even_head_splits",
+    "get_rank",
+    "get_world",
+    "get_world_size",
+    "init",
+    "is_heap_tensor",
+    "is_initialized",
+    "new_group",
+    "put_with_signal",
+    "recv",
+    "reduce_scatter_tensor",
+    "send",
+    "wait_signal",
+]

@@ -115,20 +115,36 @@ def estimate(
     }
 
 
-def _positive(value: Any, where: str, *, integer: bool) -> Any:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok and integer:
-        ok = float(value).is_integer()
-    if not ok or not math.isfinite(value) or value <= 0:
-        kind = "a positive integer" if integer else "a positive number"
+# A profile entry's fields in the file besides stage and mode (by name), with their defaults (None: required)
+# and what each must be; the entries are gfdit._C.cost.ProfileEntry, whose fields these are.
+_ENTRY_FIELDS: dict[str, tuple[Any, str]] = {
+    "tokens": (None, "a positive integer"),
+    "degree": (1, "a positive integer"),
+    "ulysses": (1, "a positive integer"),
+    "ring": (1, "a positive integer"),
+    "cfg": (1, "1 or 2"),  # profiles from before CFG-parallel: cfg 1
+    "guidance": (False, "true or false"),
+    "num_new": (0, "an integer >= 0"),
+    "seconds": (None, "a positive number"),
+    "samples": (0, "an integer >= 0"),
+}
+
+
+def _checked(value: Any, kind: str, where: str) -> Any:
+    """``value`` when it is ``kind`` (as _ENTRY_FIELDS names kinds), else InvalidUsage naming ``where``."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    finite = number and math.isfinite(value)
+    ok = {
+        "a positive integer": finite and float(value).is_integer() and value > 0,
+        "a positive number": finite and value > 0,
+        "a number >= 0": number and not value < 0,
+        "an integer >= 0": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        "1 or 2": not isinstance(value, bool) and value in (1, 2),
+        "true or false": isinstance(value, bool),
+    }[kind]
+    if not ok:
         raise InvalidUsage(f"gfdit.planning.cost: {where} must be {kind}, got {value!r}")
-    return int(value) if integer else float(value)
-
-
-def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidUsage(f"gfdit.planning.cost: {where} must be an integer >= 0, got {value!r}")
-    return value
+    return int(value) if kind == "a positive integer" else value
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -155,15 +171,10 @@ def load_profile(path: str | Path) -> Profile:
     p = Profile()
     p.model = data["model"]
     p.hardware = str(data.get("hardware", "cpu"))
-    p.world_size = _positive(data.get("world_size"), f"profile {path}: world_size", integer=True)
+    p.world_size = _checked(data.get("world_size"), "a positive integer", f"profile {path}: world_size")
     p.num_cores = int(data.get("num_cores", 0) or 0)
     for key, default in (("dispatch_s", 0.0), ("completion_s", 0.0), ("collective_efficiency", 1.0)):
-        value = data.get(key, default)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise InvalidUsage(
-                f"gfdit.planning.cost: profile {path}: {key} must be a number >= 0, got {value!r}"
-            )
-        setattr(p, key, float(value))
+        setattr(p, key, float(_checked(data.get(key, default), "a number >= 0", f"profile {path}: {key}")))
     entries = data.get("entries")
     if not isinstance(entries, list) or not entries:
         raise InvalidUsage(f"gfdit.planning.cost: profile {path}: entries must be a non-empty list")
@@ -180,29 +191,10 @@ def load_profile(path: str | Path) -> Profile:
             raise InvalidUsage(
                 f"gfdit.planning.cost: {where}: mode must be one of {list(MODES)}, got {e.get('mode')!r}"
             )
-        guidance = e.get("guidance", False)
-        if not isinstance(guidance, bool):
-            raise InvalidUsage(
-                f"gfdit.planning.cost: {where}: guidance must be true or false, got {guidance!r}"
-            )
-        cfg = e.get("cfg", 1)  # profiles from before CFG-parallel: cfg 1
-        if isinstance(cfg, bool) or cfg not in (1, 2):
-            raise InvalidUsage(f"gfdit.planning.cost: {where}: cfg must be 1 or 2, got {cfg!r}")
-        if cfg == 2 and not guidance:
+        fields = {k: _checked(e.get(k, d), kind, f"{where}: {k}") for k, (d, kind) in _ENTRY_FIELDS.items()}
+        entry = ProfileEntry(stage=stages[e["stage"]], mode=MODES[e.get("mode", "usp")], **fields)
+        if entry.cfg == 2 and not entry.guidance:
             raise InvalidUsage(f"gfdit.planning.cost: {where}: cfg 2 (CFG-parallel) needs guidance true")
-        entry = ProfileEntry(
-            stage=stages[e["stage"]],
-            tokens=_positive(e.get("tokens"), f"{where}: tokens", integer=True),
-            degree=_positive(e.get("degree", 1), f"{where}: degree", integer=True),
-            ulysses=_positive(e.get("ulysses", 1), f"{where}: ulysses", integer=True),
-            ring=_positive(e.get("ring", 1), f"{where}: ring", integer=True),
-            mode=MODES[e.get("mode", "usp")],
-            cfg=cfg,
-            guidance=guidance,
-            num_new=_count(e.get("num_new", 0), f"{where}: num_new"),
-            seconds=_positive(e.get("seconds"), f"{where}: seconds", integer=False),
-            samples=_count(e.get("samples", 0), f"{where}: samples"),
-        )
         if entry.stage == Stage.DENOISE and entry.ulysses * entry.ring * entry.cfg != entry.degree:
             cfg_part = f" x cfg {entry.cfg}" if entry.cfg != 1 else ""
             raise InvalidUsage(
@@ -226,19 +218,8 @@ def profile_to_json(profile: Profile) -> dict[str, Any]:
         "completion_s": profile.completion_s,
         "collective_efficiency": profile.collective_efficiency,
         "entries": [
-            {
-                "stage": stage_name(e.stage),
-                "tokens": e.tokens,
-                "degree": e.degree,
-                "ulysses": e.ulysses,
-                "ring": e.ring,
-                "mode": layout_mode_name(e.mode),
-                "cfg": e.cfg,
-                "guidance": e.guidance,
-                "num_new": e.num_new,
-                "seconds": e.seconds,
-                "samples": e.samples,
-            }
+            {"stage": stage_name(e.stage), "mode": layout_mode_name(e.mode)}
+            | {k: getattr(e, k) for k in _ENTRY_FIELDS}
             for e in profile.entries
         ],
     }

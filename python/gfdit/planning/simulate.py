@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gfdit import plots
 from gfdit._C import InvalidUsage
 from gfdit.planning.trace import (
     Interval,
@@ -189,19 +190,12 @@ def plot_latency_cdf(outcomes: Sequence[Outcome], path: str, title: str = "") ->
     """Writes the CDF of completed requests' latencies to ``path`` (PNG). With deadlines, the latency
     budgets (deadline - arrival) are drawn too (a line when all are equal, else their CDF) and requests
     that completed late are marked."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = plots.axes(7, 4.5)
     # (latency, outcome) of the completed requests (latency_s is None for the others), by latency
     done = sorted(((lat, o) for o in outcomes if (lat := o.latency_s) is not None), key=lambda d: d[0])
     n = len(done)
     if n:
-        xs = [lat for lat, _ in done]
-        ys = [(i + 1) / n for i in range(n)]
-        ax.step([0.0] + xs, [0.0] + ys, where="post", color="C0", label=f"latency ({n} completed)")
+        plots.cdf(ax, [lat for lat, _ in done], color="C0", label=f"latency ({n} completed)")
         late = [
             (lat, (i + 1) / n)
             for i, (lat, o) in enumerate(done)
@@ -209,8 +203,7 @@ def plot_latency_cdf(outcomes: Sequence[Outcome], path: str, title: str = "") ->
         ]
         if late:
             ax.scatter(
-                [x for x, _ in late],
-                [y for _, y in late],
+                *zip(*late),
                 marker="x",
                 s=14,
                 linewidths=0.8,
@@ -219,7 +212,7 @@ def plot_latency_cdf(outcomes: Sequence[Outcome], path: str, title: str = "") ->
                 label=f"missed deadline ({len(late)})",
             )
     else:
-        ax.text(0.5, 0.5, "no request completed", ha="center", va="center", transform=ax.transAxes)
+        plots.empty(ax, "no request completed")
     budgets = sorted(o.deadline_s - o.arrival_s for o in outcomes if o.deadline_s is not None)
     if budgets:
         if budgets[-1] - budgets[0] <= 1e-6 * max(1.0, budgets[-1]):  # one budget (up to rounding)
@@ -227,14 +220,7 @@ def plot_latency_cdf(outcomes: Sequence[Outcome], path: str, title: str = "") ->
                 budgets[0], color="red", linestyle="--", label=f"deadline ({budgets[0]:.3g} s after arrival)"
             )
         else:
-            ax.step(
-                [0.0] + budgets,
-                [0.0] + [(i + 1) / len(budgets) for i in range(len(budgets))],
-                where="post",
-                color="red",
-                linestyle="--",
-                label="deadline budgets (CDF)",
-            )
+            plots.cdf(ax, budgets, color="red", linestyle="--", label="deadline budgets (CDF)")
     ax.set_xlabel("latency (s)")
     ax.set_ylabel("fraction of completed requests")
     ax.set_ylim(0, 1.02)
@@ -243,8 +229,7 @@ def plot_latency_cdf(outcomes: Sequence[Outcome], path: str, title: str = "") ->
     ax.set_title(title or "latency CDF")
     if n or budgets:
         ax.legend(loc="lower right", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    plots.save(ax, path)
 
 
 def plot_timeline(intervals: Sequence[Interval], num_ranks: int, path: str, title: str = "") -> None:
@@ -252,13 +237,9 @@ def plot_timeline(intervals: Sequence[Interval], num_ranks: int, path: str, titl
     request; encode and decode hatched, migrations dark, so that regroupings show. The legend names the
     stage kinds and at most MAX_LEGEND_REQUESTS requests."""
     from matplotlib import colormaps
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    fig = Figure(figsize=(12, max(2.5, 0.4 * num_ranks + 1.6)))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = plots.axes(12, max(2.5, 0.4 * num_ranks + 1.6))
     palette = colormaps["tab20"]
     order: dict[int, int] = {}
     for iv in sorted(intervals, key=lambda iv: (iv.start_s, iv.request_id)):
@@ -308,10 +289,9 @@ def plot_timeline(intervals: Sequence[Interval], num_ranks: int, path: str, titl
     if len(order) > len(shown):
         handles.append(Patch(facecolor="none", edgecolor="none", label=f"... {len(order) - len(shown)} more"))
     if not intervals:
-        ax.text(0.5, 0.5, "no tasks recorded", ha="center", va="center", transform=ax.transAxes)
+        plots.empty(ax, "no tasks recorded")
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    plots.save(ax, path)
 
 
 def write_plots(replay: Replay, directory: str) -> list[str]:

@@ -64,7 +64,6 @@ WORKLOADS = ("image", "video", "mixed")
 ARRIVALS = ("poisson", "bursty", "onoff")
 DEFAULT_IMAGE_MODEL = "qwen-image"
 DEFAULT_VIDEO_MODEL = "wan2.2"
-MAX_ULYSSES = 64  # the runtime's limit on a group (kMaxRanks)
 
 # (height, width, weight); weights of a menu sum to 1
 IMAGE_SIZES: tuple[tuple[int, int, float], ...] = (
@@ -145,17 +144,18 @@ class Pricer:
 
     def degrees(self, model: str) -> list[int]:
         """Degrees that divide the cluster's rank count, up to the model's largest Ulysses degree."""
+        from gfdit._C import runtime
         from gfdit.planning import cost
 
         ranks = int(self.cluster.num_ranks)
-        limit = min(ranks, max_ulysses_degree(int(cost.model_arch(model).heads)))
+        limit = min(ranks, runtime.max_ulysses_degree(int(cost.model_arch(model).heads)))
         return [d for d in range(1, limit + 1) if ranks % d == 0]
 
-    def latency(
+    def _parts(
         self, model: str, height: int, width: int, num_frames: int, num_steps: int, degree: int
-    ) -> float:
-        """encode + steps x step + decode of one request alone on a ``static:degree`` group (Ulysses x degree,
-        on contiguous ranks). Raises InvalidUsage when the cost model cannot price it (a profile's gaps)."""
+    ) -> tuple[float, float]:
+        """(encode + steps x step on the group, decode on one rank) of a request alone on a ``static:degree``
+        group (Ulysses x degree, on contiguous ranks). InvalidUsage when the cost model cannot price it."""
         from gfdit.planning import cost
 
         cm = self.cost_model(model)
@@ -165,8 +165,14 @@ class Pricer:
         group = {"degree": degree, "ulysses": degree, "num_nodes": -(-degree // per_node)}
         encode = cm.seconds(cost.Stage.ENCODE, height, width, num_frames, **common, **group)
         step = cm.seconds(cost.Stage.DENOISE, height, width, num_frames, **common, **group)
-        decode = cm.seconds(cost.Stage.DECODE, height, width, num_frames, **common)
-        return encode + num_steps * step + decode
+        return encode + num_steps * step, cm.seconds(cost.Stage.DECODE, height, width, num_frames, **common)
+
+    def latency(
+        self, model: str, height: int, width: int, num_frames: int, num_steps: int, degree: int
+    ) -> float:
+        """encode + steps x step + decode of one request alone on a ``static:degree`` group (Ulysses x degree,
+        on contiguous ranks). Raises InvalidUsage when the cost model cannot price it (a profile's gaps)."""
+        return sum(self._parts(model, height, width, num_frames, num_steps, degree))
 
     def best(
         self, model: str, height: int, width: int, num_frames: int, num_steps: int
@@ -198,33 +204,16 @@ class Pricer:
     def rank_seconds(self, model: str, height: int, width: int, num_frames: int, num_steps: int) -> float:
         """The least rank-seconds the request occupies on any static degree: degree x (encode + steps x
         step) + decode (which runs on one rank)."""
-        from gfdit.planning import cost
-
         best = math.inf
         for d in self.degrees(model):
             try:
-                t = self.latency(model, height, width, num_frames, num_steps, d)
-                cm = self.cost_model(model)
-                decode = cm.seconds(
-                    cost.Stage.DECODE,
-                    height,
-                    width,
-                    num_frames,
-                    num_steps=num_steps,
-                    guidance_scale=float(cost.model_arch(model).default_guidance),
-                )
+                group_s, decode_s = self._parts(model, height, width, num_frames, num_steps, d)
             except InvalidUsage:
                 continue
-            best = min(best, d * (t - decode) + decode)
+            best = min(best, d * group_s + decode_s)
         if not math.isfinite(best):
             raise InvalidUsage(f"the cost model of {model} on {self.cluster_name} cannot price this shape")
         return best
-
-
-def max_ulysses_degree(heads: int) -> int:
-    """The largest Ulysses degree a model of ``heads`` heads allows: the heads (Ulysses splits them, unevenly
-    where it must: floor or ceil of heads / degree each), at least 1 and at most MAX_ULYSSES."""
-    return max(1, min(int(heads), MAX_ULYSSES))
 
 
 # ------------------------------------------------------------------------------------------------ sizes

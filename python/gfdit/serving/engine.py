@@ -12,7 +12,6 @@ decoded output it maps from shared memory without copying.
 from __future__ import annotations
 
 import datetime
-import math
 import multiprocessing as mp
 import threading
 import time
@@ -134,55 +133,47 @@ class Engine:
     ) -> None:
         import torch.distributed as dist
 
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= 64:
-            raise InvalidUsage(
-                f"gfdit.Engine: world_size {world_size!r} is outside [1, 64]", param="world_size"
-            )
-        if max_inflight_steps < 1:
-            raise InvalidUsage("gfdit.Engine: max_inflight_steps must be >= 1", param="max_inflight_steps")
-        if not (task_timeout_s >= 0 and math.isfinite(task_timeout_s)):
-            raise InvalidUsage(
-                "gfdit.Engine: task_timeout_s must be a finite number >= 0 (0: no deadline)",
-                param="task_timeout_s",
-            )
+        if isinstance(world_size, bool):  # the rest of what the arguments must be, the engine loop checks
+            raise InvalidUsage(f"gfdit.Engine: world_size {world_size!r} is not a number", param="world_size")
         overrides = _check_limits(limits or {})  # refused here, before any worker starts
-        devices = worker_devices(device, world_size)
         self.world_size = world_size
         self.model_name = model
         self.cost_model = cost_model
         self._closed = False
-        self._loop = rt.EngineLoop(
-            world_size,
-            policy,
-            cost_model,
-            max_inflight_steps=max_inflight_steps,
-            task_timeout_s=float(task_timeout_s),
-            max_attempts=max_attempts,
-        )
+        try:
+            self._loop = rt.EngineLoop(
+                world_size,
+                policy,
+                cost_model,
+                max_inflight_steps=max_inflight_steps,
+                task_timeout_s=float(task_timeout_s),
+                max_attempts=max_attempts,
+            )
+        except InvalidUsage as e:
+            if e.param is None:  # the policy's own message
+                raise
+            raise InvalidUsage(f"gfdit.Engine: {e.message}", param=e.param) from None
+        devices = worker_devices(device, world_size)
         self.policy_name = policy if isinstance(policy, str) else policy.name()
         self._store = dist.TCPStore(
             "127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
         )
         ctx = mp.get_context("spawn")
+        config = worker.WorkerConfig(
+            world_size,
+            "127.0.0.1",
+            self._store.port,
+            self._loop.queue_name,
+            model,
+            model_path,
+            timeout_s,
+            heap_bytes,
+            threads_per_worker,
+        )
         self._procs = []
         for w in range(world_size):
             p = ctx.Process(
-                target=worker.main,
-                name=f"gfdit-worker-{w}",
-                daemon=True,
-                args=(
-                    w,
-                    world_size,
-                    "127.0.0.1",
-                    self._store.port,
-                    self._loop.queue_name,
-                    model,
-                    model_path,
-                    timeout_s,
-                    heap_bytes,
-                    threads_per_worker,
-                    devices[w],
-                ),
+                target=worker.main, name=f"gfdit-worker-{w}", daemon=True, args=(w, config, devices[w])
             )
             p.start()
             self._procs.append(p)

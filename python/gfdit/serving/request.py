@@ -34,19 +34,7 @@ class Request:
     def message(self) -> Any:
         """This request as the typed message the engine checks (``gfdit._C.runtime.GenerationRequest``); a field
         of the wrong type raises gfdit.InvalidUsage naming it."""
-        return rt.GenerationRequest(
-            prompt=self.prompt,
-            negative_prompt=self.negative_prompt,
-            height=self.height,
-            width=self.width,
-            num_frames=self.num_frames,
-            num_inference_steps=self.num_inference_steps,
-            guidance_scale=self.guidance_scale,
-            guidance_scale_2=self.guidance_scale_2,
-            seed=self.seed,
-            priority=self.priority,
-            deadline_s=self.deadline_s,
-        )
+        return rt.GenerationRequest(**dataclasses.asdict(self))  # the same fields, by the same names
 
 
 @dataclasses.dataclass

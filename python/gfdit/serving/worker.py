@@ -18,6 +18,7 @@ true.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 import traceback
@@ -36,40 +37,44 @@ FAULT_PREFIX = "gfdit-fault:"
 Kind = rt.TaskKind
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """What every worker of one engine is started with (pickled to each spawned process)."""
+
+    num_workers: int
+    store_host: str
+    store_port: int
+    queue_name: str  # the engine's rings
+    model: str
+    model_path: str | None
+    timeout_s: float
+    heap_bytes: int | None
+    threads: int = 1  # torch's intra-op threads
+
+
 class Worker:
-    def __init__(
-        self,
-        worker_id: int,
-        num_workers: int,
-        store_host: str,
-        store_port: int,
-        queue_name: str,
-        model: str,
-        model_path: str | None,
-        timeout_s: float,
-        heap_bytes: int | None,
-        device: Any = None,
-    ) -> None:
+    def __init__(self, worker_id: int, config: WorkerConfig, device: Any = None) -> None:
         import torch.distributed as dist
 
         self.id = worker_id
         # this worker's GPU (None: CPU); "cuda" picks comm.default_device(worker_id)
         self.device = comm.resolve_device(device, worker_id, "gfdit.Engine device")
-        self.loop = rt.WorkerLoop(queue_name, worker_id)
-        self.timeout_s = timeout_s
-        self.heap_bytes = heap_bytes
+        self.config = c = config
+        self.loop = rt.WorkerLoop(c.queue_name, worker_id)
         self.store = dist.TCPStore(
-            store_host, store_port, None, False, timeout=datetime.timedelta(seconds=max(30.0, timeout_s))
+            c.store_host,
+            c.store_port,
+            None,
+            False,
+            timeout=datetime.timedelta(seconds=max(30.0, c.timeout_s)),
         )
-        self.model_name = model
-        self.model_path = model_path
         self.model: Any = None
         self.states: dict[int, Any] = {}
         self.rank_of: dict[int, int] = {}
         self.world: Any = None
         self.faults = settings.get_bool("GFDIT_FAULT_INJECTION")
         self.tracebacks = settings.get_bool("GFDIT_WORKER_TRACEBACK")
-        self._init_world(0, list(range(num_workers)))
+        self._init_world(0, list(range(c.num_workers)))
 
     def _init_world(self, epoch: int, workers: list[int]) -> None:
         if comm.is_initialized():
@@ -79,8 +84,8 @@ class Worker:
             self.rank_of[self.id],
             len(workers),
             self.store,
-            timeout=self.timeout_s,
-            heap_bytes=self.heap_bytes,
+            timeout=self.config.timeout_s,
+            heap_bytes=self.config.heap_bytes,
             key_prefix=f"gfdit/epoch{epoch}",
             device=self.device,
             shm_prefix=self.loop.world_shm_prefix,  # what the engine removes if this process dies mid-setup
@@ -96,11 +101,11 @@ class Worker:
         from gfdit import models
 
         dev = "cpu" if self.device is None else torch.device("cuda", self.device)
-        self.model = m = models.load(self.model_name, self.model_path, device=dev)
+        self.model = m = models.load(self.config.model, self.config.model_path, device=dev)
         pt, ps, _ = m.patch_size
         d = m.defaults
         info = rt.ModelInfo()
-        info.name = self.model_name
+        info.name = self.config.model
         info.heads = int(m.transformer.config.num_attention_heads)
         info.is_video = bool(m.is_video)
         info.patch_t, info.patch_s = int(pt), int(ps)
@@ -119,7 +124,7 @@ class Worker:
         try:
             info = self.load_model()
         except Exception as e:  # the engine reports it and stops
-            self.loop.hello_failed(f"loading model {self.model_name!r} failed: {type(e).__name__}: {e}")
+            self.loop.hello_failed(f"loading model {self.config.model!r} failed: {type(e).__name__}: {e}")
             return
         self.loop.hello(info)
         while (task := self.loop.next(POLL_S)) is not None:
@@ -186,32 +191,9 @@ class Worker:
         )
 
 
-def main(
-    worker_id: int,
-    num_workers: int,
-    store_host: str,
-    store_port: int,
-    queue_name: str,
-    model: str,
-    model_path: str | None,
-    timeout_s: float,
-    heap_bytes: int | None,
-    threads: int,
-    device: Any = None,
-) -> None:
-    torch.set_num_threads(threads)
+def main(worker_id: int, config: WorkerConfig, device: Any = None) -> None:
+    torch.set_num_threads(config.threads)
     try:
-        Worker(
-            worker_id,
-            num_workers,
-            store_host,
-            store_port,
-            queue_name,
-            model,
-            model_path,
-            timeout_s,
-            heap_bytes,
-            device,
-        ).run()
+        Worker(worker_id, config, device).run()
     except KeyboardInterrupt:
         pass

@@ -39,6 +39,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gfdit import plots
 from gfdit.planning.trace import TraceRequest
 from gfdit.stats import percentile
 
@@ -601,7 +602,16 @@ async def bench_async(
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """``run_bench`` on the running event loop."""
+    """Sends ``requests`` to the server at ``url`` and returns the report: the metrics of
+    ``summarize_records`` plus url, model, mode ("open" or "closed"), concurrency and ``records`` (one dict
+    per request: id, video, arrival_s, sent_s, done_s, latency_s, status, kind, slo_s, met_slo).
+
+    Open loop by default: each request is sent at its ``arrival_s`` after the start. ``concurrency=C``: closed
+    loop, C clients sending the requests in order, each when its last one is answered (arrivals ignored).
+    api_key: sent as Bearer. size (width, height) and steps override every request's; slo_ms is the deadline
+    of requests without one. timeout_s: per HTTP request (for videos: until completed). poll_s: between
+    polls of a video job; fetch_content downloads finished videos. progress: a tqdm bar on stderr. Raises
+    BenchError when the server cannot be reached or refuses ``GET /v1/models`` (a wrong API key)."""
     if not requests:
         raise BenchError("no requests to send")
     if concurrency is not None and concurrency < 1:
@@ -643,56 +653,15 @@ async def bench_async(
     return report
 
 
-def run_bench(
-    url: str,
-    requests: Sequence[TraceRequest],
-    *,
-    api_key: str | None = None,
-    concurrency: int | None = None,
-    size: tuple[int, int] | None = None,
-    steps: int | None = None,
-    slo_ms: float | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    poll_s: float = DEFAULT_POLL_S,
-    fetch_content: bool = False,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Sends ``requests`` to the server at ``url`` and returns the report: the metrics of
-    ``summarize_records`` plus url, model, mode ("open" or "closed"), concurrency and ``records`` (one dict
-    per request: id, video, arrival_s, sent_s, done_s, latency_s, status, kind, slo_s, met_slo).
-
-    Open loop by default: each request is sent at its ``arrival_s`` after the start. ``concurrency=C``: closed
-    loop, C clients sending the requests in order, each when its last one is answered (arrivals ignored).
-    api_key: sent as Bearer. size (width, height) and steps override every request's; slo_ms is the deadline
-    of requests without one. timeout_s: per HTTP request (for videos: until completed). poll_s: between
-    polls of a video job; fetch_content downloads finished videos. progress: a tqdm bar on stderr. Raises
-    BenchError when the server cannot be reached or refuses ``GET /v1/models`` (a wrong API key)."""
-    return asyncio.run(
-        bench_async(
-            url,
-            requests,
-            api_key=api_key,
-            concurrency=concurrency,
-            size=size,
-            steps=steps,
-            slo_ms=slo_ms,
-            timeout_s=timeout_s,
-            poll_s=poll_s,
-            fetch_content=fetch_content,
-            max_connections=max_connections,
-            progress=progress,
-        )
-    )
+def run_bench(url: str, requests: Sequence[TraceRequest], **options: Any) -> dict[str, Any]:
+    """``bench_async`` from synchronous code: the same keyword options, the same report."""
+    return asyncio.run(bench_async(url, requests, **options))
 
 
 # ------------------------------------------------------------------------------------------------ plots
 def write_plots(report: dict[str, Any], directory: str) -> list[str]:
     """latency_cdf.png, latency_over_time.png and throughput.png of a report in ``directory`` (created);
     returns their paths."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     os.makedirs(directory, exist_ok=True)
     recs = report["records"]
     ok = [r for r in recs if r["kind"] == OK]
@@ -700,36 +669,26 @@ def write_plots(report: dict[str, Any], directory: str) -> list[str]:
     title = f"{report.get('model', '')} at {report.get('url', '')}"
     paths = []
 
-    def save(fig: Any, name: str) -> None:
-        fig.tight_layout()
-        path = os.path.join(directory, name)
-        fig.savefig(path, dpi=120)
-        paths.append(path)
-
     # latency CDF of successes
-    fig = Figure(figsize=(7, 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = plots.axes(7, 4.5)
     lat = sorted(r["latency_s"] for r in ok)
     if lat:
-        ax.step([0.0] + lat, [0.0] + [(i + 1) / len(lat) for i in range(len(lat))], where="post")
+        plots.cdf(ax, lat)
         for q, style in ((50, ":"), (99, "--")):
             ax.axvline(percentile(lat, q), color="grey", linestyle=style, label=f"p{q}")
         ax.legend(loc="lower right", fontsize="small")
     else:
-        ax.text(0.5, 0.5, "no request succeeded", ha="center", va="center", transform=ax.transAxes)
+        plots.empty(ax, "no request succeeded")
     ax.set_xlabel("latency (s)")
     ax.set_ylabel(f"fraction of successes ({len(lat)})")
     ax.set_xlim(left=0)
     ax.set_ylim(0, 1.02)
     ax.grid(True, alpha=0.3)
     ax.set_title(f"latency CDF: {title}")
-    save(fig, "latency_cdf.png")
+    paths.append(plots.save(ax, os.path.join(directory, "latency_cdf.png")))
 
     # latency by arrival, errors marked at their answer time after sending
-    fig = Figure(figsize=(9, 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = plots.axes(9, 4.5)
     if ok:
         ax.scatter(
             [r["arrival_s"] for r in ok],
@@ -760,12 +719,10 @@ def write_plots(report: dict[str, Any], directory: str) -> list[str]:
     ax.set_title(f"latency over time: {title}")
     if recs:
         ax.legend(loc="upper left", fontsize="small")
-    save(fig, "latency_over_time.png")
+    paths.append(plots.save(ax, os.path.join(directory, "latency_over_time.png")))
 
     # answers per second: successes, errors, and sends
-    fig = Figure(figsize=(9, 4.5))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = plots.axes(9, 4.5)
     ends = [r["done_s"] for r in recs if r["done_s"] is not None] + [
         r["sent_s"] for r in recs if r["sent_s"] is not None
     ]
@@ -794,7 +751,7 @@ def write_plots(report: dict[str, Any], directory: str) -> list[str]:
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper right", fontsize="small")
     ax.set_title(f"answers per second: {title}")
-    save(fig, "throughput.png")
+    paths.append(plots.save(ax, os.path.join(directory, "throughput.png")))
     return paths
 
 

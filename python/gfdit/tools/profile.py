@@ -24,7 +24,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from gfdit._C import InvalidUsage
 from gfdit._C import runtime as rt
@@ -55,6 +55,23 @@ class LayoutSpec:
 def layout_name(mode: str, ulysses: int, ring: int, cfg: int = 1) -> str:
     """A layout in a table: "usp 2x1", "torus 2x2", "usp 1x1 cfg2" (CFG-parallel)."""
     return f"{mode} {ulysses}x{ring}" + (" cfg2" if cfg == 2 else "")
+
+
+class _Key(NamedTuple):
+    """What one profile entry is a median of (the fields of a ``cost.ProfileEntry`` that name it)."""
+
+    stage: str
+    tokens: int
+    degree: int = 1
+    ulysses: int = 1
+    ring: int = 1
+    mode: str = "usp"
+    cfg: int = 1
+    num_new: int = 0
+
+    @staticmethod
+    def of(stage: str, tokens: int, lay: LayoutSpec, num_new: int = 0) -> _Key:
+        return _Key(stage, tokens, lay.degree, lay.ulysses, lay.ring, lay.mode, lay.cfg, num_new)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,24 +203,19 @@ class PinnedPolicy:
         return _Pinned()
 
 
+def _request(shape: tuple[int, int, int], steps: int, seed: int, prompt: str) -> Request:
+    h, w, f = shape
+    return Request(prompt=prompt, height=h, width=w, num_frames=f, num_inference_steps=steps, seed=seed)
+
+
 def _run(
     engine: Any, policy: Any, plan: list[Phase], shape: tuple[int, int, int], seed: int, timeout_s: float
 ) -> list[Any]:
     """One request with ``plan``; its timeline."""
     policy.plan = plan
-    h, w, f = shape
     steps = sum(p.num_steps for p in plan)
-    handle = engine.submit(
-        Request(
-            prompt=f"profile {h}x{w}x{f}",
-            height=h,
-            width=w,
-            num_frames=f,
-            num_inference_steps=steps,
-            seed=seed,
-        )
-    )
-    return handle.result(timeout=timeout_s).timeline
+    prompt = "profile {}x{}x{}".format(*shape)
+    return engine.submit(_request(shape, steps, seed, prompt)).result(timeout=timeout_s).timeline
 
 
 def _collective_efficiency(
@@ -219,25 +231,15 @@ def _collective_efficiency(
     if world <= cores or world % 2 or world < 4 or heads % 2:
         return 1.0
     shape = max(shapes, key=lambda s: facts.tokens(*s))
-    alone = samples.get(("denoise", facts.tokens(*shape), 2, 2, 1, "usp", 1, 0))
+    alone = samples.get(_Key.of("denoise", facts.tokens(*shape), LayoutSpec(2, 1)))
     if not alone:
         return 1.0
-    h, w, f = shape
     policy.spread = 2
     try:
-        handles = [
-            eng.submit(
-                Request(
-                    prompt="profile collectives",
-                    height=h,
-                    width=w,
-                    num_frames=f,
-                    num_inference_steps=max(8, 2 * steps),
-                    seed=1000 + k,
-                )
-            )
-            for k in range(world // 2)
+        requests = [
+            _request(shape, max(8, 2 * steps), 1000 + k, "profile collectives") for k in range(world // 2)
         ]
+        handles = [eng.submit(r) for r in requests]
         timelines = [hd.result(timeout=timeout_s).timeline for hd in handles]
     finally:
         policy.spread = 0
@@ -277,7 +279,7 @@ def measure(
         except InvalidUsage as e:
             raise InvalidUsage(f"--shapes: {h}x{w}x{f}: {e}") from None
     policy = PinnedPolicy.make()
-    samples: dict[tuple, list[float]] = {}
+    samples: dict[_Key, list[float]] = {}
     t0 = time.perf_counter()
     with Engine(model=model, world_size=world_size, policy=policy) as eng:
         heads = int(eng.model_info.heads)
@@ -300,10 +302,7 @@ def measure(
                         stage = s.kind  # a task kind and its stage share one name
                         if stage not in cost.STAGES or stage == "migrate":
                             continue
-                        if stage == "decode":
-                            key = ("decode", tokens, 1, 1, 1, "usp", 1, 0)
-                        else:
-                            key = (stage, tokens, lay.degree, lay.ulysses, lay.ring, lay.mode, lay.cfg, 0)
+                        key = _Key(stage, tokens) if stage == "decode" else _Key.of(stage, tokens, lay)
                         samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
             for lay in layouts:
                 if lay.degree == 1 or lay.ring != 1 or lay.mode != "usp" or lay.cfg != 1:
@@ -313,16 +312,7 @@ def measure(
                     plan = [Phase((0,), LayoutSpec(1, 1), 1), Phase(tuple(range(lay.degree)), lay, 1)]
                     for s in _run(eng, policy, plan, shape, seed, timeout_s):
                         if s.kind == "migrate":
-                            key = (
-                                "migrate",
-                                tokens,
-                                lay.degree,
-                                lay.ulysses,
-                                lay.ring,
-                                lay.mode,
-                                lay.cfg,
-                                len(s.ranks) - 1,
-                            )
+                            key = _Key.of("migrate", tokens, lay, num_new=len(s.ranks) - 1)
                             samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
             if log:
                 log(
@@ -342,19 +332,12 @@ def measure(
     prof.collective_efficiency = collective
     prof.entries = [
         cost.ProfileEntry(
-            stage=cost.STAGES[k[0]],
-            tokens=k[1],
-            degree=k[2],
-            ulysses=k[3],
-            ring=k[4],
-            mode=k[5],
-            cfg=k[6],
+            **{**k._asdict(), "stage": cost.STAGES[k.stage]},
             guidance=guidance,
-            num_new=k[7],
             seconds=statistics.median(v),
             samples=len(v),
         )
-        for k, v in sorted(samples.items(), key=lambda kv: (int(cost.STAGES[kv[0][0]]), *kv[0][1:]))
+        for k, v in sorted(samples.items(), key=lambda kv: (int(cost.STAGES[kv[0].stage]), *kv[0][1:]))
     ]
     return prof
 
@@ -366,11 +349,7 @@ def format_table(profile: Any) -> str:
         f"{profile.model} on {profile.hardware}: world {profile.world_size}, {profile.num_cores} cores; "
         f"dispatch {profile.dispatch_s * 1e6:.1f} us, completion {profile.completion_s * 1e6:.1f} us"
     )
-    lines = [
-        title,
-        head,
-        "-" * len(head),
-    ]
+    lines = [title, head, "-" * len(head)]
     for e in profile.entries:
         layout = layout_name(cost.layout_mode_name(e.mode), e.ulysses, e.ring, e.cfg)
         lines.append(

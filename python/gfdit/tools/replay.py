@@ -151,56 +151,28 @@ def replay_on_engine(engine: Any, requests: Sequence[TraceRequest], *, timeout_s
     busy_ns = 0
     submitted = {r.id for r, _, _ in handles}
     for r, handle, error in handles:
-        state, finish = "FAILED", None
-        arrival = r.arrival_s
-        if handle is not None:
-            try:
-                res = handle.result(timeout=max(0.0, end - time.monotonic()))
-            except RequestFailed:
-                state = "FAILED"
-            except CancelledError:
-                state = "CANCELLED"
-            except TimeoutError:
-                state = "TIMEOUT"
-                handle.cancel()
-            else:
-                times = {name: t_ns for name, _, t_ns in res.transitions}
+        state, arrival, finish = "REFUSED" if error is not None else "FAILED", r.arrival_s, None
+        try:
+            res = handle.result(timeout=max(0.0, end - time.monotonic())) if handle is not None else None
+        except RequestFailed:
+            state = "FAILED"
+        except CancelledError:
+            state = "CANCELLED"
+        except TimeoutError:
+            state = "TIMEOUT"
+            handle.cancel()
+        else:
+            if res is not None:
                 state = res.state
                 arrival = (res.transitions[0][2] - start_ns) / 1e9  # QUEUED, at submit
-                finish = (times["DONE"] - start_ns) / 1e9
+                finish = ({name: t_ns for name, _, t_ns in res.transitions}["DONE"] - start_ns) / 1e9
                 for s in res.timeline:
                     busy_ns += (s.end_ns - s.start_ns) * len(s.ranks)
-                    for rank in s.ranks:
-                        intervals.append(
-                            Interval(
-                                rank=rank,
-                                request_id=r.id,
-                                kind=s.kind,
-                                start_s=(s.start_ns - start_ns) / 1e9,
-                                end_s=(s.end_ns - start_ns) / 1e9,
-                            )
-                        )
-        elif error is not None:
-            state = "REFUSED"
-        outcomes.append(
-            Outcome(
-                id=r.id,
-                arrival_s=arrival,
-                finish_s=finish,
-                deadline_s=r.deadline_s,
-                state=state,
-                priority=r.priority,
-            )
-        )
+                    start_s, end_s = (s.start_ns - start_ns) / 1e9, (s.end_ns - start_ns) / 1e9
+                    intervals += [Interval(rank, r.id, s.kind, start_s, end_s) for rank in s.ranks]
+        outcomes.append(Outcome(r.id, arrival, finish, r.deadline_s, state, r.priority))
     outcomes += [
-        Outcome(
-            id=r.id,
-            arrival_s=r.arrival_s,
-            finish_s=None,
-            deadline_s=r.deadline_s,
-            state="NOT_SUBMITTED",
-            priority=r.priority,
-        )
+        Outcome(r.id, r.arrival_s, None, r.deadline_s, "NOT_SUBMITTED", r.priority)
         for r in requests
         if r.id not in submitted
     ]

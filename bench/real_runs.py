@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 from gfdit._C import Error as GfditError
-from gfdit.planning import cost, simulate, workload
+from gfdit.planning import cost, simulate, trace, workload
 from gfdit.planning.trace import TraceRequest
 from gfdit.tools import profile as gprofile
 from gfdit.tools import replay as run_trace
@@ -36,14 +36,7 @@ IMAGE = (32, 32, 1, 4)  # a small image: a step is dominated by its collectives 
 VIDEO = (64, 64, 9, 8)  # the reference mixed trace's video
 LARGE_CANDIDATES = ((128, 128, 9), (256, 256, 9))  # sizes that may gain from two ranks
 LARGE_STEPS = 40
-SUMMARY = (
-    "throughput_rps",
-    "mean_latency_s",
-    "p50_latency_s",
-    "p99_latency_s",
-    "slo_attainment",
-    "utilization",
-)
+SUMMARY = trace.SUMMARY_KEYS[2:]  # the figures, without policy and count
 
 
 @dataclasses.dataclass(frozen=True)

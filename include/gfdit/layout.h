@@ -65,6 +65,9 @@ struct RequestShape {
   int32_t num_steps = 0;
   double guidance_scale = 1.0;  ///< > 1: two transformer passes per step
   int64_t tokens = 0;           ///< image/video tokens the transformer sees (from the model's strides)
+  /// Latent rows (height / the VAE's spatial stride): the most members a decode can split over (NOTE
+  /// [patch-parallel decode] in gfdit.models.patch_decode); 0 where not known, and then a decode runs on one rank.
+  int32_t latent_rows = 0;
 
   /// Whether a step runs the conditional and the unconditional pass.
   bool guidance() const { return guidance_scale > 1.0; }

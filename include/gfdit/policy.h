@@ -38,6 +38,10 @@ struct Decision {
   /// policy that lends a request ranks others may soon need turns it off, so the ranks come back after one
   /// step, not two.
   bool dispatch_ahead = true;
+  /// Ranks the VAE decode splits over when these steps end the denoising (NOTE [parallel decode] in
+  /// src/runtime/control.cpp): 0 leaves it to the cost model (RequestCost::decode_degree); at most the
+  /// request's latent rows.
+  int32_t decode_degree = 0;
 };
 
 /// What a policy sees at a scheduling point. Pointers are valid during the call only.

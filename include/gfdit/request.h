@@ -61,11 +61,15 @@ struct RequestSpec {
 /// control plane at submit when it has a cost model (predictCosts in gfdit/planning.h). Groups are assumed
 /// placed as compactly as the topology allows (ceil(degree / ranks per node) nodes).
 struct RequestCost {
-  bool known = false;       ///< false: no cost model; policies fall back to shape-only rules
-  double encode_s = 0;      ///< text encoder, once, on the first group
-  double decode_s = 0;      ///< VAE decode, on one rank
-  double migrate_s = 0;     ///< state hand-off to one new member
-  int32_t max_ulysses = 1;  ///< the largest Ulysses degree: the model's heads (at most kMaxRanks)
+  bool known = false;   ///< false: no cost model; policies fall back to shape-only rules
+  double encode_s = 0;  ///< text encoder, once, on the first group
+  double decode_s = 0;  ///< VAE decode, on one rank
+  /// decode_at[d]: the VAE decode split over d ranks; infinity where not predicted or past the latent's rows
+  /// ([0] is unused; [1] is decode_s).
+  std::array<double, kMaxRanks + 1> decode_at{};
+  int32_t decode_degree = 1;  ///< decodeDegree(kMaxRanks): the fastest predicted decode on any number of ranks
+  double migrate_s = 0;       ///< state hand-off to one new member
+  int32_t max_ulysses = 1;    ///< the largest Ulysses degree: the model's heads (at most kMaxRanks)
   /// step_s[d]: one denoising step on d ranks with layout[d]; infinity where the degree was not predicted
   /// (past the request's or the world's largest degree) or no layout of it can run ([0] is unused).
   std::array<double, kMaxRanks + 1> step_s{};
@@ -75,6 +79,10 @@ struct RequestCost {
   double stepSeconds(int degree) const;
   /// The layout predictions assume for `degree` ranks.
   const Layout& layoutFor(int degree) const;
+  /// Seconds of the decode on `degree` ranks; decode_s where that degree was not predicted.
+  double decodeSeconds(int degree) const;
+  /// The degree in [1, at_most] of the fastest predicted decode (the smallest among equals).
+  int32_t decodeDegree(int at_most) const;
 };
 
 /// What the control plane knows of a request; what policies see.

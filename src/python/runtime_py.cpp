@@ -228,6 +228,9 @@ void register_runtime(py::module_& m) {
       .def_readonly("decode_s", &RequestCost::decode_s)
       .def_readonly("migrate_s", &RequestCost::migrate_s)
       .def_readonly("max_ulysses", &RequestCost::max_ulysses)
+      .def_readonly("decode_degree", &RequestCost::decode_degree)
+      .def("decode_at", &RequestCost::decodeSeconds, py::arg("degree"),
+           "Seconds of the decode split over `degree` ranks (decode_s where that degree was not predicted).")
       .def("step_s", &RequestCost::stepSeconds, py::arg("degree"),
            "Seconds of one step on a group of `degree` ranks; inf where not predicted or not allowed.")
       .def("layout", &RequestCost::layoutFor, py::arg("degree"), "The layout step_s(degree) assumes.")
@@ -267,6 +270,7 @@ void register_runtime(py::module_& m) {
       .def_property_readonly("width", [](const RequestRecord& q) { return q.shape.width; })
       .def_property_readonly("num_frames", [](const RequestRecord& q) { return q.shape.num_frames; })
       .def_property_readonly("tokens", [](const RequestRecord& q) { return q.shape.tokens; })
+      .def_property_readonly("latent_rows", [](const RequestRecord& q) { return q.shape.latent_rows; })
       .def_property_readonly("guidance_scale", [](const RequestRecord& q) { return q.shape.guidance_scale; })
       .def_readonly("max_degree", &RequestRecord::max_degree)
       .def_readonly("num_heads", &RequestRecord::num_heads)
@@ -286,20 +290,24 @@ void register_runtime(py::module_& m) {
       });
 
   py::class_<Decision>(r, "Decision")
-      .def(py::init([](uint64_t id, std::vector<int> ranks, Layout layout, int steps) {
+      .def(py::init([](uint64_t id, std::vector<int> ranks, Layout layout, int steps, int decode_degree) {
              Decision d;
              d.request_id = id;
              d.ranks = std::move(ranks);
              d.layout = layout;
              d.num_steps = steps;
+             d.decode_degree = decode_degree;
              return d;
            }),
-           py::arg("request_id"), py::arg("ranks"), py::arg("layout") = Layout(), py::arg("num_steps") = 1)
+           py::arg("request_id"), py::arg("ranks"), py::arg("layout") = Layout(), py::arg("num_steps") = 1,
+           py::arg("decode_degree") = 0)
       .def_readwrite("request_id", &Decision::request_id)
       .def_readwrite("ranks", &Decision::ranks)
       .def_readwrite("layout", &Decision::layout)
       .def_readwrite("num_steps", &Decision::num_steps)
-      .def_readwrite("dispatch_ahead", &Decision::dispatch_ahead);
+      .def_readwrite("dispatch_ahead", &Decision::dispatch_ahead)
+      .def_readwrite("decode_degree", &Decision::decode_degree,
+                     "Ranks the decode splits over after these steps: 0, the cost model's choice.");
 
   auto recordList = [](const std::vector<const RequestRecord*>& v) {
     py::list out;

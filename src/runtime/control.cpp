@@ -128,11 +128,12 @@ struct ControlPlane::Request {
   std::vector<StageRecord> stages;
   std::vector<int> group;  // the running decision's ranks
   Layout layout;
-  int32_t todo = 0;       // steps of the decision not yet dispatched
-  bool ahead = true;      // the decision allows dispatch-ahead (Decision::dispatch_ahead)
-  int32_t next_step = 0;  // the step the next denoise task starts at
-  int32_t inflight = 0;   // encode/denoise/migrate/decode tasks of it not yet completed
-  bool hit = false;       // one of its tasks failed in the current recovery
+  int32_t todo = 0;           // steps of the decision not yet dispatched
+  bool ahead = true;          // the decision allows dispatch-ahead (Decision::dispatch_ahead)
+  int32_t decode_degree = 0;  // Decision::decode_degree of its latest decision
+  int32_t next_step = 0;      // the step the next denoise task starts at
+  int32_t inflight = 0;       // encode/denoise/migrate/decode tasks of it not yet completed
+  bool hit = false;           // one of its tasks failed in the current recovery
   std::string last_error;
   OutputRef output;
   std::vector<std::pair<int, int32_t>> copies;  // (worker, step) of every copy of its state it knows of
@@ -213,6 +214,9 @@ uint64_t ControlPlane::submit(RequestSpec spec) {
   rec.deadline_ns = spec.deadline_ns;
   rec.priority = spec.priority;
   rec.shape = spec.shape;
+  if (rec.shape.latent_rows == 0 && cost_ != nullptr) {
+    rec.shape.latent_rows = rec.shape.height / std::max(1, cost_->model().vae_stride_s);
+  }
   rec.max_degree = std::max(1, spec.max_degree);
   rec.num_heads = std::max(0, spec.num_heads);
   if (cost_ != nullptr) {
@@ -369,6 +373,9 @@ void ControlPlane::validate(const std::vector<Decision>& ds, const SchedulerView
     GFDIT_CHECK(d.layout.mode == LayoutMode::kUsp || d.layout.mode == LayoutMode::kTorus)
         << "policy " << pname << ": layout mode " << static_cast<int>(d.layout.mode);
     GFDIT_CHECK(d.num_steps >= 1) << "policy " << pname << ": num_steps " << d.num_steps;
+    GFDIT_CHECK(d.decode_degree >= 0 && d.decode_degree <= std::max(1, r.rec.shape.latent_rows))
+        << "policy " << pname << ": decode_degree " << d.decode_degree << " for request " << d.request_id
+        << ", whose latent has " << r.rec.shape.latent_rows << " rows (a decode member needs one at least)";
   }
 }
 
@@ -411,6 +418,7 @@ void ControlPlane::startDecision(Request& r, const Decision& d) {
   rec.layout = d.layout;
   r.todo = std::min(d.num_steps, rec.num_steps - rec.step);
   r.ahead = d.dispatch_ahead;
+  r.decode_degree = d.decode_degree;
   r.next_step = rec.step;
   if (rec.state == RequestState::kQueued) {
     transition(r, RequestState::kEncoding);
@@ -528,21 +536,31 @@ void ControlPlane::endDecision(Request& r) {
   }
 }
 
+// NOTE [parallel decode]
+// The VAE decode is a collective task (gfdit.models.patch_decode: each member decodes a band of the latent's
+// rows, the bands exchange halos and are gathered on the first member, which returns the output). It runs on
+// holders of the final state only, so no migration precedes it: the free, live holders in their order (the
+// last denoise group), as many as the latest decision's decode_degree asks, or else as the cost model's
+// fastest predicted decode on that many (RequestCost::decodeDegree; 1 without a model), and never more than
+// the latent's rows. Its layout is plain Ulysses of that degree, which is only how the degree travels. The first member
+// reports the output; one from another member is discarded.
 void ControlPlane::dispatchDecode(Request& r) {
   RequestRecord& rec = r.rec;
-  int holder = -1;
+  std::vector<int> group;
   for (int w : rec.ranks) {
-    if (alive_[w] && !rank_busy_[w]) {
-      holder = w;
-      break;
-    }
+    if (alive_[w] && !rank_busy_[w]) group.push_back(w);
   }
-  GFDIT_CHECK_CODE(kInternal, holder >= 0) << "request " << rec.id << " has no free live holder to decode on";
-  r.group = {holder};
+  GFDIT_CHECK_CODE(kInternal, !group.empty()) << "request " << rec.id << " has no free live holder to decode on";
+  const int cap = std::min(static_cast<int>(group.size()), std::max(1, rec.shape.latent_rows));
+  const int want = r.decode_degree > 0 ? r.decode_degree : rec.cost.known ? rec.cost.decodeDegree(cap) : 1;
+  group.resize(std::max(1, std::min(want, cap)));
+  r.group = group;
   occupy(r.group);
   rec.busy = true;
   transition(r, RequestState::kDecoding, rec.step);
-  dispatch(&r, TaskKind::kDecode, r.group, Layout(), rec.step, 0);
+  Layout layout;
+  layout.ulysses = static_cast<int32_t>(group.size());
+  dispatch(&r, TaskKind::kDecode, r.group, layout, rec.step, 0);
 }
 
 // ---- completions ----
@@ -566,7 +584,13 @@ void ControlPlane::onCompletion(const Completion& c, const std::string& message)
   expectNext(c.rank, now);
   t.start_ns = t.start_ns == 0 ? c.start_ns : std::min(t.start_ns, c.start_ns);
   t.end_ns = std::max(t.end_ns, c.end_ns);
-  if (c.output.name[0] != '\0') t.output = c.output;
+  if (c.output.name[0] != '\0') {  // a decode's output is its first member's (NOTE [parallel decode])
+    if (t.output.name[0] == '\0' && !t.ranks.empty() && c.rank == t.ranks[0]) {
+      t.output = c.output;
+    } else {
+      executor_.discardOutput(c.output);
+    }
+  }
   if (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate || t.kind == TaskKind::kEncode) {
     t.step_ends.emplace_back(c.rank, c.step_end);
   }
@@ -576,7 +600,10 @@ void ControlPlane::onCompletion(const Completion& c, const std::string& message)
     os << "worker " << c.rank << ": " << message;
     t.message = os.str();
     // A member that fails a collective task leaves its peers blocked in the collective: release them now.
-    if (t.pending != 0 && (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate)) startRecovery();
+    if (t.pending != 0 &&
+        (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate || t.kind == TaskKind::kDecode)) {
+      startRecovery();
+    }
   }
   if (t.probe && on_probe_) on_probe_(c, clock_.nowNs());
   if (t.pending == 0) taskDone(t);
@@ -676,7 +703,8 @@ void ControlPlane::applyDone(Task& t) {
     // During a recovery a failing collective task may only be the abort's echo; an encode or decode runs no
     // collective, so its model error or bad request is its own whatever else is going on (a denoise task
     // queued behind a failed encode reports a lost state at once, and may start a recovery first).
-    bool own = (t.kind == TaskKind::kEncode || t.kind == TaskKind::kDecode) && !needsRecovery(t.error);
+    bool own = (t.kind == TaskKind::kEncode || (t.kind == TaskKind::kDecode && t.ranks.size() == 1)) &&
+               !needsRecovery(t.error);
     if (!own && (needsRecovery(t.error) || recovering_)) {
       r.hit = true;
       r.last_error = t.message;

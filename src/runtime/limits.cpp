@@ -71,6 +71,7 @@ void checkRequest(RequestShape& s, const RequestLimits& limits) {
           .param("guidance_scale")
       << "guidance_scale " << s.guidance_scale << " must be a finite number in [0, " << kMaxGuidance << "]";
   s.tokens = limits.tokens(s.height, s.width, s.num_frames);
+  s.latent_rows = s.height / std::max(1, limits.vae_stride_s);
   GFDIT_CHECK(s.tokens <= limits.max_tokens).param("height")
       << "the request has " << s.tokens << " tokens (height x width x num_frames), over the limit of "
       << limits.max_tokens;

@@ -145,6 +145,20 @@ RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape,
   }
   c.encode_s = stageQuery(cost, cost::Stage::kEncode, shape, 1, 0);
   c.decode_s = stageQuery(cost, cost::Stage::kDecode, shape, 1, 0);
+  c.decode_at[1] = c.decode_s;
+  const int rows = shape.latent_rows > 0 ? shape.latent_rows : shape.height / std::max(1, cost.model().vae_stride_s);
+  for (int d = 2; d <= kMaxRanks; ++d) {
+    c.decode_at[d] = kInf;
+    if (d > top || d > rows) continue;
+    cost::StageQuery q;
+    q.shape = shape;
+    q.degree = d;
+    try {
+      c.decode_at[d] = cost.seconds(cost::Stage::kDecode, q);  // one not measured stays infinite
+    } catch (const Error&) {
+    }
+  }
+  c.decode_degree = c.decodeDegree(kMaxRanks);
   c.migrate_s = stageQuery(cost, cost::Stage::kMigrate, shape, 2, 1);
   return c;
 }

@@ -1,5 +1,6 @@
 // Requests: the names of their states and what their predictions say (see gfdit/request.h).
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "gfdit/request.h"
@@ -26,9 +27,23 @@ double RequestCost::stepSeconds(int degree) const {
 
 const Layout& RequestCost::layoutFor(int degree) const { return layout[std::min(std::max(1, degree), kMaxRanks)]; }
 
+double RequestCost::decodeSeconds(int degree) const {
+  const double s = degree >= 1 && degree <= kMaxRanks ? decode_at[degree] : 0;
+  return std::isfinite(s) && s > 0 ? s : decode_s;
+}
+
+int32_t RequestCost::decodeDegree(int at_most) const {
+  int32_t best = 1;
+  for (int d = 2; d <= std::min(at_most, kMaxRanks); ++d) {
+    if (std::isfinite(decode_at[d]) && decode_at[d] > 0 && decode_at[d] < decodeSeconds(best)) best = d;
+  }
+  return best;
+}
+
 double RequestRecord::remainingSeconds(int degree) const {
   if (!cost.known) return 0;
-  double s = stepsLeft() * cost.stepSeconds(degree) + cost.decode_s;
+  // the decode splits over holders of the state, so over at most the steps' degree (ControlPlane::dispatchDecode)
+  double s = stepsLeft() * cost.stepSeconds(degree) + cost.decodeSeconds(cost.decodeDegree(degree));
   if (state == RequestState::kQueued) s += cost.encode_s;
   return s;
 }

@@ -2,15 +2,15 @@
 //
 // NOTE [simulated execution]
 // Each worker has a FIFO queue. A task becomes visible to its members `dispatch_s` after the control plane
-// wrote it. A collective task (a step, a migration) starts when it heads the queue of every member and all
-// of them are idle (a collective cannot start before its last member arrives), and it keeps all members
-// until it ends; the other kinds (encode, free, decode) run on each member on its own, as workers do. Its length is the
-// cost model's time for the stage. When ranks share `num_cores` cores (the CPU cluster), the tasks running
-// at once share them: while the busy members fit the cores every task progresses at 1, else at
-// cores / busy members, times the collective efficiency for a task of two or more members (its collectives
-// wait for members the OS is not running; `gfdit profile` measures the factor with two groups at once). A
-// task's work is its time alone times the rate it had alone. Completions
-// reach the control plane `completion_s` after the task ends. Everything is deterministic.
+// wrote it. A collective task (a step, a migration, a decode) starts when it heads the queue of every member
+// and all of them are idle (a collective cannot start before its last member arrives), and it keeps all
+// members until it ends; the other kinds (encode, free) run on each member on its own, as workers do. Its
+// length is the cost model's time for the stage. When ranks share `num_cores` cores (the CPU cluster), the tasks
+// running at once share them: while the busy members fit the cores every task progresses at 1, else at cores / busy
+// members, times the collective efficiency for a task of two or more members (its collectives wait for members the OS
+// is not running; `gfdit profile` measures the factor with two groups at once). A task's work is its time alone times
+// the rate it had alone. Completions reach the control plane `completion_s` after the task ends. Everything is
+// deterministic.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -66,10 +66,11 @@ class SimExecutor : public Executor {
   void dispatch(const TaskDescriptor& d, const std::vector<int>& workers, const std::string&) override {
     const double alone = duration(d) * kNs;
     const TaskKind kind = static_cast<TaskKind>(d.kind);
-    if (kind == TaskKind::kDenoise || kind == TaskKind::kMigrate || kind == TaskKind::kReinit) {
+    if (kind == TaskKind::kDenoise || kind == TaskKind::kMigrate || kind == TaskKind::kReinit ||
+        kind == TaskKind::kDecode) {
       queue(d, workers, alone);  // collectives: every member at once
     } else {
-      for (int w : workers) queue(d, {w}, alone);  // each member on its own (encode, free, decode)
+      for (int w : workers) queue(d, {w}, alone);  // each member on its own (encode, free)
     }
   }
 
@@ -193,8 +194,7 @@ class SimExecutor : public Executor {
         // the broadcast rides the new group's formation, which its first step pays in regroup_every_change
         s = cost_.seconds(cost::Stage::kMigrate, q) + (opt_.regroup_every_change ? 0 : regroup(ranks));
         break;
-      case TaskKind::kDecode:
-        q.degree = 1;
+      case TaskKind::kDecode:  // a collective over its members (NOTE [parallel decode] in control.cpp)
         q.layout = Layout();
         s = cost_.seconds(cost::Stage::kDecode, q);
         break;

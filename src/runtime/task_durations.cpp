@@ -56,7 +56,7 @@ double TaskDurations::predictedNs(const RequestCost& cost, TaskKind kind, int de
     case TaskKind::kEncode: s = cost.encode_s; break;
     case TaskKind::kDenoise: s = cost.stepSeconds(degree) * stepsOf(kind, num_steps); break;
     case TaskKind::kMigrate: s = cost.migrate_s; break;
-    case TaskKind::kDecode: s = cost.decode_s; break;
+    case TaskKind::kDecode: s = cost.decodeSeconds(degree); break;
     default: return 0;  // free, reinit, shutdown: nothing the cost model prices
   }
   return std::isfinite(s) && s > 0 ? s * kNsPerSecond : 0;

@@ -56,7 +56,7 @@ class ScriptExecutor : public Executor {
     auto k = static_cast<TaskKind>(d.kind);
     if (k == TaskKind::kDenoise) c.step_end = d.step_begin + d.num_steps;
     if (k == TaskKind::kMigrate) c.step_end = d.step_begin;
-    if (k == TaskKind::kDecode) {
+    if (k == TaskKind::kDecode && d.ranks[0] == w) {  // the first member reports the output
       std::snprintf(c.output.name, sizeof(c.output.name), "/out-%llu", static_cast<unsigned long long>(d.task_id));
     }
     if (err != TaskError::kOk && k == TaskKind::kDenoise) c.step_end = d.step_begin;

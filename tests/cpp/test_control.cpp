@@ -621,3 +621,182 @@ TEST(ControlPlane, EachShapeGetsItsOwnDurationEstimate) {
   EXPECT_GT(due, 0);
   EXPECT_LE(due, 2 * kMs);
 }
+
+// ---- parallel decode (NOTE [parallel decode] in control.cpp) ----
+
+namespace {
+
+/// Runs every ready request on `ranks` (plain Ulysses) with the decode degree given.
+class OnRanks : public Policy {
+ public:
+  OnRanks(std::vector<int> ranks, int32_t decode_degree) : ranks_(std::move(ranks)), decode_degree_(decode_degree) {}
+  std::string name() const override { return "on-ranks"; }
+  std::vector<Decision> schedule(const SchedulerView& v) override {
+    std::vector<Decision> out;
+    for (const auto* r : v.ready) {
+      for (int w : ranks_) {
+        if (std::find(v.free_ranks.begin(), v.free_ranks.end(), w) == v.free_ranks.end()) return out;
+      }
+      Decision d;
+      d.request_id = r->id;
+      d.ranks = ranks_;
+      d.layout.ulysses = static_cast<int32_t>(ranks_.size());
+      d.num_steps = r->num_steps - r->step;
+      d.decode_degree = decode_degree_;
+      out.push_back(d);
+      return out;  // one at a time
+    }
+    return out;
+  }
+
+ private:
+  std::vector<int> ranks_;
+  int32_t decode_degree_;
+};
+
+/// FixedCost whose decode takes 1 s on one rank and 1 / d s on d ranks.
+class SplitDecodeCost : public gfdit::testing::FixedCost {
+ public:
+  SplitDecodeCost() : FixedCost(0.01, 0.1, 1.0, 0.01) {}
+  double seconds(cost::Stage stage, const cost::StageQuery& q) const override {
+    if (stage == cost::Stage::kDecode) return 1.0 / std::max(1, q.degree);
+    return FixedCost::seconds(stage, q);
+  }
+};
+
+const ScriptExecutor::Sent* decodeOf(const ScriptExecutor& e, uint64_t request_id) {
+  for (const auto& s : e.sent) {
+    if (static_cast<TaskKind>(s.d.kind) == TaskKind::kDecode && s.d.request_id == request_id) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(ControlPlane, DecodeSplitsOverAsManyHoldersAsTheDecisionAsks) {
+  VirtualClock clock;
+  ScriptExecutor exec;
+  ControlConfig cfg;
+  cfg.world_size = 4;
+  ControlPlane cp(cfg, clock, exec, std::make_shared<OnRanks>(std::vector<int>{2, 0, 3}, 2));
+  std::vector<RequestResult> results;
+  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  uint64_t id = cp.submit(spec(3));
+  cp.poll();
+  exec.drain(cp);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].state, RequestState::kDone);
+  const auto* dec = decodeOf(exec, id);
+  ASSERT_NE(dec, nullptr);
+  EXPECT_EQ(dec->workers, (std::vector<int>{2, 0}));  // the first holders in the group's order
+  EXPECT_EQ(dec->d.layout.ulysses, 2);
+  // the first member's output is the result's
+  EXPECT_EQ(std::string(results[0].output.name), "/out-" + std::to_string(dec->d.task_id));
+}
+
+TEST(ControlPlane, ASecondOutputOfADecodeIsDiscarded) {
+  VirtualClock clock;
+  ScriptExecutor exec;
+  ControlConfig cfg;
+  cfg.world_size = 2;
+  ControlPlane cp(cfg, clock, exec, std::make_shared<OnRanks>(std::vector<int>{0, 1}, 2));
+  std::vector<RequestResult> results;
+  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  uint64_t id = cp.submit(spec(1));
+  cp.poll();
+  for (int round = 0; round < 10 && decodeOf(exec, id) == nullptr; ++round) {
+    for (int w : {0, 1}) exec.completeHead(cp, w);
+    cp.poll();
+  }
+  const auto* dec = decodeOf(exec, id);
+  ASSERT_NE(dec, nullptr);
+  size_t i = static_cast<size_t>(dec - exec.sent.data());
+  Completion extra = exec.completionOf(i, 1);
+  std::snprintf(extra.output.name, sizeof(extra.output.name), "/out-extra");
+  exec.queues[1].clear();
+  cp.onCompletion(extra, "");
+  exec.drain(cp);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].state, RequestState::kDone);
+  EXPECT_EQ(std::string(results[0].output.name), "/out-" + std::to_string(dec->d.task_id));
+  EXPECT_EQ(exec.discarded, (std::vector<std::string>{"/out-extra"}));
+}
+
+TEST(ControlPlane, TheCostModelChoosesTheDecodeDegreeWithinTheLatentsRows) {
+  VirtualClock clock;
+  ScriptExecutor exec;
+  ControlConfig cfg;
+  cfg.world_size = 4;
+  ControlPlane cp(cfg, clock, exec, std::make_shared<OnRanks>(std::vector<int>{0, 1, 2, 3}, 0),
+                  std::make_shared<SplitDecodeCost>());
+  std::vector<RequestResult> results;
+  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  uint64_t wide = cp.submit(spec(1, 64, 64));    // 8 latent rows: the fastest decode is on all 4
+  uint64_t narrow = cp.submit(spec(1, 16, 64));  // 2 latent rows: at most 2 members
+  SplitDecodeCost model;
+  const RequestCost w = predictCosts(model, spec(1, 64, 64).shape, 4, 0, LayoutFamily::kAuto);
+  const RequestCost n = predictCosts(model, spec(1, 16, 64).shape, 4, 0, LayoutFamily::kAuto);
+  EXPECT_EQ(w.decode_degree, 4);
+  EXPECT_EQ(n.decode_degree, 2);
+  EXPECT_DOUBLE_EQ(w.decodeSeconds(4), 0.25);
+  EXPECT_DOUBLE_EQ(n.decodeSeconds(2), 0.5);
+  EXPECT_DOUBLE_EQ(n.decodeSeconds(3), 1.0);  // past its rows: not predicted, the one-rank time
+  cp.poll();
+  exec.drain(cp);
+  ASSERT_EQ(results.size(), 2u);
+  ASSERT_NE(decodeOf(exec, wide), nullptr);
+  ASSERT_NE(decodeOf(exec, narrow), nullptr);
+  EXPECT_EQ(decodeOf(exec, wide)->workers.size(), 4u);
+  EXPECT_EQ(decodeOf(exec, narrow)->workers.size(), 2u);
+}
+
+TEST(ControlPlane, ADecodeDegreeBeyondTheLatentsRowsIsRefused) {
+  VirtualClock clock;
+  ScriptExecutor exec;
+  ControlConfig cfg;
+  cfg.world_size = 2;
+  ControlPlane cp(cfg, clock, exec, std::make_shared<OnRanks>(std::vector<int>{0, 1}, 9));
+  std::vector<RequestResult> results;
+  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  cp.submit(spec(1, 64, 64));  // 8 latent rows
+  cp.poll();
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].state, RequestState::kFailed);
+  EXPECT_NE(results[0].reason.find("decode_degree 9"), std::string::npos) << results[0].reason;
+  EXPECT_NE(results[0].reason.find("8 rows"), std::string::npos) << results[0].reason;
+  EXPECT_TRUE(exec.sent.empty());
+}
+
+TEST(ControlPlane, AMemberLostDuringAParallelDecodeIsRecovered) {
+  VirtualClock clock;
+  ScriptExecutor exec;
+  ControlConfig cfg;
+  cfg.world_size = 3;
+  ControlPlane cp(cfg, clock, exec, std::make_shared<OnRanks>(std::vector<int>{0, 1, 2}, 3));
+  std::vector<RequestResult> results;
+  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  uint64_t id = cp.submit(spec(2));
+  cp.poll();
+  for (int round = 0; round < 10 && decodeOf(exec, id) == nullptr; ++round) {
+    for (int w : {0, 1, 2}) exec.completeHead(cp, w);
+    cp.poll();
+  }
+  ASSERT_NE(decodeOf(exec, id), nullptr);
+  ASSERT_EQ(decodeOf(exec, id)->workers.size(), 3u);
+  // worker 1 dies in the decode; its peers' halo exchange fails
+  exec.queues[1].clear();
+  cp.onWorkerDeath(1);
+  EXPECT_TRUE(cp.recovering());
+  for (int w : {0, 2}) exec.completeHead(cp, w, TaskError::kCommError);
+  exec.drain(cp);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].state, RequestState::kDone) << results[0].reason;
+  // decoded again from the surviving holders, without the dead one
+  const ScriptExecutor::Sent* last = nullptr;
+  for (const auto& s : exec.sent) {
+    if (static_cast<TaskKind>(s.d.kind) == TaskKind::kDecode) last = &s;
+  }
+  ASSERT_NE(last, nullptr);
+  EXPECT_NE(last, decodeOf(exec, id));
+  for (int w : last->workers) EXPECT_NE(w, 1);
+}

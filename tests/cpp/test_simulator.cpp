@@ -152,3 +152,35 @@ TEST(Simulator, CollectivesLoseTheirShareWhenRanksOutnumberCores) {
   SimResult four = ones.run({image(0, 0, 5), image(1, 0, 5), image(2, 0, 5), image(3, 0, 5)});
   for (const auto& o : four.requests) EXPECT_NEAR(o.finish_s, 0.010 * 2, 1e-6);
 }
+
+namespace {
+
+/// FixedCost whose decode takes 20 ms on one rank and 20 / d ms on d ranks.
+class SplitDecode : public FixedCost {
+ public:
+  SplitDecode() : FixedCost(0.010, 0.016, 0.020, 0.001, 1.0) {}
+  double seconds(cost::Stage stage, const cost::StageQuery& q) const override {
+    if (stage == cost::Stage::kDecode) return 0.020 / std::max(1, q.degree);
+    return FixedCost::seconds(stage, q);
+  }
+};
+
+}  // namespace
+
+TEST(Simulator, AParallelDecodeHoldsItsMembersForItsDegreesTime) {
+  // fcfs spreads the one request over both ranks; the cost model's fastest decode is on both (10 ms), and
+  // it holds both: it is a collective (NOTE [parallel decode] in control.cpp)
+  auto cost = std::make_shared<SplitDecode>();
+  SimOptions opt;
+  opt.dispatch_s = 0.0001;
+  opt.completion_s = 0.0002;
+  Simulator sim(cost, gpus(2), makePolicy("fcfs"), opt);
+  SimResult res = sim.run({image(3, 0.5, 4)});
+  ASSERT_EQ(res.requests.size(), 1u);
+  const SimOutcome& o = res.requests[0];
+  EXPECT_EQ(o.state, RequestState::kDone);
+  // encode on both (each alone, 10 ms), 4 steps of 0.5 ms on two ranks, then the decode on both
+  double expect = 0.5 + 0.0001 + 0.010 + 4 * 0.0005 + 0.0002 + (0.0001 + 0.010 + 0.0002);
+  EXPECT_NEAR(o.finish_s, expect, 1e-6);
+  EXPECT_NEAR(res.busy_rank_s, 2 * (0.010 + 4 * 0.0005 + 0.010), 1e-6);
+}

@@ -118,7 +118,8 @@ def test_reduced_profile_run(tmp_path, capsys):
     assert steps == {(t, d, u, r, "usp", c) for t in tokens for d, u, r, c in layouts}
     assert all(e["samples"] == 2 for e in entries if e["stage"] == "denoise")  # --steps 2 x --repeats 1
     assert {(e["degree"], e["num_new"]) for e in entries if e["stage"] == "migrate"} == {(2, 1)}
-    assert {e["degree"] for e in entries if e["stage"] == "decode"} == {1}
+    # the decode split over each measured group (NOTE [parallel decode] in control.cpp), keyed by its degree
+    assert {(e["degree"], e["ulysses"]) for e in entries if e["stage"] == "decode"} == {(1, 1), (2, 1)}
 
 
 def test_collectives_profile_needs_a_gpu_and_says_so(capsys):

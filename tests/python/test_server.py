@@ -292,6 +292,8 @@ def test_metrics(client):
     assert samples[("gfdit_outstanding_images", ())] == 0
     assert ("gfdit_requests_in_engine", (("state", "QUEUED"),)) in samples
     assert ("gfdit_regroups", ()) in samples
+    decodes = {k[1][0][1]: v for k, v in samples.items() if k[0] == "gfdit_decodes_total"}
+    assert decodes and sum(decodes.values()) >= 1 and all(int(d) >= 1 for d in decodes), decodes
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,15 @@ class Decision:
         ranks: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
         layout: Layout = ...,
         num_steps: typing.SupportsInt | typing.SupportsIndex = 1,
+        decode_degree: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> None: ...
+    @property
+    def decode_degree(self) -> int:
+        """
+        Ranks the decode splits over after these steps: 0, the cost model's choice.
+        """
+    @decode_degree.setter
+    def decode_degree(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
     @property
     def num_steps(self) -> int: ...
     @num_steps.setter
@@ -448,6 +456,10 @@ class ProbeSample:
 
 class RequestCost:
     def __repr__(self) -> str: ...
+    def decode_at(self, degree: typing.SupportsInt | typing.SupportsIndex) -> float:
+        """
+        Seconds of the decode split over `degree` ranks (decode_s where that degree was not predicted).
+        """
     def layout(self, degree: typing.SupportsInt | typing.SupportsIndex) -> Layout:
         """
         The layout step_s(degree) assumes.
@@ -456,6 +468,8 @@ class RequestCost:
         """
         Seconds of one step on a group of `degree` ranks; inf where not predicted or not allowed.
         """
+    @property
+    def decode_degree(self) -> int: ...
     @property
     def decode_s(self) -> float: ...
     @property
@@ -573,6 +587,8 @@ class RequestRecord:
     def height(self) -> int: ...
     @property
     def id(self) -> int: ...
+    @property
+    def latent_rows(self) -> int: ...
     @property
     def layout(self) -> Layout: ...
     @property

@@ -304,8 +304,10 @@ class QwenImageStagedModel(StagedModel):
             )
         return state_or_latent
 
-    def decode(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
-        return self._vae_decode(self.vae_latent(state_or_latent))[:, 0]  # the one frame: [3, H, W]
+    def decode(
+        self, state_or_latent: DenoiseState | torch.Tensor, group: comm.Group | None = None
+    ) -> torch.Tensor:
+        return self._vae_decode(self.vae_latent(state_or_latent), group)[:, 0]  # the one frame: [3, H, W]
 
     # -- saving ------------------------------------------------------------------------------------------
     def save_pretrained(self, path: str | os.PathLike) -> None:

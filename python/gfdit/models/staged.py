@@ -93,6 +93,7 @@ from gfdit import comm
 from gfdit._C import DType, InvalidUsage
 from gfdit.attention.spec import ParallelSpec
 from gfdit.comm.dtypes import DTYPE_TO_TORCH, TORCH_TO_DTYPE
+from gfdit.models import patch_decode
 from gfdit.models.adapter import DiffusersModule
 
 
@@ -272,9 +273,13 @@ class StagedModel(abc.ABC):
         """The latent of a state in the VAE's layout [1, C, F, H, W] (a tensor already so is returned)."""
 
     @abc.abstractmethod
-    def decode(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
+    def decode(
+        self, state_or_latent: DenoiseState | torch.Tensor, group: comm.Group | None = None
+    ) -> torch.Tensor:
         """VAE decode of a finished state (or a VAE-layout latent [1, C, F, H, W]): float32 in [0, 1],
-        [3, H, W] for images, [3, F, H, W] for video."""
+        [3, H, W] for images, [3, F, H, W] for video. With a group, every member calls it with the same
+        state and the decode splits over them (NOTE [patch-parallel decode] in gfdit.models.patch_decode);
+        each gets the whole output."""
 
     # -- devices (NOTE [state placement]) -----------------------------------------------------------------
     @property
@@ -321,7 +326,7 @@ class StagedModel(abc.ABC):
         scale = opts.get("guidance_scale")
         return max_len, self.defaults.guidance_scale if scale is None else float(scale)
 
-    def _vae_decode(self, latent: torch.Tensor) -> torch.Tensor:
+    def _vae_decode(self, latent: torch.Tensor, group: comm.Group | None = None) -> torch.Tensor:
         """Un-normalises a VAE-layout latent [1, C, F, H, W] with the VAE's latents_mean/std and decodes it:
         float32 [3, F, H, W] in [0, 1] (the Wan and Qwen-Image VAEs share this convention). As the pipelines:
         in the VAE's dtype, mapped to [0, 1] in it too (their postprocess), then float32."""
@@ -332,7 +337,7 @@ class StagedModel(abc.ABC):
         mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
         std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
         with torch.no_grad():
-            video = vae.decode(latent / std + mean, return_dict=False)[0]
+            video = patch_decode.decode(vae, latent / std + mean, group)
         return (video[0] * 0.5 + 0.5).clamp(0, 1).float().cpu()
 
     def initial_state(

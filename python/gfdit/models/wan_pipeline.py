@@ -265,8 +265,10 @@ class WanStagedModel(StagedModel):
             raise InvalidUsage("gfdit.models: Wan decode needs a DenoiseState or a [1, C, F, H, W] latent")
         return latent
 
-    def decode(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
-        return self._vae_decode(self.vae_latent(state_or_latent))
+    def decode(
+        self, state_or_latent: DenoiseState | torch.Tensor, group: comm.Group | None = None
+    ) -> torch.Tensor:
+        return self._vae_decode(self.vae_latent(state_or_latent), group)
 
     # -- saving ------------------------------------------------------------------------------------------
     def save_pretrained(self, path: str | os.PathLike) -> None:

@@ -154,8 +154,10 @@ class Pricer:
     def _parts(
         self, model: str, height: int, width: int, num_frames: int, num_steps: int, degree: int
     ) -> tuple[float, float]:
-        """(encode + steps x step on the group, decode on one rank) of a request alone on a ``static:degree``
-        group (Ulysses x degree, on contiguous ranks). InvalidUsage when the cost model cannot price it."""
+        """(encode + steps x step on the group, decode) of a request alone on a ``static:degree`` group (Ulysses
+        x degree, on contiguous ranks); the decode on as many of the group as the fastest predicted one, at most
+        the latent's rows, as the control plane splits it (NOTE [parallel decode] in src/runtime/control.cpp).
+        InvalidUsage when the cost model cannot price it."""
         from gfdit.planning import cost
 
         cm = self.cost_model(model)
@@ -165,7 +167,16 @@ class Pricer:
         group = {"degree": degree, "ulysses": degree, "num_nodes": -(-degree // per_node)}
         encode = cm.seconds(cost.Stage.ENCODE, height, width, num_frames, **common, **group)
         step = cm.seconds(cost.Stage.DENOISE, height, width, num_frames, **common, **group)
-        return encode + num_steps * step, cm.seconds(cost.Stage.DECODE, height, width, num_frames, **common)
+        decode = cm.seconds(cost.Stage.DECODE, height, width, num_frames, **common)
+        rows = height // int(cost.model_arch(model).vae_stride_s)
+        for d in range(2, min(degree, rows) + 1):
+            try:
+                decode = min(
+                    decode, cm.seconds(cost.Stage.DECODE, height, width, num_frames, degree=d, **common)
+                )
+            except InvalidUsage:
+                pass  # a profile without this degree's decode: the control plane would not choose it either
+        return encode + num_steps * step, decode
 
     def latency(
         self, model: str, height: int, width: int, num_frames: int, num_steps: int, degree: int

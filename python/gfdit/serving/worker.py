@@ -157,8 +157,11 @@ class Worker:
             state = self.model.migrate(self.states.get(rid), group, src)
             self.states[rid] = state
             self.loop.progress(rid, int(state.step_idx))
-        elif kind == Kind.DECODE:
-            return self.model.decode(self.states[rid]).contiguous().numpy()
+        elif kind == Kind.DECODE:  # on a group: NOTE [parallel decode] in src/runtime/control.cpp
+            ranks = list(task.ranks)
+            group = self._group(ranks) if len(ranks) > 1 else None
+            out = self.model.decode(self.states[rid], group)
+            return out.contiguous().numpy() if ranks[0] == self.id else None  # the first member reports it
         elif kind == Kind.FREE:
             self.states.pop(rid, None)
         return None

@@ -4,7 +4,7 @@ One ``gfdit.Engine`` runs at the given world size with a policy that pins each r
 layout being measured (``PinnedPolicy``). Requests go one at a time, so every task runs alone, and each
 task's duration is read from the request's timeline (the workers' own start and end times). For every
 shape and every layout the model allows on the world, ``--repeats`` requests of ``--steps`` steps give the
-encode, step and decode times; requests that start on rank 0 and move to a group of degree d give the
+encode, step and decode times (the decode split over the whole group); requests that start on rank 0 and move to a group of degree d give the
 migration times (one holder, d - 1 new members). Control-plane latencies come from ``Engine.ping``. When the
 ranks outnumber the cores, two-rank groups running at once give the collective efficiency (how much of its
 share of the cores a collective task gets done), which the simulator's core sharing uses.
@@ -196,7 +196,9 @@ class PinnedPolicy:
                     if not set(phase.ranks) <= free:
                         continue
                     steps = max(1, min(begin + phase.num_steps, r.num_steps) - r.step)
-                    out.append(rt.Decision(r.id, list(phase.ranks), phase.layout.layout(), steps))
+                    # the decode splits over the whole group, so that each degree's decode is measured too
+                    layout = phase.layout.layout()
+                    out.append(rt.Decision(r.id, list(phase.ranks), layout, steps, len(phase.ranks)))
                     free -= set(phase.ranks)
                 return out
 
@@ -302,7 +304,12 @@ def measure(
                         stage = s.kind  # a task kind and its stage share one name
                         if stage not in cost.STAGES or stage == "migrate":
                             continue
-                        key = _Key(stage, tokens) if stage == "decode" else _Key.of(stage, tokens, lay)
+                        # a decode's key is its degree alone (NOTE [parallel decode] in src/runtime/control.cpp)
+                        key = (
+                            _Key(stage, tokens, len(s.ranks))
+                            if stage == "decode"
+                            else _Key.of(stage, tokens, lay)
+                        )
                         samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
             for lay in layouts:
                 if lay.degree == 1 or lay.ring != 1 or lay.mode != "usp" or lay.cfg != 1:

@@ -13,8 +13,8 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 
 
 class Metrics:
-    """Requests by kind and outcome, latencies, stage times, SLO results, busy seconds per rank, and gauges
-    read from the engine when scraped."""
+    """Requests by kind and outcome, latencies, stage times, decodes by degree, SLO results, busy seconds per
+    rank, and gauges read from the engine when scraped."""
 
     def __init__(self, engine: Any, admission: Admission) -> None:
         self.registry = r = CollectorRegistry()
@@ -51,6 +51,12 @@ class Metrics:
             ["kind", "result"],
             registry=r,
         )
+        self.decode_degree = Counter(
+            "gfdit_decodes",
+            "VAE decodes by how many ranks they split over (NOTE [parallel decode] in src/runtime/control.cpp)",
+            ["degree"],
+            registry=r,
+        )
         self.busy = Counter(
             "gfdit_rank_busy_seconds", "seconds each rank spent running tasks", ["rank"], registry=r
         )
@@ -75,6 +81,9 @@ class Metrics:
                 self.stage.labels(st.kind).observe(dt / max(1, st.num_steps))
                 for rank in st.ranks:
                     self.busy.labels(str(rank)).inc(dt)
+        decodes = [st for st in result.timeline if st.kind == "decode"]
+        if result.state == "DONE" and decodes:  # the last one gave the output
+            self.decode_degree.labels(str(len(decodes[-1].ranks))).inc()
         if slo_s is not None and result.transitions:
             e2e = (result.transitions[-1][2] - result.transitions[0][2]) / 1e9
             self.slo.labels(kind, "met" if e2e <= slo_s else "missed").inc()

@@ -21,7 +21,7 @@ enum class Stage : int32_t {
   kEncode = 0,   ///< text encoder (and the initial latent), on every member of the group
   kDenoise = 1,  ///< one whole denoising step (two transformer passes with guidance, in turn or CFG-parallel)
   kMigrate = 2,  ///< hand the denoise state from one holder to the group's new members
-  kDecode = 3,   ///< VAE decode, on one rank
+  kDecode = 3,   ///< VAE decode, on one rank or patch-parallel over the latent's height on a group
 };
 
 /// Name of a stage ("encode", "denoise", "migrate", "decode").
@@ -52,6 +52,11 @@ struct ModelArch {
   int32_t patch_t = 1;
   int32_t patch_s = 2;
   double vae_decode_flops_per_pixel = 0;  ///< decoder FLOPs per output pixel (per frame)
+  int32_t vae_decoder_convs = 0;          ///< the decoder's 3x3 convolutions, each run once per latent frame
+  /// Channels of one halo row summed over those convolutions, per output pixel of width and output frame
+  /// (each convolution's input channels x its width / the output's x its frames / the output's).
+  double vae_halo_channels = 0;
+  int32_t vae_mid_channels = 0;  ///< width of the decoder's mid-block attention (one head, per frame)
   /// Latent-sized float32 tensors the sampler keeps in the denoise state besides the latent, at most (its
   /// shipped scheduler: UniPC of order 2 keeps 2 earlier model outputs and its corrector's sample; Euler none).
   int32_t sampler_history_latents = 0;
@@ -99,6 +104,14 @@ struct Hardware {
   double layer_overhead_s = 0;   ///< fixed host/launch cost of one transformer block in one pass
   double peer_latency_s = 0;     ///< added cost per peer of an all-to-all (one send/recv pair each)
   int32_t dtype_bytes = 2;       ///< bytes of a weight or activation element (bf16; float32 on "cpu")
+  /// Kernels are queued asynchronously (a GPU): a block costs the larger of its host and its device work.
+  /// false (a CPU): the host runs the kernels itself, so the two add.
+  bool async_launch = true;
+  double peer_host_s = 0;  ///< host work per peer of an all-to-all or ring round (its calls and reshuffles)
+  /// Fixed cost of one decoder convolution on one latent frame in a patch-parallel decode (its halo's slices,
+  /// padding and synchronisation), the same at every degree > 1.
+  double conv_layer_overhead_s = 0;
+  double mem_bytes = 0;  ///< memory one rank may use (HBM; on "cpu" this machine's share per rank); 0: unknown
 };
 
 /// A known piece of hardware by name; unknown names throw InvalidUsage listing the known ones.
@@ -129,6 +142,9 @@ struct StageQuery {
   Layout layout;          ///< layout.degree() (ulysses * ring * cfg) == degree
   int32_t num_nodes = 1;  ///< nodes the group spans (1: all inside one node)
   int32_t num_new = 0;    ///< kMigrate: members that receive the state
+  /// Requests of this shape served together: one batched transformer forward per step (kDenoise), one state
+  /// broadcast (kMigrate), one after another (kEncode, kDecode). The stage's time covers all of them.
+  int32_t batch = 1;
 };
 
 /// Predicts stage times in seconds. Implementations are immutable and safe to share between threads.
@@ -161,6 +177,7 @@ struct ProfileEntry {
   int32_t cfg = 1;        ///< Layout::cfg (degree = ulysses * ring * cfg for a step)
   bool guidance = false;  ///< two passes per step
   int32_t num_new = 0;    ///< kMigrate: members that received the state
+  int32_t batch = 1;      ///< requests served together (StageQuery::batch)
   double seconds = 0;     ///< median measured time
   int32_t samples = 0;    ///< measurements the median is of (0: not recorded)
 };
@@ -179,9 +196,24 @@ struct Profile {
 };
 
 /// A cost model that interpolates `profile` (piecewise linear in tokens between measured shapes of the same
-/// stage, degree, layout (CFG-parallel included) and guidance). A query outside the measured range throws
-/// InvalidUsage naming the shape, stage and degree it lacks.
+/// stage, degree, layout (CFG-parallel included), guidance and batch, and linear in batch between measured
+/// batches). A query outside the measured range throws InvalidUsage naming the shape, stage, degree and batch
+/// it lacks.
 std::shared_ptr<CostModel> makeProfiledCostModel(const Profile& profile);
+
+/// The decode degree in [1, max_degree] with the fewest predicted seconds for `shape` (ties: the smaller), at
+/// most the latent's height in rows (one row per member at least). A group of more than `ranks_per_node` ranks
+/// (0: no limit) spans nodes. Degrees the model refuses (unmeasured in a profile, larger than the cluster) are
+/// skipped; when it refuses every one, degree 1's error is thrown.
+int32_t bestDecodeDegree(const CostModel& cost, const RequestShape& shape, int32_t max_degree,
+                         int32_t ranks_per_node = 0);
+
+/// Activation bytes one rank holds at the peak of a denoising pass of `q.batch` requests of `q.shape` on
+/// `q.degree` ranks (an estimate: docs/cost_calibration.md, "Memory").
+double activationBytesPerRank(const ModelArch& model, int32_t dtype_bytes, const StageQuery& q);
+/// The largest batch of `q.shape` on `q.degree` ranks whose weights and activations fit `hw.mem_bytes`
+/// (0: not even one request fits); InvalidUsage when `hw.mem_bytes` is unknown (0).
+int32_t maxBatch(const ModelArch& model, const Hardware& hw, const StageQuery& q);
 
 }  // namespace cost
 }  // namespace gfdit

@@ -65,6 +65,14 @@ Hardware replaceHardware(const Hardware& hw, const py::kwargs& kw) {
       h.dtype_bytes = v.cast<int32_t>();
     else if (key == "peer_latency_s")
       h.peer_latency_s = v.cast<double>();
+    else if (key == "async_launch")
+      h.async_launch = v.cast<bool>();
+    else if (key == "peer_host_s")
+      h.peer_host_s = v.cast<double>();
+    else if (key == "conv_layer_overhead_s")
+      h.conv_layer_overhead_s = v.cast<double>();
+    else if (key == "mem_bytes")
+      h.mem_bytes = v.cast<double>();
     else
       GFDIT_THROW(kInvalidUsage) << "Hardware.replace: unknown field '" << key << "'";
   }
@@ -105,12 +113,42 @@ ModelArch replaceModelArch(const ModelArch& arch, const py::kwargs& kw) {
       a.text_encoder_params = v.cast<double>();
     else if (key == "vae_decode_flops_per_pixel")
       a.vae_decode_flops_per_pixel = v.cast<double>();
+    else if (key == "vae_decoder_convs")
+      a.vae_decoder_convs = v.cast<int32_t>();
+    else if (key == "vae_halo_channels")
+      a.vae_halo_channels = v.cast<double>();
+    else if (key == "vae_mid_channels")
+      a.vae_mid_channels = v.cast<int32_t>();
     else if (key == "sampler_history_latents")
       a.sampler_history_latents = v.cast<int32_t>();
     else
       GFDIT_THROW(kInvalidUsage) << "ModelArch.replace: unknown or fixed field '" << key << "'";
   }
   return a;
+}
+
+// The shape of a request of `model` (its tokens from the size).
+RequestShape shapeOf(const ModelArch& model, int32_t height, int32_t width, int32_t num_frames, int32_t num_steps,
+                     double guidance_scale) {
+  RequestShape s;
+  s.height = height;
+  s.width = width;
+  s.num_frames = num_frames;
+  s.num_steps = num_steps;
+  s.guidance_scale = guidance_scale;
+  s.tokens = model.tokens(height, width, num_frames);
+  return s;
+}
+
+// A query of `degree` ranks (as one Ulysses group, or two halves with cfg 2) for `batch` requests.
+cost::StageQuery queryOf(const RequestShape& shape, int32_t degree, int32_t batch, int32_t cfg) {
+  cost::StageQuery q;
+  q.shape = shape;
+  q.degree = degree;
+  q.layout.ulysses = cfg > 0 ? degree / cfg : degree;
+  q.layout.cfg = cfg;
+  q.batch = batch;
+  return q;
 }
 
 }  // namespace
@@ -149,6 +187,9 @@ void register_cost(py::module_& m) {
       .def_readonly("patch_t", &ModelArch::patch_t)
       .def_readonly("patch_s", &ModelArch::patch_s)
       .def_readonly("vae_decode_flops_per_pixel", &ModelArch::vae_decode_flops_per_pixel)
+      .def_readonly("vae_decoder_convs", &ModelArch::vae_decoder_convs)
+      .def_readonly("vae_halo_channels", &ModelArch::vae_halo_channels)
+      .def_readonly("vae_mid_channels", &ModelArch::vae_mid_channels)
       .def_readonly("sampler_history_latents", &ModelArch::sampler_history_latents)
       .def_readonly("default_height", &ModelArch::default_height)
       .def_readonly("default_width", &ModelArch::default_width)
@@ -183,6 +224,10 @@ void register_cost(py::module_& m) {
       .def_readonly("layer_overhead_s", &Hardware::layer_overhead_s)
       .def_readonly("dtype_bytes", &Hardware::dtype_bytes)
       .def_readonly("peer_latency_s", &Hardware::peer_latency_s)
+      .def_readonly("async_launch", &Hardware::async_launch)
+      .def_readonly("peer_host_s", &Hardware::peer_host_s)
+      .def_readonly("conv_layer_overhead_s", &Hardware::conv_layer_overhead_s)
+      .def_readonly("mem_bytes", &Hardware::mem_bytes)
       .def("replace", &replaceHardware, "a copy with the named fields replaced")
       .def("__repr__", [](const Hardware& h) { return "<gfdit._C.cost.Hardware " + h.name + ">"; });
 
@@ -220,14 +265,9 @@ void register_cost(py::module_& m) {
           "seconds",
           [](const CostModel& cm, Stage stage, int32_t height, int32_t width, int32_t num_frames, int32_t num_steps,
              double guidance_scale, int32_t degree, int32_t ulysses, int32_t ring, py::handle mode, int32_t num_nodes,
-             int32_t num_new, py::handle placement, int32_t cfg) {
+             int32_t num_new, py::handle placement, int32_t cfg, int32_t batch) {
             cost::StageQuery q;
-            q.shape.height = height;
-            q.shape.width = width;
-            q.shape.num_frames = num_frames;
-            q.shape.num_steps = num_steps;
-            q.shape.guidance_scale = guidance_scale;
-            q.shape.tokens = cm.model().tokens(height, width, num_frames);
+            q.shape = shapeOf(cm.model(), height, width, num_frames, num_steps, guidance_scale);
             q.degree = degree;
             q.layout.ulysses = ulysses;
             q.layout.ring = ring;
@@ -236,14 +276,15 @@ void register_cost(py::module_& m) {
             q.layout.cfg = cfg;
             q.num_nodes = num_nodes;
             q.num_new = num_new;
+            q.batch = batch;
             return cm.seconds(stage, q);
           },
           py::arg("stage"), py::arg("height"), py::arg("width"), py::arg("num_frames") = 1, py::arg("num_steps") = 1,
           py::arg("guidance_scale") = 1.0, py::arg("degree") = 1, py::arg("ulysses") = 1, py::arg("ring") = 1,
           py::arg("mode") = LayoutMode::kUsp, py::arg("num_nodes") = 1, py::arg("num_new") = 0,
-          py::arg("placement") = Placement::kAuto, py::arg("cfg") = 1,
-          "seconds `stage` takes for a request of this size on a group of `degree` ranks (degree = ulysses * ring"
-          " * cfg for a step; cfg 2: CFG-parallel; mode and placement: the enum or its name)")
+          py::arg("placement") = Placement::kAuto, py::arg("cfg") = 1, py::arg("batch") = 1,
+          "seconds `stage` takes for `batch` requests of this size on a group of `degree` ranks (degree = ulysses *"
+          " ring * cfg for a step; cfg 2: CFG-parallel; mode and placement: the enum or its name)")
       .def("describe", &CostModel::describe, "a one-line description")
       .def_property_readonly(
           "model", [](const CostModel& cm) { return cm.model(); }, "the model it predicts for")
@@ -259,11 +300,41 @@ void register_cost(py::module_& m) {
       "analytic",
       [](const ModelArch& model, const Cluster& cluster) { return cost::makeAnalyticCostModel(model, cluster); },
       py::arg("model"), py::arg("cluster"), "the analytic cost model of a (modified) ModelArch on a cluster");
+  c.def(
+      "best_decode_degree",
+      [](const CostModel& cm, int32_t height, int32_t width, int32_t num_frames, int32_t max_degree,
+         int32_t ranks_per_node) {
+        return cost::bestDecodeDegree(cm, shapeOf(cm.model(), height, width, num_frames, 1, 1.0), max_degree,
+                                      ranks_per_node);
+      },
+      py::arg("cost_model"), py::arg("height"), py::arg("width"), py::arg("num_frames") = 1, py::kw_only(),
+      py::arg("max_degree"), py::arg("ranks_per_node") = 0,
+      "the decode degree in [1, max_degree] (at most the latent's rows) with the fewest predicted seconds; degrees"
+      " the model refuses are skipped");
+  c.def(
+      "activation_bytes_per_rank",
+      [](const ModelArch& model, int32_t height, int32_t width, int32_t num_frames, int32_t degree, int32_t batch,
+         int32_t cfg, int32_t dtype_bytes) {
+        return cost::activationBytesPerRank(
+            model, dtype_bytes, queryOf(shapeOf(model, height, width, num_frames, 1, 1.0), degree, batch, cfg));
+      },
+      py::arg("model"), py::arg("height"), py::arg("width"), py::arg("num_frames") = 1, py::kw_only(),
+      py::arg("degree") = 1, py::arg("batch") = 1, py::arg("cfg") = 1, py::arg("dtype_bytes") = 2,
+      "activation bytes one rank holds at the peak of a denoising pass of `batch` requests (an estimate)");
+  c.def(
+      "max_batch",
+      [](const ModelArch& model, const Hardware& hw, int32_t height, int32_t width, int32_t num_frames, int32_t degree,
+         int32_t cfg) {
+        return cost::maxBatch(model, hw, queryOf(shapeOf(model, height, width, num_frames, 1, 1.0), degree, 1, cfg));
+      },
+      py::arg("model"), py::arg("hardware"), py::arg("height"), py::arg("width"), py::arg("num_frames") = 1,
+      py::kw_only(), py::arg("degree") = 1, py::arg("cfg") = 1,
+      "the largest batch whose weights and activations fit a rank's memory (0: not one request)");
 
   // The schema of a profile file's entries (gfdit.planning.cost reads and writes the files): every field.
   py::class_<ProfileEntry>(c, "ProfileEntry", "one measurement of a profile")
       .def(py::init([](Stage stage, int64_t tokens, int32_t degree, int32_t ulysses, int32_t ring, py::handle mode,
-                       bool guidance, int32_t num_new, double seconds, int32_t cfg, int32_t samples) {
+                       bool guidance, int32_t num_new, double seconds, int32_t cfg, int32_t samples, int32_t batch) {
              ProfileEntry e;
              e.stage = stage;
              e.tokens = tokens;
@@ -276,12 +347,13 @@ void register_cost(py::module_& m) {
              e.num_new = num_new;
              e.seconds = seconds;
              e.samples = samples;
+             e.batch = batch;
              return e;
            }),
            py::kw_only(), py::arg("stage") = Stage::kDenoise, py::arg("tokens") = 0, py::arg("degree") = 1,
            py::arg("ulysses") = 1, py::arg("ring") = 1, py::arg("mode") = LayoutMode::kUsp, py::arg("guidance") = false,
            py::arg("num_new") = 0, py::arg("seconds") = 0.0, py::arg("cfg") = 1, py::arg("samples") = 0,
-           "mode: a LayoutMode or its name")
+           py::arg("batch") = 1, "mode: a LayoutMode or its name")
       .def_readwrite("stage", &ProfileEntry::stage)
       .def_readwrite("tokens", &ProfileEntry::tokens, "image/video tokens of the request")
       .def_readwrite("degree", &ProfileEntry::degree, "ranks in the group")
@@ -294,12 +366,14 @@ void register_cost(py::module_& m) {
       .def_readwrite("cfg", &ProfileEntry::cfg, "2: CFG-parallel (degree = ulysses * ring * cfg for a step)")
       .def_readwrite("guidance", &ProfileEntry::guidance, "two transformer passes per step")
       .def_readwrite("num_new", &ProfileEntry::num_new, "migrate: members that received the state")
+      .def_readwrite("batch", &ProfileEntry::batch, "requests served together")
       .def_readwrite("seconds", &ProfileEntry::seconds, "median measured time")
       .def_readwrite("samples", &ProfileEntry::samples, "measurements the median is of (0: not recorded)")
       .def("__repr__", [](const ProfileEntry& e) {
         return std::string("<gfdit._C.cost.ProfileEntry ") + cost::stageName(e.stage) + " " + std::to_string(e.tokens) +
                " tokens, degree " + std::to_string(e.degree) + ", " + layoutModeName(e.mode) + " " +
-               std::to_string(e.ulysses) + "x" + std::to_string(e.ring) + (e.cfg == 2 ? " cfg2" : "") + ", " +
+               std::to_string(e.ulysses) + "x" + std::to_string(e.ring) + (e.cfg == 2 ? " cfg2" : "") +
+               (e.batch != 1 ? ", batch " + std::to_string(e.batch) : std::string()) + ", " +
                std::to_string(e.seconds) + " s>";
       });
 

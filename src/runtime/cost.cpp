@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <initializer_list>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "gfdit/error.h"
 
@@ -48,6 +51,17 @@ E fromName(const std::string& name, const char* what, std::initializer_list<E> v
 //   frame. The Wan 2.2 VAE (48 channels, 16x) is wider; its figure is scaled from the channel widths.
 // - text_tokens of Qwen-Image: its encoder keeps the prompt's real length (no padding, the 34-token chat
 //   template dropped); 128 stands for a prompt of a sentence or two. Wan pads to max_sequence_length 512.
+// - vae_decoder_convs, vae_halo_channels, vae_mid_channels: counted from diffusers' AutoencoderKLWan decoder
+//   (the Qwen-Image VAE is the same decoder) with forward hooks on every convolution of a decode: 33 3x3
+//   convolutions per latent frame (conv_in, the mid block's 4, 6 in each of the four up stages, the three
+//   upsamplers' 2-D convolutions, conv_out; the upsamplers' temporal convolutions and 1x1 shortcuts need no
+//   halo), 25 for the tiny models' TINY_VAE (one residual block per stage). The halo channels sum each 3x3
+//   convolution's input channels times its width and frames relative to the output's, for a latent frame of
+//   four output frames (video) or for one frame (images): Wan 2.1 VAE 2064.5 (one frame: 2738), Wan 2.2 VAE
+//   3040.75, TINY_VAE 68.625 (one frame: 79.5). The same count gives 8.5e6 decoder FLOPs per output pixel
+//   for a Wan 2.1 VAE video (8.3e6 above), 1.08e7 for one frame (1.0e7), 1.85e7 for the Wan 2.2 VAE (1.2e7
+//   above: an underestimate kept so that a one-rank decode does not change) and 1.8e4 for TINY_VAE (1e5 above
+//   was set with the cpu factors, NOTE [cpu hardware]).
 // - sampler_history_latents: the shipped scheduler's history in the denoise state (UniPC of order 2, as every
 //   Wan folder ships it: two earlier model outputs plus the corrector's last sample; flow-matching Euler, as
 //   Qwen-Image and the tiny models ship, keeps none).
@@ -81,6 +95,9 @@ std::vector<ModelArch> makeModels() {
     m.patch_t = 1;
     m.patch_s = 2;
     m.vae_decode_flops_per_pixel = 1.0e7;  // estimate: the Wan-VAE decoder on one frame
+    m.vae_decoder_convs = 33;              // the Wan-VAE decoder, see NOTE [model registry]
+    m.vae_halo_channels = 2738;            // one frame
+    m.vae_mid_channels = 384;
     m.default_height = 1024;
     m.default_width = 1024;
     m.default_frames = 1;
@@ -113,7 +130,10 @@ std::vector<ModelArch> makeModels() {
     m.patch_t = 1;
     m.patch_s = 2;
     m.vae_decode_flops_per_pixel = 8.3e6;  // estimate, see NOTE [model registry]
-    m.sampler_history_latents = 3;         // UniPC, solver_order 2: two model outputs and last_sample
+    m.vae_decoder_convs = 33;              // the Wan 2.1 VAE, see NOTE [model registry]
+    m.vae_halo_channels = 2064.5;          // a latent frame of four output frames
+    m.vae_mid_channels = 384;
+    m.sampler_history_latents = 3;  // UniPC, solver_order 2: two model outputs and last_sample
     m.default_height = 720;
     m.default_width = 1280;
     m.default_frames = 81;
@@ -144,7 +164,10 @@ std::vector<ModelArch> makeModels() {
     m.patch_t = 1;
     m.patch_s = 2;
     m.vae_decode_flops_per_pixel = 1.2e7;  // estimate, see NOTE [model registry]
-    m.sampler_history_latents = 3;         // UniPC, solver_order 2
+    m.vae_decoder_convs = 33;              // the Wan 2.2 VAE, see NOTE [model registry]
+    m.vae_halo_channels = 3040.75;
+    m.vae_mid_channels = 1024;
+    m.sampler_history_latents = 3;  // UniPC, solver_order 2
     m.default_height = 704;
     m.default_width = 1280;
     m.default_frames = 121;
@@ -177,7 +200,10 @@ std::vector<ModelArch> makeModels() {
     m.patch_t = 1;
     m.patch_s = 2;
     m.vae_decode_flops_per_pixel = 8.3e6;  // estimate, see NOTE [model registry]
-    m.sampler_history_latents = 3;         // UniPC, solver_order 2
+    m.vae_decoder_convs = 33;              // the Wan 2.1 VAE
+    m.vae_halo_channels = 2064.5;
+    m.vae_mid_channels = 384;
+    m.sampler_history_latents = 3;  // UniPC, solver_order 2
     m.default_height = 480;
     m.default_width = 832;
     m.default_frames = 81;
@@ -210,6 +236,9 @@ std::vector<ModelArch> makeModels() {
     m.patch_t = 1;
     m.patch_s = 2;
     m.vae_decode_flops_per_pixel = 1.0e5;  // estimate: base_dim 8
+    m.vae_decoder_convs = 25;              // TINY_VAE: one residual block per stage
+    m.vae_halo_channels = 68.625;
+    m.vae_mid_channels = 8;
     m.default_height = 32;
     m.default_width = 48;
     m.default_frames = 9;
@@ -242,6 +271,9 @@ std::vector<ModelArch> makeModels() {
     m.patch_t = 1;
     m.patch_s = 2;
     m.vae_decode_flops_per_pixel = 1.0e5;  // estimate: base_dim 8
+    m.vae_decoder_convs = 25;              // TINY_VAE
+    m.vae_halo_channels = 79.5;            // one frame
+    m.vae_mid_channels = 8;
     m.default_height = 48;
     m.default_width = 80;
     m.default_frames = 1;
@@ -261,6 +293,13 @@ const std::vector<ModelArch>& models() {
   return v;
 }
 
+// Bytes of physical memory of this machine (0 where the system does not say).
+double physicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+}
+
 // NOTE [hardware figures]
 // Peak rates are datasheet dense bf16 and HBM bandwidth (the GPU table of docs/architecture.md, The cost
 // model: NVIDIA H20, A100 SXM, H100 SXM, H200 SXM product briefs). NVLink figures there are bidirectional
@@ -270,13 +309,16 @@ const std::vector<ModelArch>& models() {
 // per-step table, H100 to SGLang Diffusion's H100 CI baselines; A100 and H200 take H100's factors (no
 // published per-step figure was found for them). On the H200 a bf16 8192^3 matmul reached ~790 TFLOP/s
 // (0.8 of peak), so matmul_efficiency is a ceiling that large GEMMs approach, not what a whole step gets.
+// Memory per GPU (mem_bytes) is the datasheet's HBM size. Host work (layer_overhead_s, peer_host_s) overlaps
+// device work on a GPU (async_launch); the H20's was fitted with the rest of its factors.
 std::vector<Hardware> makeHardware() {
   std::vector<Hardware> v;
-  auto gpu = [](const char* name, double flops, double mem, double nvlink_bidir) {
+  auto gpu = [](const char* name, double flops, double mem, double nvlink_bidir, double mem_bytes) {
     Hardware h;
     h.name = name;
     h.peak_flops = flops;
     h.mem_bw = mem;
+    h.mem_bytes = mem_bytes;
     h.link_bw = nvlink_bidir / 2;
     h.inter_node_bw = 50e9;
     h.collective_latency_s = 30e-6;
@@ -289,39 +331,49 @@ std::vector<Hardware> makeHardware() {
     h.conv_efficiency = 0.1;  // fitted to SGLang's Wan 2.1 1.3B decode on H100 (see docs)
     h.layer_overhead_s = 50e-6;
     h.dtype_bytes = 2;
+    h.async_launch = true;
+    // fitted to SGLang's two-rank Wan 2.1 decode on the H200 (docs/cost_calibration.md, "Decode by degree"): the
+    // host-side machinery of a split decode, the same software on every GPU here, so all of them take it
+    h.conv_layer_overhead_s = 0.63e-3;
     return h;
   };
-  Hardware h20 = gpu("h20", 148e12, 4.0e12, 900e9);
-  h20.matmul_efficiency = 0.95;  // fitted; pinned at the fit's cap, see docs/cost_calibration.md
-  h20.attention_efficiency = 0.835;
+  Hardware h20 = gpu("h20", 148e12, 4.0e12, 900e9, 96e9);
+  // fitted to GF-DiT's nine points (docs/cost_calibration.md): a vLLM-Omni step in eager mode is host-bound
+  // for small images (the host's work per block exceeds the GPU's), see NOTE [analytic step model]
+  h20.matmul_efficiency = 0.81;
+  h20.attention_efficiency = 0.84;
   h20.half_efficiency_tokens = 256;
-  h20.peer_latency_s = 73e-6;  // per peer of an all-to-all, with the copies around it (eager PyTorch)
-  h20.layer_overhead_s = 0.633e-3;
+  h20.peer_latency_s = 26e-6;      // device side: per peer of an all-to-all
+  h20.peer_host_s = 23e-6;         // host side: per peer of an all-to-all
+  h20.layer_overhead_s = 2.59e-3;  // host side: one block's launches and Python
   // H100 (and A100, H200, for want of their own figures): matmul at 0.8 of peak as measured on the H200
-  // (same die), attention and the per-block overhead fitted to SGLang Diffusion's H100 baselines.
+  // (same die), attention and the per-block overhead fitted to SGLang Diffusion's H100 one-GPU baselines, the
+  // per-peer latency to its two-GPU step.
   auto hopperFit = [](Hardware h) {
     h.matmul_efficiency = 0.8;
     h.attention_efficiency = 0.33;
     h.half_efficiency_tokens = 256;
-    h.peer_latency_s = 73e-6;  // not constrained by the H100 figures: the H20's
+    h.peer_latency_s = 77e-6;
+    h.peer_host_s = 23e-6;  // not constrained by the H100 figures (its steps are device-bound): the H20's
     h.layer_overhead_s = 10e-6;
     return h;
   };
-  Hardware a100 = hopperFit(gpu("a100", 312e12, 2.0e12, 600e9));
-  Hardware h100 = hopperFit(gpu("h100", 989e12, 3.35e12, 900e9));
-  Hardware h200 = hopperFit(gpu("h200", 989e12, 4.8e12, 900e9));
+  Hardware a100 = hopperFit(gpu("a100", 312e12, 2.0e12, 600e9, 80e9));
+  Hardware h100 = hopperFit(gpu("h100", 989e12, 3.35e12, 900e9, 80e9));
+  Hardware h200 = hopperFit(gpu("h200", 989e12, 4.8e12, 900e9, 141e9));
   v.push_back(h20);
   v.push_back(a100);
   v.push_back(h100);
   v.push_back(h200);
 
   // NOTE [cpu hardware]
-  // This machine, not measured at run time: one core's float32 peak from a rough AVX2 figure (2 FMA units x
-  // 8 lanes x 2 FLOP x ~2.5 GHz = 80 GFLOP/s), ~10 GB/s of memory bandwidth per core, shared-memory copies
-  // between ranks at ~5 GB/s, ~20 us per collective. Ranks time-share num_cores cores (see NOTE [cpu
-  // contention]); PyTorch eager on tiny shapes is dominated by per-op host cost, hence layer_overhead_s. The
-  // efficiencies were set once so that tiny-wan's step and decode at 32x48x9 .. 128x128x33 land within ~2x of a
-  // single-thread run on a 2-core development machine (order of magnitude only: use a profile on a CPU).
+  // This machine, not measured at run time but for its core count and memory size: one core's float32 peak
+  // from a rough AVX2 figure (2 FMA units x 8 lanes x 2 FLOP x ~2.5 GHz = 80 GFLOP/s), ~10 GB/s of memory
+  // bandwidth per core, shared-memory copies between ranks at ~5 GB/s, ~20 us per collective. Ranks time-share
+  // num_cores cores (see NOTE [cpu contention]); PyTorch eager on tiny shapes is dominated by per-op host cost,
+  // hence layer_overhead_s. The efficiencies were set once so that tiny-wan's step and decode at 32x48x9 ..
+  // 128x128x33 land within ~2x of a single-thread run on a 2-core development machine (order of magnitude only:
+  // use a profile on a CPU); peer_host_s and conv_layer_overhead_s were never set against a CPU and stay 0.
   Hardware cpu;
   cpu.name = "cpu";
   cpu.peak_flops = 80e9;
@@ -339,6 +391,8 @@ std::vector<Hardware> makeHardware() {
   cpu.conv_efficiency = 0.3;
   cpu.layer_overhead_s = 1.2e-3;
   cpu.dtype_bytes = 4;
+  cpu.async_launch = false;               // eager PyTorch on a CPU runs each kernel in the calling thread
+  cpu.mem_bytes = physicalMemoryBytes();  // shared by the ranks: cluster() gives each its share
   v.push_back(cpu);
   return v;
 }
@@ -449,6 +503,7 @@ Cluster cluster(const std::string& name, int32_t num_ranks) {
     c.num_ranks = num_ranks > 0 ? num_ranks : c.hw.num_cores;
     c.ranks_per_node = c.num_ranks;  // one node
     c.hw.ranks_per_node = c.num_ranks;
+    c.hw.mem_bytes /= c.num_ranks;
     return c;
   }
   const size_t x = name.rfind('x');
@@ -466,7 +521,7 @@ namespace {
 
 // NOTE [analytic step model]
 // One transformer pass, per rank of a sequence-parallel group of p = ulysses x ring ranks, each rank holding
-// n = N / p of the N image tokens (T text tokens):
+// n = N / p of the N image tokens (T text tokens) of each of the b requests of a batch (StageQuery::batch):
 // - Linear layers: 2 FLOPs per weight per token. Wan: self-attention q, k, v, out (4 H^2), cross-attention q
 //   and out on the image tokens (2 H^2) and k, v on the text tokens (2 H^2 x T, computed by every rank: the
 //   text is replicated), FFN (2 H F). Qwen-Image (MMDiT): the image stream (4 H^2 + 2 H F per token) on n
@@ -475,24 +530,30 @@ namespace {
 //   its ring shard of the queries: 4 L^2 H_u / r with H_u = ceil(heads / u) x head_dim. The heads split
 //   evenly when u divides them; otherwise members get floor or ceil shares and the pass waits for the
 //   largest, so an uneven split costs like its largest member. Wan: L = N self-attention plus 4 n T H for
-//   cross-attention; Qwen-Image: joint attention over L = N + T.
-// - Compute runs at peak x efficiency x n / (n + half_efficiency_tokens): small per-rank shapes leave the
-//   GPU underused (short GEMMs, launch-bound kernels). Matmuls and attention have separate ceilings.
-// - Weights: each pass reads every weight once; a linear layer takes max(its compute, its weight reads)
-//   (roofline: small shapes are memory bound). Activations: ~kActivationPasses reads/writes of n x H
-//   elements per block (norms, modulation, RoPE, residuals, activation functions) at memory bandwidth.
-// - A fixed layer_overhead_s per block (kernel launches, host work of an eager PyTorch step).
-// - Ulysses: 4 all-to-alls per block (q, k, v in, the output back), each moving n x H_u elements per peer
+//   cross-attention; Qwen-Image: joint attention over L = N + T. Each request of a batch attends to itself.
+// - Compute runs at peak x efficiency x m / (m + half_efficiency_tokens) for the m rows a GEMM sees (b x (n +
+//   T) for the linear layers, b x n for attention): small per-rank shapes leave the GPU underused, and a
+//   batch of small requests fills it better. Matmuls and attention have separate ceilings.
+// - Weights: each pass reads every weight once, for the whole batch; a linear layer takes max(its compute,
+//   its weight reads) (roofline: small shapes are memory bound). Activations: ~kActivationPasses
+//   reads/writes of b x n x H elements per block (norms, modulation, RoPE, residuals, activation functions).
+// - Ulysses: 4 all-to-alls per block (q, k, v in, the output back), each moving b x n x H_u elements per peer
 //   (the largest member's share), (u - 1) peers; a per-collective latency plus bytes over the slowest link
 //   used (NVLink inside a node, the NIC across nodes) plus peer_latency_s per peer (NCCL's all-to-all is one
 //   send/recv pair per peer, so small all-to-alls get slower with the group; an off-node peer costs that
 //   times the ratio of the inter-node to the intra-node latency). MMDiT text tokens are head-split
-//   locally, not exchanged.
-// - Ring: r - 1 rounds passing K and V blocks (N / r tokens x H_u), overlapped with attention compute:
+//   locally, not exchanged. A batch moves b times the bytes in the same collectives.
+// - Ring: r - 1 rounds passing K and V blocks (b x N / r tokens x H_u), overlapped with attention compute:
 //   the attention takes max(compute, rotation).
 // - Torus: the inter-node all-to-all is chunked and pipelined against ring compute: the attention takes
 //   max(compute, all-to-all + rotation) plus one chunk of all-to-all that cannot overlap (pipeline fill).
-// - After the last block the output tokens are all-gathered (N x patch volume x channels, float32).
+// - Host work per block, once for a batch: layer_overhead_s (an eager step's launches and Python) plus
+//   peer_host_s per all-to-all peer and per ring round (the calls and the reshuffles around them). With
+//   asynchronous launches (a GPU, Hardware::async_launch) the host queues kernels while the device runs
+//   earlier ones, so a block takes the larger of its host and its device work: a small image is host-bound,
+//   its host work grows with the group while its device work shrinks, so more ranks make its step slower
+//   (GF-DiT's 512 px points), while a large image stays device-bound and scales. On a CPU the two add.
+// - After the last block the output tokens are all-gathered (b x N x patch volume x channels, float32).
 // A step (Layout::cfg):
 // - cfg = 1: one pass without guidance; with guidance two passes (conditional, unconditional) one after the
 //   other on the whole group (p = degree), so the step doubles.
@@ -504,6 +565,26 @@ namespace {
 // Ranks time-share cores on a CPU (NOTE [cpu contention]): the whole group runs at once either way.
 constexpr double kActivationPasses = 20.0;
 constexpr double kTorusChunks = 4.0;
+
+// NOTE [decode by degree]
+// The VAE decoder on one rank takes its FLOPs (vae_decode_flops_per_pixel x pixels) over the convolution
+// rate. On a group of d ranks it runs patch-parallel over the latent's height (each member decodes its
+// latent rows, at least one each), as SGLang, vLLM-Omni and xDiT's DistVAE do:
+// - its convolutions take 1 / d of the one-rank time, except the mid-block attention (global over each
+//   frame's latent positions: its input is all-gathered per latent frame and every member runs it whole,
+//   4 L^2 C + 8 L C^2 FLOPs for L latent positions of C = vae_mid_channels, at the attention rate);
+// - every 3x3 convolution (vae_decoder_convs of them, run once per latent frame: the causal decoder takes one
+//   latent frame at a time) first exchanges one halo row with each neighbour (one above, one below): a
+//   collective latency plus peer_latency_s per neighbour plus the rows (vae_halo_channels x width x frames x
+//   element bytes per neighbour, over the slowest link) plus conv_layer_overhead_s, the fixed host-side
+//   machinery of the split layer (slicing, padding, the send/recv's synchronisation), which does not shrink
+//   with the degree;
+// - the output (frames x height x width x 3 elements) is gathered to the first member.
+// A one-rank decode runs none of that, so degree 1 is the plain FLOP count. Its launches hide behind its
+// convolutions (a one-rank decode's time is linear in pixels x frames at a fixed launch count: mold #802),
+// so they are not charged on their own. Ranks sharing cores (a CPU) divide the cores (NOTE [cpu contention]).
+// A batch of b decodes runs them one after another: b times one, since the decoder is compute-bound and
+// batching it gains nothing (mold #802 measured both and reverted them).
 
 struct Links {
   double bw;
@@ -523,10 +604,10 @@ class AnalyticCostModel : public CostModel {
     const int64_t tokens =
         q.shape.tokens > 0 ? q.shape.tokens : model_.tokens(q.shape.height, q.shape.width, q.shape.num_frames);
     switch (stage) {
-      case Stage::kEncode: return encode(q) * contention(q.degree);
+      case Stage::kEncode: return q.batch * encode(q) * contention(q.degree);
       case Stage::kDenoise: return step(q, tokens) * contention(q.degree);
       case Stage::kMigrate: return q.num_new > 0 ? migrate(q) * contention(q.num_new + 1) : 0.0;
-      case Stage::kDecode: return decode(q);
+      case Stage::kDecode: return q.batch * decode(q);
     }
     return 0.0;
   }
@@ -549,6 +630,7 @@ class AnalyticCostModel : public CostModel {
     GFDIT_CHECK(q.num_nodes >= 1 && q.num_nodes <= q.degree)
         << "num_nodes must be in [1, degree " << q.degree << "], got " << q.num_nodes;
     GFDIT_CHECK(q.num_new >= 0) << "num_new must be >= 0, got " << q.num_new;
+    GFDIT_CHECK(q.batch >= 1) << "batch must be >= 1, got " << q.batch;
     if (stage == Stage::kDenoise) {
       GFDIT_CHECK(q.layout.cfg == 1 || q.layout.cfg == 2) << "cfg must be 1 or 2, got " << q.layout.cfg;
       GFDIT_CHECK(q.layout.ulysses >= 1 && q.layout.ring >= 1 && q.layout.degree() == q.degree)
@@ -561,6 +643,12 @@ class AnalyticCostModel : public CostModel {
           << "mode must be usp or torus, got " << static_cast<int32_t>(q.layout.mode);
       GFDIT_CHECK(q.layout.cfg == 1 || q.shape.guidance())
           << "cfg 2 (CFG-parallel) needs guidance (guidance_scale > 1), got " << q.shape.guidance_scale;
+    }
+    if (stage == Stage::kDecode) {
+      const int32_t rows = q.shape.height / model_.vae_stride_s;
+      GFDIT_CHECK(q.degree <= std::max(rows, 1))
+          << model_.name << ": a decode on " << q.degree << " ranks needs a latent row per member, but "
+          << q.shape.height << " px high has " << rows;
     }
   }
 
@@ -583,6 +671,13 @@ class AnalyticCostModel : public CostModel {
     return {hw.inter_node_bw > 0 ? hw.inter_node_bw : hw.link_bw,
             hw.inter_node_latency_s > 0 ? hw.inter_node_latency_s : hw.collective_latency_s};
   }
+  // What one send/recv pair with a peer adds to a collective; an off-node peer costs the NIC's latency
+  // relative to NVLink's (when NVLink has one).
+  double peerLatency(bool off_node) const {
+    const double p = cluster_.hw.peer_latency_s;
+    const double in = intraNode().latency;
+    return off_node && in > 0 ? p * interNode().latency / in : p;
+  }
 
   double matmulRate(double tokens) const {
     const Hardware& hw = cluster_.hw;
@@ -596,9 +691,10 @@ class AnalyticCostModel : public CostModel {
       const int32_t half_degree = q.degree / 2;
       const int32_t half_nodes = std::min(half_degree, (q.num_nodes + 1) / 2);
       const Links l = q.num_nodes > 1 ? interNode() : intraNode();
-      return pass(q.layout, tokens, half_degree, half_nodes) + l.latency + outputBytes(tokens) / l.bw;
+      return pass(q.layout, tokens, half_degree, half_nodes, q.batch) + l.latency +
+             q.batch * outputBytes(tokens) / l.bw;
     }
-    return (q.shape.guidance() ? 2.0 : 1.0) * pass(q.layout, tokens, q.degree, q.num_nodes);
+    return (q.shape.guidance() ? 2.0 : 1.0) * pass(q.layout, tokens, q.degree, q.num_nodes, q.batch);
   }
 
   // The transformer's output (the velocity), float32: what the output all-gather and CFG's exchange move.
@@ -607,14 +703,16 @@ class AnalyticCostModel : public CostModel {
            4.0;
   }
 
-  // One pass of the transformer on one rank of `d` = layout.ulysses x layout.ring ranks over `nodes` nodes.
-  double pass(const Layout& layout, int64_t tokens, int32_t d, int32_t nodes) const {
+  // One pass of the transformer over `batch` requests on one rank of `d` = layout.ulysses x layout.ring ranks
+  // over `nodes` nodes.
+  double pass(const Layout& layout, int64_t tokens, int32_t d, int32_t nodes, int32_t batch) const {
     const Hardware& hw = cluster_.hw;
     const double N = static_cast<double>(tokens);
     const double T = model_.text_tokens;
     const double H = model_.hidden;
     const double F = model_.ffn;
     const double db = hw.dtype_bytes;
+    const double b = batch;
     const int32_t u = layout.ulysses;
     const int32_t r = layout.ring;
     const double n = N / d;
@@ -624,20 +722,20 @@ class AnalyticCostModel : public CostModel {
     // Compute per block; the saturation follows the rows the block's GEMMs see (image and text tokens).
     double t_linear = 0;
     double attention = 0;
-    double act_tokens = n;
+    double act_tokens = b * n;
     if (model_.joint_attention) {
       const double per_token = 2.0 * (4 * H * H + 2 * H * F);
-      t_linear = per_token * (n + T) / matmulRate(n + T);
-      attention = 4.0 * (N + T) * (N + T) * H_u / r;
-      act_tokens = n + T;
+      t_linear = per_token * b * (n + T) / matmulRate(b * (n + T));
+      attention = b * 4.0 * (N + T) * (N + T) * H_u / r;
+      act_tokens = b * (n + T);
     } else {
       const double per_token = 2.0 * (6 * H * H + 2 * H * F);
-      t_linear = (per_token * n + 2.0 * 2 * T * H * H) / matmulRate(n + T);
-      attention = 4.0 * N * N * H_u / r + 4.0 * n * T * H;
+      t_linear = b * (per_token * n + 2.0 * 2 * T * H * H) / matmulRate(b * (n + T));
+      attention = b * (4.0 * N * N * H_u / r + 4.0 * n * T * H);
     }
     const double t_weights = model_.transformer_params * db / model_.num_layers / hw.mem_bw;
     const double t_act = kActivationPasses * act_tokens * H * db / hw.mem_bw;
-    const double t_attn = attention / (hw.peak_flops * hw.attention_efficiency * saturation(n));
+    const double t_attn = attention / (hw.peak_flops * hw.attention_efficiency * saturation(b * n));
 
     // Which axis crosses nodes (see Layout::placement): Ulysses next to each other unless ring-low.
     const int32_t per_node = (d + nodes - 1) / nodes;
@@ -653,25 +751,23 @@ class AnalyticCostModel : public CostModel {
       ring_crosses = nodes > 1;
     }
 
-    // Ulysses: one all-to-all moves n x H_u elements to each peer (the largest member's share).
+    // Ulysses: one all-to-all moves b x n x H_u elements to each peer (the largest member's share).
     double t_a2a = 0;
     if (u > 1) {
-      const double per_peer = n * H_u * db;
+      const double per_peer = b * n * H_u * db;
       const Links in = intraNode();
       const Links out = interNode();
       const int32_t off = u - u_on_node;
       const double t_in = (u_on_node - 1) * per_peer / in.bw;
       const double t_out = off * per_peer / out.bw;
-      // An off-node send/recv pair costs what the NIC's latency costs over NVLink's, relative to a peer here.
-      const double off_peer = hw.peer_latency_s * out.latency / in.latency;
-      t_a2a = (off > 0 ? out.latency : in.latency) + (u_on_node - 1) * hw.peer_latency_s + off * off_peer +
+      t_a2a = (off > 0 ? out.latency : in.latency) + (u_on_node - 1) * peerLatency(false) + off * peerLatency(true) +
               std::max(t_in, t_out);
     }
     // Ring: r - 1 rounds of K and V blocks.
     double t_ring = 0;
     if (r > 1) {
       const Links l = ring_crosses ? interNode() : intraNode();
-      const double block = 2.0 * (N / r) * H_u * db;
+      const double block = 2.0 * b * (N / r) * H_u * db;
       t_ring = (r - 1) * (l.latency + block / l.bw);
     }
     double t_block_attn;
@@ -680,12 +776,14 @@ class AnalyticCostModel : public CostModel {
     } else {
       t_block_attn = std::max(t_attn, t_ring) + 4 * t_a2a;
     }
-    const double t_block = std::max(t_linear, t_weights) + t_act + t_block_attn + hw.layer_overhead_s;
+    const double t_device = std::max(t_linear, t_weights) + t_act + t_block_attn;
+    const double t_host = hw.layer_overhead_s + (4.0 * (u - 1) + (r - 1)) * hw.peer_host_s;
+    const double t_block = hw.async_launch ? std::max(t_device, t_host) : t_device + t_host;
 
     double t_pass = model_.num_layers * t_block;
     if (d > 1) {  // all-gather of the output tokens (float32)
       const Links l = nodes > 1 ? interNode() : intraNode();
-      t_pass += l.latency + outputBytes(tokens) * (d - 1) / d / l.bw;
+      t_pass += l.latency + b * outputBytes(tokens) * (d - 1) / d / l.bw;
     }
     return t_pass;
   }
@@ -700,29 +798,50 @@ class AnalyticCostModel : public CostModel {
     return passes * std::max(t_compute, t_weights);
   }
 
-  // VAE decode on one rank: the decoder's FLOPs per output pixel over the convolution rate.
+  // One VAE decode on q.degree ranks; see NOTE [decode by degree].
   double decode(const StageQuery& q) const {
     const Hardware& hw = cluster_.hw;
-    const double pixels = static_cast<double>(q.shape.height) * q.shape.width * q.shape.num_frames;
-    return model_.vae_decode_flops_per_pixel * pixels / (hw.peak_flops * hw.conv_efficiency);
+    const RequestShape& s = q.shape;
+    const double pixels = static_cast<double>(s.height) * s.width * s.num_frames;
+    const double one_rank = model_.vae_decode_flops_per_pixel * pixels / (hw.peak_flops * hw.conv_efficiency);
+    const int32_t d = q.degree;
+    if (d == 1) return one_rank;
+    const double db = hw.dtype_bytes;
+    const double chunks = static_cast<double>(latentFrames(s));
+    const double L = static_cast<double>(s.height / model_.vae_stride_s) * (s.width / model_.vae_stride_s);
+    const double C = model_.vae_mid_channels;
+    const double attention =
+        std::min(one_rank, chunks * (4.0 * L * L * C + 8.0 * L * C * C) / (hw.peak_flops * hw.attention_efficiency));
+    const Links l = q.num_nodes > 1 ? interNode() : intraNode();
+    const double neighbours = d > 2 ? 2.0 : 1.0;
+    const double exchanges = chunks * model_.vae_decoder_convs;
+    const double halo = exchanges * (l.latency + neighbours * peerLatency(q.num_nodes > 1) + hw.conv_layer_overhead_s) +
+                        neighbours * model_.vae_halo_channels * s.width * s.num_frames * db / l.bw;
+    const double gather_attention = chunks * (l.latency + L * C * db * (d - 1) / d / l.bw);
+    const double gather_output = l.latency + pixels * 3.0 * db * (d - 1) / d / l.bw;
+    return ((one_rank - attention) / d + attention + halo + gather_attention + gather_output) * contention(d);
+  }
+
+  int64_t latentFrames(const RequestShape& s) const {
+    return model_.is_video ? (s.num_frames - 1) / model_.vae_stride_t + 1 : 1;
   }
 
   // Broadcast of the denoise state from one holder to num_new members (a pipelined tree: the bytes cross a
   // link about once, the latency is paid once per tree level), plus forming the new group. The state: the
   // latent, the sampler's history (multistep solvers keep earlier model outputs and a sample, each shaped
-  // like the latent: ModelArch::sampler_history_latents), the text embeddings and the schedule.
+  // like the latent: ModelArch::sampler_history_latents), the text embeddings and the schedule; a batch's
+  // states travel in the same broadcast.
   double migrate(const StageQuery& q) const {
     const Hardware& hw = cluster_.hw;
     const RequestShape& s = q.shape;
-    const int64_t latent_frames = model_.is_video ? (s.num_frames - 1) / model_.vae_stride_t + 1 : 1;
-    const double latent = static_cast<double>(model_.latent_channels) * latent_frames *
+    const double latent = static_cast<double>(model_.latent_channels) * latentFrames(s) *
                           (s.height / model_.vae_stride_s) * (s.width / model_.vae_stride_s) * 4.0;
     const double embeds = (s.guidance() ? 2.0 : 1.0) * model_.text_tokens * model_.text_hidden * hw.dtype_bytes;
     const double schedule = (std::max(s.num_steps, 1) + 1) * 2.0 * 4.0;
     const Links l = q.num_nodes > 1 ? interNode() : intraNode();
     const double levels = std::ceil(std::log2(static_cast<double>(q.num_new) + 1.0));
     const double history = model_.sampler_history_latents * latent;
-    return hw.regroup_s + levels * l.latency + (latent + history + embeds + schedule) / l.bw;
+    return hw.regroup_s + levels * l.latency + q.batch * (latent + history + embeds + schedule) / l.bw;
   }
 
   ModelArch model_;
@@ -733,6 +852,63 @@ class AnalyticCostModel : public CostModel {
 
 std::shared_ptr<CostModel> makeAnalyticCostModel(const ModelArch& model, const Cluster& cluster) {
   return std::make_shared<AnalyticCostModel>(model, cluster);
+}
+
+int32_t bestDecodeDegree(const CostModel& cost, const RequestShape& shape, int32_t max_degree, int32_t ranks_per_node) {
+  GFDIT_CHECK(max_degree >= 1) << "max_degree must be >= 1, got " << max_degree;
+  GFDIT_CHECK(ranks_per_node >= 0) << "ranks_per_node must be >= 0, got " << ranks_per_node;
+  const int32_t rows = std::max(1, shape.height / cost.model().vae_stride_s);
+  int32_t best = 0;
+  double best_s = 0;
+  std::exception_ptr one_rank_error;
+  for (int32_t d = 1; d <= std::min(max_degree, rows); ++d) {
+    StageQuery q;
+    q.shape = shape;
+    q.degree = d;
+    q.num_nodes = ranks_per_node > 0 ? (d + ranks_per_node - 1) / ranks_per_node : 1;
+    double s = 0;
+    try {
+      s = cost.seconds(Stage::kDecode, q);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidUsage) throw;
+      if (d == 1) one_rank_error = std::current_exception();
+      continue;
+    }
+    if (best == 0 || s < best_s) {
+      best = d;
+      best_s = s;
+    }
+  }
+  if (best == 0) std::rethrow_exception(one_rank_error);  // every degree refused, degree 1 first
+  return best;
+}
+
+// The peak of one block of an eager forward pass, per token a rank holds: the FFN's residual stream, normed
+// input and inner activation before and after its nonlinearity (2 H + 2 F), or the attention's input, normed
+// input, q, k, v before and after the Ulysses exchange and its output (9 H), whichever is larger. An estimate
+// from the block's structure, not a measurement (docs/cost_calibration.md, "Memory").
+double activationBytesPerRank(const ModelArch& model, int32_t dtype_bytes, const StageQuery& q) {
+  GFDIT_CHECK(q.degree >= 1 && q.batch >= 1 && (q.layout.cfg == 1 || q.layout.cfg == 2))
+      << "degree and batch must be >= 1 and cfg 1 or 2, got degree " << q.degree << ", batch " << q.batch << ", cfg "
+      << q.layout.cfg;
+  const int64_t tokens =
+      q.shape.tokens > 0 ? q.shape.tokens : model.tokens(q.shape.height, q.shape.width, q.shape.num_frames);
+  const double pass_degree = std::max(1, q.degree / q.layout.cfg);  // CFG-parallel: a half runs each pass
+  const double rows = static_cast<double>(tokens) / pass_degree + model.text_tokens;
+  const double per_token = std::max(2.0 * model.hidden + 2.0 * model.ffn, 9.0 * model.hidden);
+  return q.batch * rows * per_token * dtype_bytes;
+}
+
+int32_t maxBatch(const ModelArch& model, const Hardware& hw, const StageQuery& q) {
+  GFDIT_CHECK(hw.mem_bytes > 0) << "hardware '" << hw.name << "': its memory size is unknown (mem_bytes 0)";
+  StageQuery one = q;
+  one.batch = 1;
+  // every rank holds all the transformer's weights (sequence parallelism splits tokens, not weights), both
+  // experts of a two-expert model
+  const double weights = model.transformer_params * model.num_experts * hw.dtype_bytes;
+  const double per_request = activationBytesPerRank(model, hw.dtype_bytes, one);
+  const double fit = std::floor((hw.mem_bytes - weights) / per_request);
+  return fit < 0 ? 0 : static_cast<int32_t>(std::min(fit, 1e9));
 }
 
 }  // namespace cost

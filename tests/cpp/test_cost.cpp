@@ -2,7 +2,10 @@
 // and the profiled model's interpolation and refusals.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "gfdit/cost.h"
 #include "gfdit/error.h"
@@ -364,8 +367,12 @@ TEST(CostProfile, ExactAtMeasuredPointsLinearBetween) {
   EXPECT_DOUBLE_EQ(cm->seconds(Stage::kDenoise, tinyQuery(150, 2)), 0.060);
   EXPECT_NEAR(cm->seconds(Stage::kDenoise, tinyQuery(36, 2)), 0.0175, 1e-12);
   EXPECT_NEAR(cm->seconds(Stage::kDenoise, tinyQuery(102, 2)), 0.0425, 1e-12);
-  // Decode on a group of 2 uses the one-rank entries.
-  EXPECT_NEAR(cm->seconds(Stage::kDecode, tinyQuery(84, 2)), 0.3, 1e-12);
+  // Decode: its own degree's entries (one rank here), whatever the layout; a degree never measured is refused.
+  EXPECT_NEAR(cm->seconds(Stage::kDecode, tinyQuery(84, 1)), 0.3, 1e-12);
+  std::string msg = errorOf([&] { cm->seconds(Stage::kDecode, tinyQuery(84, 2)); });
+  EXPECT_NE(msg.find("stage decode"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("degree 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("never measured"), std::string::npos) << msg;
   // Migrate: the nearest measured num_new.
   StageQuery m = tinyQuery(84, 2);
   m.num_new = 1;
@@ -438,6 +445,284 @@ TEST(CostProfile, RefusesBadProfiles) {
   p = tinyProfile();
   p.entries.clear();
   errorOf([&] { makeProfiledCostModel(p); });
+}
+
+// GF-DiT (SJTU-Liquid/GF-DiT, README "Why elastic parallelism"): Qwen-Image's per-step DiT time on an H20 node,
+// one pass (guidance off) with the profiler's ~16-token prompt (docs/cost_calibration.md, "How the GF-DiT table is
+// read"), at SP (Ulysses) 1, 2 and 4. Every point within 25%, and every change from SP 1 to 2 and from 2 to 4 in
+// the published direction: a 512 px step gets slower with more ranks, larger ones faster.
+TEST(CostCalibration, GfDitH20StepsAndTheirDirections) {
+  ModelArch m = modelArch("qwen-image");
+  m.text_tokens = 16;
+  auto cm = makeAnalyticCostModel(m, cluster("h20x8"));
+  struct Published {
+    int32_t side;
+    double ms[3];  // SP 1, 2, 4
+  };
+  const Published table[] = {{512, {155, 161, 172}}, {1024, {605, 350, 207}}, {1536, {1557, 880, 464}}};
+  const int32_t degrees[] = {1, 2, 4};
+  for (const Published& p : table) {
+    double predicted[3];
+    for (int i = 0; i < 3; ++i) {
+      predicted[i] = 1e3 * cm->seconds(Stage::kDenoise, query(m, p.side, p.side, 1, degrees[i]));
+      EXPECT_NEAR(predicted[i] / p.ms[i], 1.0, 0.25)
+          << p.side << " px, SP " << degrees[i] << ": " << predicted[i] << " ms, published " << p.ms[i];
+    }
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(predicted[i + 1] > predicted[i], p.ms[i + 1] > p.ms[i])
+          << p.side << " px, SP " << degrees[i] << " -> " << degrees[i + 1] << ": " << predicted[i] << " -> "
+          << predicted[i + 1] << " ms, published " << p.ms[i] << " -> " << p.ms[i + 1];
+    }
+  }
+}
+
+// A block costs the larger of its host and its device work on a GPU, their sum on a CPU (NOTE [analytic step
+// model]): with the device's work made negligible, a GPU step is the host's work alone.
+TEST(CostAnalytic, HostWorkHidesBehindTheDeviceOnlyOnAGpu) {
+  const ModelArch& m = modelArch("qwen-image");
+  Cluster cl = cluster("h20x8");
+  cl.hw.peak_flops = 1e30;
+  cl.hw.mem_bw = 1e30;
+  cl.hw.link_bw = 1e30;
+  cl.hw.collective_latency_s = 0;
+  cl.hw.peer_latency_s = 0;
+  const double host = cl.hw.layer_overhead_s + 4 * 3 * cl.hw.peer_host_s;  // Ulysses 4: three peers, 4 all-to-alls
+  EXPECT_NEAR(makeAnalyticCostModel(m, cl)->seconds(Stage::kDenoise, query(m, 512, 512, 1, 4)), 60 * host, 1e-12);
+  // launched synchronously the device's work adds to it: a 1024 px step is longer by its device time
+  Cluster real = cluster("h20x8");
+  const double async = makeAnalyticCostModel(m, real)->seconds(Stage::kDenoise, query(m, 1024, 1024, 1));
+  real.hw.async_launch = false;
+  const double sync = makeAnalyticCostModel(m, real)->seconds(Stage::kDenoise, query(m, 1024, 1024, 1));
+  EXPECT_NEAR(sync - async, 60 * real.hw.layer_overhead_s, 1e-9);  // device-bound: the host's work was hidden
+}
+
+// See NOTE [decode by degree]: one rank is the decoder's FLOPs over the convolution rate, as before a decode had a
+// degree; a group divides the convolutions, runs the gathered mid-block attention whole, and adds a halo exchange
+// per convolution and latent frame and the gathers, here worked out by hand for one shape.
+TEST(CostDecode, OneRankIsTheFlopCountAndAGroupAddsItsExchanges) {
+  const ModelArch& m = modelArch("wan2.1-1.3b");
+  const Cluster cl = cluster("h200x8");
+  const Hardware& hw = cl.hw;
+  auto cm = makeAnalyticCostModel(m, cl);
+  const double pixels = 480.0 * 832 * 81;
+  const double one = 8.3e6 * pixels / (989e12 * 0.1);  // FLOPs per pixel, the datasheet's peak, conv_efficiency
+  StageQuery q = query(m, 480, 832, 81);
+  EXPECT_DOUBLE_EQ(cm->seconds(Stage::kDecode, q), one);
+  // 4 ranks: 21 latent frames of 60 x 104 positions, 33 convolutions each, two neighbours for the inner members
+  const double chunks = 21;
+  const double L = 60.0 * 104;
+  const double C = 384;
+  const double lat = hw.collective_latency_s;
+  const double attention = chunks * (4 * L * L * C + 8 * L * C * C) / (989e12 * hw.attention_efficiency);
+  const double halo =
+      chunks * 33 * (lat + 2 * hw.peer_latency_s + hw.conv_layer_overhead_s) + 2 * 2064.5 * 832 * 81 * 2.0 / hw.link_bw;
+  const double gathers =
+      chunks * (lat + L * C * 2.0 * 3 / 4 / hw.link_bw) + lat + pixels * 3 * 2.0 * 3 / 4 / hw.link_bw;
+  q.degree = 4;
+  EXPECT_NEAR(cm->seconds(Stage::kDecode, q), (one - attention) / 4 + attention + halo + gathers, 1e-9);
+  // SGLang #27875 (two H200s, this shape): 2631.4 ms on one rank, 1814.8 ms on two; conv_layer_overhead_s was
+  // fitted to that ratio, so this holds by construction (docs/cost_calibration.md, "Decode by degree")
+  q.degree = 2;
+  EXPECT_NEAR(cm->seconds(Stage::kDecode, q) / one, 1814.8 / 2631.4, 0.01);
+  // a big video keeps gaining to 8 ranks, a group spanning nodes pays the NIC, and ranks sharing cores share them
+  const ModelArch& big = modelArch("wan2.2");
+  auto c16 = makeAnalyticCostModel(big, cluster("h20x16"));
+  StageQuery v = query(big, 720, 1280, 81);
+  const double v1 = c16->seconds(Stage::kDecode, v);
+  v.degree = 8;
+  const double v8 = c16->seconds(Stage::kDecode, v);
+  EXPECT_GT(v1 / v8, 6.0);
+  v.num_nodes = 2;
+  EXPECT_GT(c16->seconds(Stage::kDecode, v), v8);
+  const ModelArch& tiny = modelArch("tiny-wan");
+  Cluster cpu = cluster("cpu", 8);
+  cpu.hw.num_cores = 2;
+  StageQuery t = query(tiny, 256, 256, 33);
+  t.degree = 4;
+  Cluster own = cpu;
+  own.hw.num_cores = 4;
+  EXPECT_NEAR(makeAnalyticCostModel(tiny, cpu)->seconds(Stage::kDecode, t) /
+                  makeAnalyticCostModel(tiny, own)->seconds(Stage::kDecode, t),
+              2.0, 1e-12);
+}
+
+TEST(CostDecode, RefusesMoreMembersThanLatentRows) {
+  const ModelArch& m = modelArch("qwen-image");
+  auto cm = makeAnalyticCostModel(m, cluster("h20x8"));
+  StageQuery q = query(m, 32, 512, 1);  // 4 latent rows
+  q.degree = 4;
+  EXPECT_GT(cm->seconds(Stage::kDecode, q), 0);
+  q.degree = 5;
+  const std::string msg = errorOf([&] { cm->seconds(Stage::kDecode, q); });
+  EXPECT_NE(msg.find("latent row"), std::string::npos) << msg;
+}
+
+Profile decodeProfile(std::initializer_list<std::pair<int32_t, double>> degree_seconds) {
+  Profile p;
+  p.model = "tiny-wan";
+  for (const auto& [degree, seconds] : degree_seconds) {
+    for (int64_t tokens : {18, 150}) {
+      ProfileEntry e;
+      e.stage = Stage::kDecode;
+      e.degree = degree;
+      e.tokens = tokens;
+      e.seconds = seconds * tokens / 18;
+      p.entries.push_back(e);
+    }
+  }
+  return p;
+}
+
+TEST(CostDecode, BestDegreeIsTheFastestMeasuredOrPredictedThatTheLatentAllows) {
+  RequestShape s;
+  s.height = 64;  // 8 latent rows
+  s.width = 96;
+  s.num_frames = 9;
+  s.tokens = modelArch("tiny-wan").tokens(64, 96, 9);  // 54: inside the measured range
+  // measured at 1, 2 and 4 ranks, fastest at 2; 3 was never measured and is skipped
+  auto measured = makeProfiledCostModel(decodeProfile({{1, 0.5}, {2, 0.3}, {4, 0.35}}));
+  EXPECT_EQ(bestDecodeDegree(*measured, s, 8), 2);
+  EXPECT_EQ(bestDecodeDegree(*measured, s, 1), 1);
+  // only degree 2 measured: degree 1 is refused and skipped
+  EXPECT_EQ(bestDecodeDegree(*makeProfiledCostModel(decodeProfile({{2, 0.3}})), s, 4), 2);
+  // nothing but degree 4 measured and at most 2 allowed: degree 1's refusal is what the caller sees
+  const std::string msg = errorOf([&] { bestDecodeDegree(*makeProfiledCostModel(decodeProfile({{4, 0.3}})), s, 2); });
+  EXPECT_NE(msg.find("degree 1"), std::string::npos) << msg;
+  // the latent's rows bound the degree: 2 rows allow 2 members however many are offered
+  s.height = 16;
+  EXPECT_EQ(bestDecodeDegree(*measured, s, 8), 2);
+  // analytic: a 720p video gains up to the cluster's 8 ranks, a larger offer is cut to them
+  const ModelArch& w = modelArch("wan2.2");
+  auto cm = makeAnalyticCostModel(w, cluster("h20x8"));
+  RequestShape v;
+  v.height = 720;
+  v.width = 1280;
+  v.num_frames = 81;
+  v.tokens = w.tokens(720, 1280, 81);
+  EXPECT_EQ(bestDecodeDegree(*cm, v, 64), 8);
+  EXPECT_EQ(bestDecodeDegree(*cm, v, 3), 3);
+  EXPECT_NE(errorOf([&] { bestDecodeDegree(*cm, v, 0); }).find("max_degree"), std::string::npos);
+}
+
+// A batch of b requests of one shape (NOTE [analytic step model]): batch 1 is a query without a batch; compute is b
+// requests' (at the efficiency of b times the rows), weights and host work are paid once, collectives move b times
+// the bytes for one latency.
+TEST(CostBatch, OneBatchedForwardPerStep) {
+  const ModelArch& m = modelArch("qwen-image");
+  const Cluster cl = cluster("h20x8");
+  auto cm = makeAnalyticCostModel(m, cl);
+  auto at = [&](int32_t side, int32_t u, int32_t batch, Stage stage = Stage::kDenoise) {
+    StageQuery q = query(m, side, side, 1, u, 1, 4.0);
+    q.batch = batch;
+    if (stage == Stage::kMigrate) q.num_new = 3;
+    return cm->seconds(stage, q);
+  };
+  EXPECT_EQ(at(1024, 2, 1), cm->seconds(Stage::kDenoise, query(m, 1024, 1024, 1, 2, 1, 4.0)));
+  // a large image is compute-bound: two cost about two
+  EXPECT_GT(at(1536, 1, 2) / at(1536, 1, 1), 1.9);
+  EXPECT_LE(at(1536, 1, 2) / at(1536, 1, 1), 2.0);
+  // a small one on 4 ranks is host-bound (GF-DiT's 512 px points): four cost far less than four
+  EXPECT_LT(at(512, 4, 4), 0.6 * 4 * at(512, 4, 1));
+  // decode and encode: one after another
+  EXPECT_DOUBLE_EQ(at(1024, 1, 3, Stage::kDecode), 3 * at(1024, 1, 1, Stage::kDecode));
+  EXPECT_DOUBLE_EQ(at(1024, 2, 3, Stage::kEncode), 3 * at(1024, 2, 1, Stage::kEncode));
+  // migrate: one broadcast, b states; linear in b with the regroup and the tree's latency once
+  const double m1 = at(1024, 1, 1, Stage::kMigrate);
+  const double m2 = at(1024, 1, 2, Stage::kMigrate);
+  EXPECT_NEAR(at(1024, 1, 4, Stage::kMigrate) - m1, 3 * (m2 - m1), 1e-15);
+  EXPECT_NEAR(m1 - (m2 - m1), cl.hw.regroup_s + 2 * cl.hw.collective_latency_s, 1e-15);  // 3 new: 2 tree levels
+  StageQuery bad = query(m, 1024, 1024, 1);
+  bad.batch = 0;
+  EXPECT_NE(errorOf([&] { cm->seconds(Stage::kDenoise, bad); }).find("batch"), std::string::npos);
+}
+
+// With compute and weight reads made free, a Ulysses-2 step of a batch is its collectives alone, worked out by hand:
+// per block 4 all-to-alls of one latency, one peer's latency and b x n x H_u elements, then the output's gather.
+TEST(CostBatch, CollectivesMoveTheBatchsBytesForOneLatency) {
+  const ModelArch& m = modelArch("qwen-image");
+  Cluster cl = cluster("h20x8");
+  cl.hw.peak_flops = 1e30;
+  cl.hw.mem_bw = 1e30;
+  cl.hw.layer_overhead_s = 0;
+  cl.hw.peer_host_s = 0;
+  auto cm = makeAnalyticCostModel(m, cl);
+  const Hardware& hw = cl.hw;
+  for (int32_t b : {1, 3}) {
+    StageQuery q = query(m, 1024, 1024, 1, 2);
+    q.batch = b;
+    const double a2a = hw.collective_latency_s + hw.peer_latency_s + b * 2048.0 * (12 * 128) * 2 / hw.link_bw;
+    const double gather = hw.collective_latency_s + b * 4096.0 * 64 * 4 / 2 / hw.link_bw;
+    EXPECT_NEAR(cm->seconds(Stage::kDenoise, q), 60 * 4 * a2a + gather, 1e-12) << b;
+  }
+}
+
+TEST(CostProfile, BatchesInterpolateBetweenMeasuredOnes) {
+  Profile p = tinyProfile();
+  auto add = [&p](int64_t tokens, double seconds) {
+    ProfileEntry e;
+    e.stage = Stage::kDenoise;
+    e.degree = 2;
+    e.ulysses = 2;
+    e.guidance = true;
+    e.batch = 4;
+    e.tokens = tokens;
+    e.seconds = seconds;
+    p.entries.push_back(e);
+  };
+  add(18, 0.025);
+  add(150, 0.150);
+  auto cm = makeProfiledCostModel(p);
+  auto at = [&](int64_t tokens, int32_t batch) {
+    StageQuery q = tinyQuery(tokens, 2);
+    q.batch = batch;
+    return cm->seconds(Stage::kDenoise, q);
+  };
+  EXPECT_DOUBLE_EQ(at(18, 1), 0.010);
+  EXPECT_DOUBLE_EQ(at(18, 4), 0.025);
+  EXPECT_NEAR(at(18, 2), 0.010 + (0.025 - 0.010) / 3, 1e-12);
+  const double one = 0.025 + (0.060 - 0.025) * (102 - 54) / 96.0;    // batch 1 at 102 tokens, between 54 and 150
+  const double four = 0.025 + (0.150 - 0.025) * (102 - 18) / 132.0;  // batch 4, between 18 and 150
+  EXPECT_NEAR(at(102, 3), one + (four - one) * 2 / 3, 1e-12);
+  std::string msg = errorOf([&] { at(18, 8); });
+  EXPECT_NE(msg.find("batch 8 is outside the measured batches (1, 4)"), std::string::npos) << msg;
+  // decode and encode were measured at batch 1 only
+  StageQuery d = tinyQuery(84, 1);
+  d.batch = 2;
+  msg = errorOf([&] { cm->seconds(Stage::kDecode, d); });
+  EXPECT_NE(msg.find("batch 2"), std::string::npos) << msg;
+  EXPECT_NE(errorOf([&] { cm->seconds(Stage::kEncode, d); }).find("batch 2"), std::string::npos);
+  p.entries.back().batch = 0;
+  EXPECT_NE(errorOf([&] { makeProfiledCostModel(p); }).find("batch must be >= 1"), std::string::npos);
+}
+
+TEST(CostMemory, ActivationsPerRankAndTheLargestBatchThatFits) {
+  const ModelArch& m = modelArch("qwen-image");
+  StageQuery q = query(m, 1024, 1024, 1);
+  // 4096 image and 128 text tokens; per token the FFN's peak, 2 H + 2 F = 30720 elements (above 9 H), bf16
+  const double one = (4096.0 + 128) * 30720 * 2;
+  EXPECT_DOUBLE_EQ(activationBytesPerRank(m, 2, q), one);
+  q.batch = 3;
+  EXPECT_DOUBLE_EQ(activationBytesPerRank(m, 2, q), 3 * one);
+  StageQuery u4 = query(m, 1024, 1024, 1, 4);
+  EXPECT_DOUBLE_EQ(activationBytesPerRank(m, 2, u4), (1024.0 + 128) * 30720 * 2);
+  u4.layout.cfg = 2;  // two halves of 4: each pass on 2 ranks
+  u4.layout.ulysses = 2;
+  EXPECT_DOUBLE_EQ(activationBytesPerRank(m, 2, u4), (2048.0 + 128) * 30720 * 2);
+  // an H20's 96 GB less the 20.4e9 bf16 weights every rank holds
+  const Hardware& h20 = hardware("h20");
+  EXPECT_EQ(maxBatch(m, h20, q), static_cast<int32_t>(std::floor((96e9 - 20.4e9 * 2) / one)));
+  Hardware small = h20;
+  small.mem_bytes = 40e9;  // not even the weights
+  EXPECT_EQ(maxBatch(m, small, q), 0);
+  small.mem_bytes = 0;
+  EXPECT_NE(errorOf([&] { maxBatch(m, small, q); }).find("memory size is unknown"), std::string::npos);
+  // a two-expert model keeps both experts
+  const ModelArch& w = modelArch("wan2.2");
+  const StageQuery v = query(w, 720, 1280, 81, 8);
+  EXPECT_EQ(maxBatch(w, h20, v),
+            static_cast<int32_t>(std::floor((96e9 - 2 * 14.0e9 * 2) / activationBytesPerRank(w, 2, v))));
+  // the cpu's memory is shared among the cluster's ranks
+  EXPECT_DOUBLE_EQ(cluster("cpu", 4).hw.mem_bytes, hardware("cpu").mem_bytes / 4);
 }
 
 }  // namespace

@@ -168,6 +168,7 @@ def test_load_profile_good(tmp_path: Path) -> None:
     assert p.dispatch_s == pytest.approx(2.5e-5)
     assert len(p.entries) == 6 and p.entries[0].stage == C.Stage.DENOISE and p.entries[0].guidance
     assert all(e.cfg == 1 for e in p.entries)  # written before CFG-parallel: no cfg field, cfg 1
+    assert all(e.batch == 1 for e in p.entries)  # written before batches: no batch field, batch 1
     assert [e.samples for e in p.entries] == [5, 5, 0, 0, 0, 0]  # no samples field: 0
     assert p.entries[0].mode == gfdit._C.runtime.LayoutMode.USP
     pm = C.profiled(p)
@@ -221,6 +222,7 @@ def test_load_profile_good(tmp_path: Path) -> None:
         (lambda d: d["entries"][1].update(samples=1.5), r"entry 1: samples must be an integer >= 0"),
         (lambda d: d["entries"][0].update(mode="ring"), r"entry 0: mode"),
         (lambda d: d["entries"][0].update(cfg=3), r"entry 0: cfg must be 1 or 2"),
+        (lambda d: d["entries"][0].update(batch=0), r"entry 0: batch must be a positive integer"),
         (lambda d: d["entries"][0].update(cfg=2), r"entry 0: ulysses 2 x ring 1 x cfg 2 != degree 2"),
         (
             lambda d: d["entries"][0].update(cfg=2, ulysses=1, guidance=False),
@@ -294,6 +296,7 @@ def test_profile_written_and_read_back(tmp_path: Path) -> None:
         "cfg": 1,
         "guidance": True,
         "num_new": 0,
+        "batch": 1,
         "seconds": 0.018,
         "samples": 6,
     }
@@ -304,6 +307,58 @@ def test_profile_written_and_read_back(tmp_path: Path) -> None:
         cost.write_profile(path, p, extra={"model": "x"})
     with pytest.raises(gfdit.InvalidUsage, match="unknown mode 'ring'; valid modes: usp, torus"):
         C.ProfileEntry(mode="ring")
+
+
+def test_profile_batches(tmp_path: Path) -> None:
+    """A batch is part of an entry: written and read back, interpolated between measured batches, refused
+    outside them (NOTE [profile interpolation])."""
+    data = _profile_dict()
+    data["entries"] += [
+        {**data["entries"][0], "batch": 4, "seconds": 0.010},
+        {**data["entries"][1], "batch": 4, "seconds": 0.028},
+    ]
+    path = _write_profile(tmp_path, data)
+    p = cost.load_profile(path)
+    assert [e.batch for e in p.entries] == [1] * 6 + [4, 4]
+    assert [e["batch"] for e in cost.profile_to_json(p)["entries"]] == [1] * 6 + [4, 4]
+    pm = C.profiled(p)
+    step = {"guidance_scale": 4.0, "degree": 2, "ulysses": 2}
+    assert pm.seconds(C.Stage.DENOISE, 32, 48, 9, batch=4, **step) == pytest.approx(0.010)
+    # batch 2, a third of the way from 1 (0.004) to 4 (0.010)
+    assert pm.seconds(C.Stage.DENOISE, 32, 48, 9, batch=2, **step) == pytest.approx(0.004 + 0.006 / 3)
+    with pytest.raises(gfdit.InvalidUsage, match=r"batch 5 is outside the measured batches \(1, 4\)"):
+        pm.seconds(C.Stage.DENOISE, 32, 48, 9, batch=5, **step)
+
+
+def test_decode_degree_and_batch_limits() -> None:
+    """The helpers a policy uses: the best decode degree, a rank's activations, the largest batch that fits."""
+    wan = cost.cost_model("wan2.2", "h20x8")
+    one = wan.seconds(C.Stage.DECODE, 720, 1280, 81)
+    assert wan.seconds(C.Stage.DECODE, 720, 1280, 81, degree=8) < one / 6
+    assert cost.best_decode_degree(wan, 720, 1280, 81, max_degree=8) == 8
+    assert cost.best_decode_degree(wan, 720, 1280, 81, max_degree=3) == 3
+    # a profile measured at one and two ranks, faster on two; four never measured
+    p = C.Profile()
+    p.model = "tiny-wan"
+    p.entries = [
+        C.ProfileEntry(stage=C.Stage.DECODE, tokens=t, degree=d, seconds=s * t)
+        for t in (18, 120)
+        for d, s in ((1, 0.01), (2, 0.006))
+    ]
+    assert cost.best_decode_degree(C.profiled(p), 32, 48, 9, max_degree=4) == 2
+    with pytest.raises(gfdit.InvalidUsage, match="degree 4"):
+        C.profiled(p).seconds(C.Stage.DECODE, 32, 48, 9, degree=4)
+    # Qwen-Image at 1024 px on an H20: 4224 rows of 2 H + 2 F = 30720 bf16 elements per request
+    qwen = C.model_arch("qwen-image")
+    per_request = 4224 * 30720 * 2
+    assert cost.activation_bytes_per_rank(qwen, 1024, 1024, batch=2) == 2 * per_request
+    assert cost.max_batch(qwen, C.hardware("h20"), 1024, 1024) == math.floor(
+        (96e9 - 2 * 20.4e9) / per_request
+    )
+    # batches through the facade: decode runs them one after another
+    single, double = cost.estimate("qwen-image", "h20"), cost.estimate("qwen-image", "h20", batch=2)
+    assert double["decode_s"] == pytest.approx(2 * single["decode_s"])
+    assert single["step_s"] < double["step_s"] < 2 * single["step_s"]
 
 
 def test_stage_and_mode_names() -> None:

@@ -98,10 +98,12 @@ def test_reduced_profile_run(tmp_path, capsys):
         "cfg",
         "guidance",
         "num_new",
+        "batch",
         "seconds",
         "samples",
     }
     assert all(set(e) == keys for e in entries)
+    assert all(e["batch"] == 1 for e in entries)  # gfdit profile measures one request at a time
     assert all(e["seconds"] > 0 and e["samples"] >= 1 and e["guidance"] for e in entries)
     assert {e["stage"] for e in entries} == {"encode", "denoise", "migrate", "decode"}
     facts = profile._ModelFacts("tiny-wan")

@@ -15,12 +15,15 @@ __all__: list[str] = [
     "Profile",
     "ProfileEntry",
     "Stage",
+    "activation_bytes_per_rank",
     "analytic",
+    "best_decode_degree",
     "cluster",
     "cluster_names",
     "hardware",
     "hardware_names",
     "loadable_model_names",
+    "max_batch",
     "model_arch",
     "model_names",
     "profiled",
@@ -75,9 +78,10 @@ class CostModel:
         num_new: typing.SupportsInt | typing.SupportsIndex = 0,
         placement: typing.Any = gfdit._C.runtime.Placement.AUTO,
         cfg: typing.SupportsInt | typing.SupportsIndex = 1,
+        batch: typing.SupportsInt | typing.SupportsIndex = 1,
     ) -> float:
         """
-        seconds `stage` takes for a request of this size on a group of `degree` ranks (degree = ulysses * ring * cfg for a step; cfg 2: CFG-parallel; mode and placement: the enum or its name)
+        seconds `stage` takes for `batch` requests of this size on a group of `degree` ranks (degree = ulysses * ring * cfg for a step; cfg 2: CFG-parallel; mode and placement: the enum or its name)
         """
     @property
     def model(self) -> ModelArch:
@@ -95,11 +99,15 @@ class Hardware:
         a copy with the named fields replaced
         """
     @property
+    def async_launch(self) -> bool: ...
+    @property
     def attention_efficiency(self) -> float: ...
     @property
     def collective_latency_s(self) -> float: ...
     @property
     def conv_efficiency(self) -> float: ...
+    @property
+    def conv_layer_overhead_s(self) -> float: ...
     @property
     def dtype_bytes(self) -> int: ...
     @property
@@ -117,11 +125,15 @@ class Hardware:
     @property
     def mem_bw(self) -> float: ...
     @property
+    def mem_bytes(self) -> float: ...
+    @property
     def name(self) -> str: ...
     @property
     def num_cores(self) -> int: ...
     @property
     def peak_flops(self) -> float: ...
+    @property
+    def peer_host_s(self) -> float: ...
     @property
     def peer_latency_s(self) -> float: ...
     @property
@@ -213,6 +225,12 @@ class ModelArch:
     @property
     def vae_decode_flops_per_pixel(self) -> float: ...
     @property
+    def vae_decoder_convs(self) -> int: ...
+    @property
+    def vae_halo_channels(self) -> float: ...
+    @property
+    def vae_mid_channels(self) -> int: ...
+    @property
     def vae_stride_s(self) -> int: ...
     @property
     def vae_stride_t(self) -> int: ...
@@ -273,11 +291,19 @@ class ProfileEntry:
         seconds: typing.SupportsFloat | typing.SupportsIndex = 0.0,
         cfg: typing.SupportsInt | typing.SupportsIndex = 1,
         samples: typing.SupportsInt | typing.SupportsIndex = 0,
+        batch: typing.SupportsInt | typing.SupportsIndex = 1,
     ) -> None:
         """
         mode: a LayoutMode or its name
         """
     def __repr__(self) -> str: ...
+    @property
+    def batch(self) -> int:
+        """
+        requests served together
+        """
+    @batch.setter
+    def batch(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
     @property
     def cfg(self) -> int:
         """
@@ -386,6 +412,21 @@ class Stage:
     @property
     def value(self) -> int: ...
 
+def activation_bytes_per_rank(
+    model: ModelArch,
+    height: typing.SupportsInt | typing.SupportsIndex,
+    width: typing.SupportsInt | typing.SupportsIndex,
+    num_frames: typing.SupportsInt | typing.SupportsIndex = 1,
+    *,
+    degree: typing.SupportsInt | typing.SupportsIndex = 1,
+    batch: typing.SupportsInt | typing.SupportsIndex = 1,
+    cfg: typing.SupportsInt | typing.SupportsIndex = 1,
+    dtype_bytes: typing.SupportsInt | typing.SupportsIndex = 2,
+) -> float:
+    """
+    activation bytes one rank holds at the peak of a denoising pass of `batch` requests (an estimate)
+    """
+
 @typing.overload
 def analytic(model_name: str, cluster: Cluster) -> CostModel:
     """
@@ -396,6 +437,19 @@ def analytic(model_name: str, cluster: Cluster) -> CostModel:
 def analytic(model: ModelArch, cluster: Cluster) -> CostModel:
     """
     the analytic cost model of a (modified) ModelArch on a cluster
+    """
+
+def best_decode_degree(
+    cost_model: CostModel,
+    height: typing.SupportsInt | typing.SupportsIndex,
+    width: typing.SupportsInt | typing.SupportsIndex,
+    num_frames: typing.SupportsInt | typing.SupportsIndex = 1,
+    *,
+    max_degree: typing.SupportsInt | typing.SupportsIndex,
+    ranks_per_node: typing.SupportsInt | typing.SupportsIndex = 0,
+) -> int:
+    """
+    the decode degree in [1, max_degree] (at most the latent's rows) with the fewest predicted seconds; degrees the model refuses are skipped
     """
 
 def cluster(name: str, num_ranks: typing.SupportsInt | typing.SupportsIndex = 0) -> Cluster:
@@ -421,6 +475,20 @@ def hardware_names() -> list[str]:
 def loadable_model_names() -> list[str]:
     """
     the names gfdit.models.load takes
+    """
+
+def max_batch(
+    model: ModelArch,
+    hardware: Hardware,
+    height: typing.SupportsInt | typing.SupportsIndex,
+    width: typing.SupportsInt | typing.SupportsIndex,
+    num_frames: typing.SupportsInt | typing.SupportsIndex = 1,
+    *,
+    degree: typing.SupportsInt | typing.SupportsIndex = 1,
+    cfg: typing.SupportsInt | typing.SupportsIndex = 1,
+) -> int:
+    """
+    the largest batch whose weights and activations fit a rank's memory (0: not one request)
     """
 
 def model_arch(name: str) -> ModelArch:

@@ -38,6 +38,9 @@ cluster_names = _C.cluster_names
 
 stage_name = _C.stage_name
 layout_mode_name = _rt.layout_mode_name
+best_decode_degree = _C.best_decode_degree
+activation_bytes_per_rank = _C.activation_bytes_per_rank
+max_batch = _C.max_batch
 
 # Names of the stages and modes, as the C++ names them (cost.h, layout.h), in their order there.
 STAGES: dict[str, Any] = {stage_name(s): s for s in Stage.__members__.values()}
@@ -46,7 +49,8 @@ MODES: dict[str, Any] = {layout_mode_name(m): m for m in LayoutMode.__members__.
 # The profile formats. gfdit-profile/2, which write_profile writes, names each stage as the task kind that runs
 # it (STAGES). gfdit-profile/1 is the same but for one name: it called the denoise stage "step". load_profile
 # reads both, a /1 file's "step" entries as "denoise"; each format takes only its own stage names. Older still,
-# an entry without "cfg" (written before CFG-parallel) is cfg 1, and one without "samples" has 0.
+# an entry without "cfg" (written before CFG-parallel) is cfg 1, one without "batch" (written before batches)
+# batch 1, and one without "samples" has 0.
 PROFILE_FORMAT = "gfdit-profile/2"
 _STAGES_OF_FORMAT: dict[str, dict[str, Any]] = {
     PROFILE_FORMAT: STAGES,
@@ -76,12 +80,14 @@ def estimate(
     guidance_scale: float | None = None,
     num_nodes: int = 1,
     cfg: int = 1,
+    batch: int = 1,
 ) -> dict[str, float]:
-    """Analytic stage times (seconds) of one request of `model` on `hardware` with a ulysses x ring layout
+    """Analytic stage times (seconds) of `batch` requests of `model` on `hardware` with a ulysses x ring layout
     (cfg 2: CFG-parallel, the two guidance passes on two halves of ulysses x ring ranks each).
 
     Unset sizes and guidance take the model's serving defaults. ``migrate_s`` is the state hand-off to the
-    ``degree - 1`` other members of the group (to one member when the degree is 1).
+    ``degree - 1`` other members of the group (to one member when the degree is 1); ``decode_s`` is a decode on
+    one rank.
     """
     arch = model_arch(model)
     if mode not in MODES:
@@ -94,7 +100,7 @@ def estimate(
         raise InvalidUsage(f"gfdit.planning.cost: cfg must be 1 or 2, got {cfg!r}")
     degree = ulysses * ring * cfg
     cm = _C.analytic(model, _cluster_for(hardware, max(degree, 2), num_nodes))
-    common = {"num_steps": arch.default_steps, "guidance_scale": guidance}
+    common = {"num_steps": arch.default_steps, "guidance_scale": guidance, "batch": batch}
     group = {"num_nodes": num_nodes}
     layout = {"degree": degree, "ulysses": ulysses, "ring": ring, "mode": MODES[mode], "cfg": cfg}
     num_new = degree - 1 if degree > 1 else 1
@@ -125,6 +131,7 @@ _ENTRY_FIELDS: dict[str, tuple[Any, str]] = {
     "cfg": (1, "1 or 2"),  # profiles from before CFG-parallel: cfg 1
     "guidance": (False, "true or false"),
     "num_new": (0, "an integer >= 0"),
+    "batch": (1, "a positive integer"),  # profiles from before batches: batch 1
     "seconds": (None, "a positive number"),
     "samples": (0, "an integer >= 0"),
 }
@@ -271,6 +278,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         help="2: CFG-parallel (a half of the group per guidance pass)",
     )
     parser.add_argument("--guidance-scale", type=float, default=None, help="(default: the model's)")
+    parser.add_argument("--batch", type=int, default=1, help="requests of this shape served together")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -290,6 +298,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             guidance_scale=args.guidance_scale,
             num_nodes=args.num_nodes,
             cfg=args.cfg,
+            batch=args.batch,
         )
     except InvalidUsage as e:
         print(f"gfdit cost: {e.message}", file=sys.stderr)

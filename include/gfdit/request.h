@@ -81,7 +81,8 @@ struct RequestCost {
   const Layout& layoutFor(int degree) const;
   /// Seconds of the decode on `degree` ranks; decode_s where that degree was not predicted.
   double decodeSeconds(int degree) const;
-  /// The degree in [1, at_most] of the fastest predicted decode (the smallest among equals).
+  /// The degree in [1, at_most] of the fastest predicted decode (the smallest among equals): the rule of
+  /// cost::bestDecodeDegree, on the predictions made once at submit.
   int32_t decodeDegree(int at_most) const;
 };
 

@@ -150,9 +150,10 @@ RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape,
   for (int d = 2; d <= kMaxRanks; ++d) {
     c.decode_at[d] = kInf;
     if (d > top || d > rows) continue;
-    cost::StageQuery q;
+    cost::StageQuery q;  // as cost::bestDecodeDegree asks, so that decodeDegree picks what it would
     q.shape = shape;
     q.degree = d;
+    q.num_nodes = (d + ranks_per_node - 1) / ranks_per_node;
     try {
       c.decode_at[d] = cost.seconds(cost::Stage::kDecode, q);  // one not measured stays infinite
     } catch (const Error&) {

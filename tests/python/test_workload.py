@@ -153,11 +153,19 @@ def test_refuses_a_video_workload_of_an_image_model(pricer):
 # ------------------------------------------------------------------------------------------------ deadlines
 def _alone_by_estimate(r) -> float:
     """Independent alone latency: gfdit.planning.cost.estimate per degree (Ulysses), best of 1, 2, 4, 8 (both
-    models' head counts allow 8, and h20x8 has 8 ranks)."""
+    models' head counts allow 8, and h20x8 has 8 ranks), with the decode split over the fastest number of the
+    group's ranks the cost model predicts (NOTE [parallel decode]), each degree asked of the model itself."""
+    cm = cost.cost_model(r.model, "h20x8")
+    shape = (r.height, r.width, r.num_frames)
+    rows = r.height // int(cost.model_arch(r.model).vae_stride_s)
     best = float("inf")
     for d in (1, 2, 4, 8):
         e = cost.estimate(r.model, "h20", height=r.height, width=r.width, num_frames=r.num_frames, ulysses=d)
-        best = min(best, e["encode_s"] + r.num_inference_steps * e["step_s"] + e["decode_s"])
+        decode = min(
+            cm.seconds(cost.Stage.DECODE, *shape, degree=k, num_steps=r.num_inference_steps)
+            for k in range(1, min(d, rows) + 1)
+        )
+        best = min(best, e["encode_s"] + r.num_inference_steps * e["step_s"] + decode)
     return best
 
 

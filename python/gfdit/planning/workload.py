@@ -167,15 +167,9 @@ class Pricer:
         group = {"degree": degree, "ulysses": degree, "num_nodes": -(-degree // per_node)}
         encode = cm.seconds(cost.Stage.ENCODE, height, width, num_frames, **common, **group)
         step = cm.seconds(cost.Stage.DENOISE, height, width, num_frames, **common, **group)
-        decode = cm.seconds(cost.Stage.DECODE, height, width, num_frames, **common)
-        rows = height // int(cost.model_arch(model).vae_stride_s)
-        for d in range(2, min(degree, rows) + 1):
-            try:
-                decode = min(
-                    decode, cm.seconds(cost.Stage.DECODE, height, width, num_frames, degree=d, **common)
-                )
-            except InvalidUsage:
-                pass  # a profile without this degree's decode: the control plane would not choose it either
+        d = cost.best_decode_degree(cm, height, width, num_frames, max_degree=degree, ranks_per_node=per_node)
+        nodes = -(-d // per_node)
+        decode = cm.seconds(cost.Stage.DECODE, height, width, num_frames, degree=d, num_nodes=nodes, **common)
         return encode + num_steps * step, decode
 
     def latency(

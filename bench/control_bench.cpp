@@ -1,10 +1,21 @@
 // One scheduling round of the control plane with many waiting requests (view, policy, checks, decisions),
 // for each built-in policy, with the analytic cost model of Qwen-Image on 8 x H20 (so the dynamic policies
-// read predictions), mixed image sizes, deadlines and two priority classes. Target: at most 50 us with
-// 1,000 waiting requests.
+// read predictions), mixed image sizes, deadlines and two priority classes. Target: at most 20 us with
+// 10,000 waiting requests. The baseline, in the same run: each policy without its ready order, so that every
+// view lists every waiting request and the policy sorts them all (as before ready orders, and as a Python
+// policy is served: NOTE [ready order] in src/runtime/control.cpp); a table of both and their ratio follows.
+//
+//     build/cpp/bench/control_bench [--benchmark_out=control.json --benchmark_out_format=json]
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gfdit/clock.h"
@@ -34,6 +45,18 @@ class NullExecutor : public Executor {
   std::vector<Sent> sent;
 };
 
+// The policy without its ready order (it makes none): the baseline.
+class FullList : public Policy {
+ public:
+  explicit FullList(std::unique_ptr<Policy> p) : p_(std::move(p)) {}
+  std::string name() const override { return p_->name(); }
+  LayoutFamily layouts() const override { return p_->layouts(); }
+  std::vector<Decision> schedule(const SchedulerView& view) override { return p_->schedule(view); }
+
+ private:
+  std::unique_ptr<Policy> p_;
+};
+
 RequestSpec imageSpec(uint64_t i, int64_t now_ns) {
   static const int kSides[] = {512, 768, 1024, 1024, 1280, 1536};
   RequestSpec s;
@@ -48,7 +71,7 @@ RequestSpec imageSpec(uint64_t i, int64_t now_ns) {
   return s;
 }
 
-void scheduleRound(benchmark::State& state, const std::string& policy) {
+void round(benchmark::State& state, const std::string& policy, bool full_list) {
   const int waiting = static_cast<int>(state.range(0));
   VirtualClock clock;
   NullExecutor exec;
@@ -56,7 +79,9 @@ void scheduleRound(benchmark::State& state, const std::string& policy) {
   cfg.world_size = 8;
   auto cluster = cost::cluster("h20x8");
   auto cm = cost::makeAnalyticCostModel(cost::modelArch("qwen-image"), cluster);
-  ControlPlane cp(cfg, clock, exec, makePolicy(policy), cm);
+  std::shared_ptr<Policy> p = makePolicy(policy);
+  if (full_list) p = std::make_shared<FullList>(makePolicy(policy));
+  ControlPlane cp(cfg, clock, exec, p, cm);
   uint64_t n = 0;
   for (int i = 0; i < waiting; ++i) cp.submit(imageSpec(n++, clock.nowNs()));
   int64_t t = 1;
@@ -90,14 +115,70 @@ void scheduleRound(benchmark::State& state, const std::string& policy) {
   state.counters["waiting"] = waiting;
 }
 
+void scheduleRound(benchmark::State& state, const std::string& policy) { round(state, policy, false); }
+void scheduleRoundFullList(benchmark::State& state, const std::string& policy) { round(state, policy, true); }
+
+// The console's table, then each policy with its order against the full list (the median over
+// --benchmark_repetitions when there are some).
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  explicit RatioReporter(OutputOptions opts) : ConsoleReporter(opts) {}
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& r : runs) {
+      const bool median = r.run_type == Run::RT_Aggregate && r.aggregate_name == "median";
+      if (r.error_occurred || (r.run_type != Run::RT_Iteration && !median)) continue;
+      (median ? medians_ : last_)[r.run_name.function_name + "/" + r.run_name.args] = r.GetAdjustedRealTime();
+    }
+  }
+  void Finalize() override {
+    const std::string with = "scheduleRound/", without = "scheduleRoundFullList/";
+    std::printf("\n%-22s %14s %14s %8s\n", "policy/waiting", "full list us", "ready order us", "ratio");
+    std::set<std::string> names;
+    for (const auto* m : {&last_, &medians_}) {
+      for (const auto& kv : *m) {
+        if (kv.first.rfind(with, 0) == 0) names.insert(kv.first.substr(with.size()));
+      }
+    }
+    for (const std::string& name : names) {
+      const double order = us(with + name), full = us(without + name);
+      if (order > 0 && full > 0) std::printf("%-22s %14.2f %14.2f %7.1fx\n", name.c_str(), full, order, full / order);
+    }
+  }
+
+ private:
+  double us(const std::string& name) const {
+    auto m = medians_.find(name);
+    if (m != medians_.end()) return m->second;
+    auto l = last_.find(name);
+    return l != last_.end() ? l->second : 0;
+  }
+  std::map<std::string, double> last_, medians_;  // real time per round by benchmark name
+};
+
 }  // namespace
 
-BENCHMARK_CAPTURE(scheduleRound, fcfs, std::string("fcfs"))->Arg(1000)->Arg(10000)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(scheduleRound, srtf, std::string("srtf"))->Arg(1000)->Arg(10000)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(scheduleRound, edf, std::string("edf"))->Arg(1000)->Arg(10000)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(scheduleRound, priority, std::string("priority"))->Arg(1000)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(scheduleRound, static_1, std::string("static:1"))->Arg(1000)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(scheduleRound, static_2, std::string("static:2"))->Arg(1000)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(scheduleRound, static_8, std::string("static:8"))->Arg(1000)->Unit(benchmark::kMicrosecond);
+#define GFDIT_ROUND(name, policy)                                                                                    \
+  BENCHMARK_CAPTURE(scheduleRound, name, std::string(policy))->Arg(1000)->Arg(10000)->Unit(benchmark::kMicrosecond); \
+  BENCHMARK_CAPTURE(scheduleRoundFullList, name, std::string(policy))                                                \
+      ->Arg(1000)                                                                                                    \
+      ->Arg(10000)                                                                                                   \
+      ->Unit(benchmark::kMicrosecond)
 
-BENCHMARK_MAIN();
+GFDIT_ROUND(fcfs, "fcfs");
+GFDIT_ROUND(srtf, "srtf");
+GFDIT_ROUND(edf, "edf");
+GFDIT_ROUND(priority, "priority");
+GFDIT_ROUND(static_1, "static:1");
+GFDIT_ROUND(static_2, "static:2");
+GFDIT_ROUND(static_8, "static:8");
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  RatioReporter reporter(isatty(fileno(stdout)) ? benchmark::ConsoleReporter::OO_Defaults
+                                                : benchmark::ConsoleReporter::OO_Tabular);
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}

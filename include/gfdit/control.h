@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -108,8 +109,10 @@ class ControlPlane {
   uint64_t dispatch(Request* r, TaskKind kind, const std::vector<int>& ranks, const Layout& layout, int32_t step_begin,
                     int32_t num_steps, int src = -1, const std::string* payload = nullptr);
   void schedule();
+  void track(Request& r);
   void buildView(SchedulerView& view, const Request* lookahead);
-  void validate(const std::vector<Decision>& ds, const SchedulerView& view, const Request* lookahead) const;
+  void validate(const std::vector<Decision>& ds, const SchedulerView& view, const Request* lookahead,
+                std::vector<Request*>& chosen) const;
   void startDecision(Request& r, const Decision& d);
   void pump(Request& r);
   bool lookahead(Request& r);
@@ -137,6 +140,10 @@ class ControlPlane {
   std::shared_ptr<const cost::CostModel> cost_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<Request*> order_;  ///< unpruned requests in arrival order (the view's order)
+  /// Unfinished requests with a decision running, by (arrival, id): the keys beside the pointer, so that keeping
+  /// the order reads no request.
+  std::vector<std::tuple<int64_t, uint64_t, Request*>> running_;
+  std::unique_ptr<ReadyOrder> ready_order_;  ///< the policy's order of the waiting requests (NOTE [ready order])
   std::unordered_map<uint64_t, std::unique_ptr<Task>> tasks_;
   std::vector<bool> rank_busy_;
   std::vector<bool> alive_;

@@ -44,16 +44,43 @@ struct Decision {
   int32_t decode_degree = 0;
 };
 
+/// The ready requests (waiting for a decision) kept in a policy's own order between scheduling points
+/// (Policy::makeReadyOrder), so that a round reads the head of the order instead of sorting the whole queue.
+/// The control plane owns it and tells it every change: a request is inserted when it starts waiting for a
+/// decision, erased when it stops, and erased and inserted again whenever its record changes while it waits
+/// (state, step, holders), before a policy runs. Only the policy that made it reads it (NOTE [ready order] in
+/// src/runtime/control.cpp).
+class ReadyOrder {
+ public:
+  virtual ~ReadyOrder() = default;
+  /// `r` waits for a decision; the record stays valid until it is erased. Returns the handle that erases it (a
+  /// request's entry is found by it, not by the record's fields, which may have changed by then).
+  virtual size_t insert(const RequestRecord* r) = 0;
+  /// Erases the request whose insert() returned `handle`: it no longer waits, or its record has changed.
+  virtual void erase(size_t handle) = 0;
+  /// Requests inserted and not erased.
+  virtual size_t size() const = 0;
+};
+
 /// What a policy sees at a scheduling point. Pointers are valid during the call only.
 struct SchedulerView {
   int64_t now_ns = 0;
   int world_size = 0;
-  std::vector<int> free_ranks;                ///< alive ranks with no decision running
-  std::vector<const RequestRecord*> ready;    ///< waiting for a decision, in arrival order
+  std::vector<int> free_ranks;  ///< alive ranks with no decision running
+  /// Waiting for a decision, in arrival order: every such request when `order` is null (always so for a
+  /// policy without Policy::makeReadyOrder, every Python policy among them); with `order`, only those it does
+  /// not hold (the lookahead's request as it will be at its boundary: NOTE [lookahead] in src/runtime/control.cpp).
+  std::vector<const RequestRecord*> ready;
   std::vector<const RequestRecord*> running;  ///< a decision of theirs is running
   std::vector<int> node_of;                   ///< node of each rank (topology)
   const cost::CostModel* cost = nullptr;      ///< predictions, when the control plane has a model
   double long_step_s = 0.1;                   ///< ControlConfig::long_step_s: such steps are not dispatched ahead
+  /// The other ready requests, in the order the policy made (Policy::makeReadyOrder), or null. The policy may
+  /// reorganise it while it reads it (keys that move with the clock), never change what it holds.
+  ReadyOrder* order = nullptr;
+
+  /// Requests waiting for a decision: `ready` and those `order` holds.
+  size_t numReady() const { return ready.size() + (order != nullptr ? order->size() : 0); }
 };
 
 /// Decides, at each scheduling point, which ready requests run next and where. Pure: reads the view,
@@ -67,6 +94,10 @@ class Policy {
   virtual std::vector<Decision> schedule(const SchedulerView& view) = 0;
   /// The layouts it chooses from: RequestRecord::cost is predicted for these.
   virtual LayoutFamily layouts() const { return LayoutFamily::kAuto; }
+  /// An empty order of ready requests for a control plane to keep for this policy (SchedulerView::order), or
+  /// null (the default): every view then lists all ready requests in SchedulerView::ready. A policy that makes
+  /// one reads it in schedule() whenever a view carries it.
+  virtual std::unique_ptr<ReadyOrder> makeReadyOrder() const { return nullptr; }
 };
 
 /// How a built-in dynamic policy orders requests.

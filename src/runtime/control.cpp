@@ -35,6 +35,20 @@
 // predicted to take long_step_s or more goes alone: nothing is dispatched ahead of it, so a preemption waits
 // for one step only.
 //
+// NOTE [ready order]
+// A scheduling round must cost what the cluster can run, not what waits: under overload thousands of requests
+// wait while a cluster of 8 or 64 ranks starts a few of them. So a policy may keep the waiting requests in its
+// own order between rounds (Policy::makeReadyOrder; every built-in one does), which the control plane owns and
+// keeps current: track() inserts a request when it starts waiting for a decision (submitted, its decision
+// ended, recovered) and erases it when it stops (a decision started, it finished), and erases and inserts it
+// again whenever its record changes while it waits. track() is called wherever a request's state, step,
+// holders or `busy` change. The view then carries the order instead of a list of every waiting request, and the
+// policy plans the head of it (the requests that can get ranks this round); its `ready` holds only what the
+// order does not (the lookahead's request as it will be at its boundary), and `running` comes from the
+// running list (a few). A policy without an order, every Python policy among them, still gets every waiting
+// request in `ready`, for a list built per round. An order must lead to the decisions a full sort of the
+// list would: the tests run each built-in policy both ways and compare.
+//
 // NOTE [expected completions]
 // The control plane predicts when each task in flight ends, from how long such tasks take (the moving average
 // of its kind, shape and layout, else the cost model's prediction, else the last task of its kind: NOTE [task
@@ -79,6 +93,11 @@ bool allowed(RequestState from, RequestState to) {
       return to == RequestState::kDone || to == RequestState::kQueued || to == RequestState::kDecoding;
     default: return false;
   }
+}
+
+// The order of order_, running_ and the view's lists: arrival, then id.
+bool arrivesBefore(const RequestRecord& a, const RequestRecord& b) {
+  return a.arrival_ns != b.arrival_ns ? a.arrival_ns < b.arrival_ns : a.id < b.id;
 }
 
 std::string ranksText(const std::vector<int>& ranks) {
@@ -139,6 +158,9 @@ struct ControlPlane::Request {
   std::vector<std::pair<int, int32_t>> copies;  // (worker, step) of every copy of its state it knows of
   std::vector<int> denoised_on;                 // the ranks of its last denoise task, sorted (NOTE [regroups])
   RequestProgress told;                         // what the progress callback heard of it last
+  bool in_order = false;                        // in ready_order_ (NOTE [ready order]) ...
+  size_t order_handle = 0;                      // ... by this handle
+  bool in_running = false;                      // in running_
 };
 
 ControlPlane::ControlPlane(ControlConfig config, Clock& clock, Executor& executor, std::shared_ptr<Policy> policy,
@@ -162,6 +184,7 @@ ControlPlane::ControlPlane(ControlConfig config, Clock& clock, Executor& executo
   alive_.assign(config_.world_size, true);
   worker_free_at_.assign(config_.world_size, 0);
   for (int n : config_.node_of) ranks_per_node_ += n == config_.node_of[0];
+  ready_order_ = policy_->makeReadyOrder();
 }
 
 ControlPlane::~ControlPlane() = default;
@@ -180,6 +203,7 @@ void ControlPlane::transition(Request& r, RequestState s, int32_t step, const st
   if (step >= 0) rec.step = step;
   if (!reason.empty()) rec.reason = reason;
   rec.transitions.push_back({s, rec.step, clock_.nowNs()});
+  track(r);
   notify(r);
 }
 
@@ -228,10 +252,10 @@ uint64_t ControlPlane::submit(RequestSpec spec) {
   Request* p = r.get();
   requests_.emplace(id, std::move(r));
   // arrival order; arrivals come in order almost always, so this is an append
-  auto pos = std::upper_bound(order_.begin(), order_.end(), p, [](const Request* a, const Request* b) {
-    return a->rec.arrival_ns != b->rec.arrival_ns ? a->rec.arrival_ns < b->rec.arrival_ns : a->rec.id < b->rec.id;
-  });
+  auto pos = std::upper_bound(order_.begin(), order_.end(), p,
+                              [](const Request* a, const Request* b) { return arrivesBefore(a->rec, b->rec); });
   order_.insert(pos, p);
+  track(*p);
   ++stats_.submitted;
   dirty_ = true;
   return id;
@@ -319,6 +343,28 @@ void ControlPlane::probe(int worker) {
 
 // ---- scheduling ----
 
+// see NOTE [ready order]
+void ControlPlane::track(Request& r) {
+  const bool live = !isFinished(r.rec.state);
+  const bool waiting = live && !r.rec.busy;
+  const bool running = live && r.rec.busy;
+  if (ready_order_ != nullptr) {
+    if (r.in_order) ready_order_->erase(r.order_handle);
+    if (waiting) r.order_handle = ready_order_->insert(&r.rec);
+    r.in_order = waiting;
+  }
+  if (running != r.in_running) {
+    const auto key = std::make_tuple(r.rec.arrival_ns, r.rec.id, &r);
+    auto pos = std::lower_bound(running_.begin(), running_.end(), key);
+    if (running) {
+      running_.insert(pos, key);
+    } else {
+      running_.erase(pos);
+    }
+    r.in_running = running;
+  }
+}
+
 void ControlPlane::buildView(SchedulerView& view, const Request* la) {
   view.now_ns = clock_.nowNs();
   view.world_size = config_.world_size;
@@ -329,15 +375,22 @@ void ControlPlane::buildView(SchedulerView& view, const Request* la) {
     bool own = la != nullptr && std::find(la->group.begin(), la->group.end(), w) != la->group.end();
     if (alive_[w] && (!rank_busy_[w] || own)) view.free_ranks.push_back(w);
   }
-  view.ready.reserve(order_.size());
-  for (const Request* r : order_) {
-    if (isFinished(r->rec.state)) continue;
-    if (r == la) continue;  // added below, as it will be at its boundary
-    (r->rec.busy ? view.running : view.ready).push_back(&r->rec);
+  view.order = ready_order_.get();
+  if (view.order == nullptr) {  // every waiting request in the list (NOTE [ready order])
+    view.ready.reserve(order_.size());
+    for (const Request* r : order_) {
+      if (!isFinished(r->rec.state) && !r->rec.busy) view.ready.push_back(&r->rec);
+    }
+  }
+  view.running.reserve(running_.size());
+  for (const auto& entry : running_) {
+    const Request* r = std::get<2>(entry);
+    if (r != la) view.running.push_back(&r->rec);  // la: added to ready by the caller, as at its boundary
   }
 }
 
-void ControlPlane::validate(const std::vector<Decision>& ds, const SchedulerView& view, const Request* la) const {
+void ControlPlane::validate(const std::vector<Decision>& ds, const SchedulerView& view, const Request* la,
+                            std::vector<Request*>& chosen) const {
   std::vector<bool> free(config_.world_size, false);
   for (int w : view.free_ranks) free[w] = true;
   std::vector<bool> taken(config_.world_size, false);
@@ -347,6 +400,7 @@ void ControlPlane::validate(const std::vector<Decision>& ds, const SchedulerView
     auto it = requests_.find(d.request_id);
     GFDIT_CHECK(it != requests_.end()) << "policy " << pname << " chose unknown request " << d.request_id;
     const Request& r = *it->second;
+    chosen.push_back(it->second.get());
     GFDIT_CHECK((&r == la || !r.rec.busy) && !isFinished(r.rec.state))
         << "policy " << pname << " chose request " << d.request_id << ", which is not ready";
     GFDIT_CHECK(std::find(seen.begin(), seen.end(), d.request_id) == seen.end())
@@ -387,18 +441,21 @@ void ControlPlane::schedule() {
   if (!any_free) return;
   SchedulerView view;
   buildView(view, nullptr);
-  if (view.ready.empty()) return;
+  if (view.numReady() == 0) return;
   int64_t t0 = nowNs();  // the real clock: this is the policy's cost, also in a simulation
   std::vector<Decision> ds;
+  std::vector<Request*> chosen;  // the requests of ds, in turn
   try {
     ++stats_.policy_calls;
     ds = policy_->schedule(view);
-    validate(ds, view, nullptr);
+    validate(ds, view, nullptr, chosen);
   } catch (const std::exception& e) {
     // A broken policy must not leave requests waiting for ever: the ones it was asked about fail.
     std::string msg = std::string("policy ") + policy_->name() + " failed: " + e.what();
     std::vector<uint64_t> ids;
-    for (const RequestRecord* r : view.ready) ids.push_back(r->id);
+    for (const Request* r : order_) {
+      if (!isFinished(r->rec.state) && !r->rec.busy) ids.push_back(r->rec.id);
+    }
     for (uint64_t id : ids) {
       auto it = requests_.find(id);
       if (it != requests_.end()) finish(*it->second, RequestState::kFailed, msg);
@@ -406,13 +463,14 @@ void ControlPlane::schedule() {
     return;
   }
   stats_.policy_ns += nowNs() - t0;
-  for (const Decision& d : ds) startDecision(req(d.request_id), d);
+  for (size_t i = 0; i < ds.size(); ++i) startDecision(*chosen[i], ds[i]);
 }
 
 void ControlPlane::startDecision(Request& r, const Decision& d) {
   RequestRecord& rec = r.rec;
   occupy(d.ranks);
   rec.busy = true;
+  track(r);
   r.group = d.ranks;
   r.layout = d.layout;
   rec.layout = d.layout;
@@ -500,9 +558,7 @@ bool ControlPlane::lookahead(Request& r) {
   future.ranks = r.group;
   // keep arrival order
   auto pos = std::upper_bound(view.ready.begin(), view.ready.end(), &future,
-                              [](const RequestRecord* a, const RequestRecord* b) {
-                                return a->arrival_ns != b->arrival_ns ? a->arrival_ns < b->arrival_ns : a->id < b->id;
-                              });
+                              [](const RequestRecord* a, const RequestRecord* b) { return arrivesBefore(*a, *b); });
   view.ready.insert(pos, &future);
   int64_t t0 = nowNs();  // the real clock: this is the policy's cost, also in a simulation
   std::vector<Decision> ds;
@@ -532,6 +588,7 @@ void ControlPlane::endDecision(Request& r) {
   if (r.rec.step >= r.rec.num_steps) {
     dispatchDecode(r);
   } else {
+    track(r);
     notify(r);  // paused on its holders
   }
 }
@@ -557,6 +614,7 @@ void ControlPlane::dispatchDecode(Request& r) {
   r.group = group;
   occupy(r.group);
   rec.busy = true;
+  track(r);
   transition(r, RequestState::kDecoding, rec.step);
   Layout layout;
   layout.ulysses = static_cast<int32_t>(group.size());
@@ -770,10 +828,12 @@ void ControlPlane::maybePrune(Request& r) {
     release(r.group);
     r.rec.busy = false;
   }
+  track(r);  // finished: in neither the ready order nor the running list
   uint64_t id = r.rec.id;
   Request* p = &r;
-  auto pos = std::find(order_.begin(), order_.end(), p);
-  if (pos != order_.end()) order_.erase(pos);
+  auto pos = std::lower_bound(order_.begin(), order_.end(), p,
+                              [](const Request* a, const Request* b) { return arrivesBefore(a->rec, b->rec); });
+  if (pos != order_.end() && *pos == p) order_.erase(pos);
   requests_.erase(id);  // r is gone
   dirty_ = true;
 }
@@ -862,6 +922,7 @@ void ControlPlane::reinitDone() {
     if (rec.busy) {
       release(r.group);
       rec.busy = false;
+      track(r);
     }
     if (r.hit) {
       r.hit = false;
@@ -900,6 +961,8 @@ void ControlPlane::reinitDone() {
       dispatchDecode(r);
     } else if (best != rec.step) {
       transition(r, RequestState::kDenoising, best);
+    } else {
+      track(r);  // its holders changed
     }
   }
 }

@@ -7,7 +7,9 @@
 //     one rank outside any policy). The capacity is the free ranks plus the ranks the running candidates
 //     hold: at their next step boundary those come back.
 //  2. Candidates are ordered by the policy (arrival, remaining time with aging, deadline, priority class);
-//     only the first `capacity` can get a rank, so a partial sort suffices.
+//     only the first `capacity` can get a rank, so only those are sorted, and only those (or the few more NOTE
+//     [deadline admission] reads) are candidates at all when the view carries the policy's order of the
+//     waiting requests (NOTE [planning order]), as the control plane's views do.
 //  3. Base degrees, in order: 1 each, or for edf and priority the smallest degree at which the request's
 //     predicted remaining time, times `deadline_margin`, fits before its deadline (a request no degree can
 //     save goes last, on one rank; so does one NOTE [deadline admission] turns away). A candidate left
@@ -36,11 +38,16 @@
 // A decision that runs on spare ranks (more than its base degree) with steps of 5 ms or more is one step with
 // no dispatch-ahead, so an arrival waits at most one step for those ranks (the gap between two steps, tens
 // of microseconds, is then under 1%); long steps (>= 0.1 s) are one step each too.
-// The plan is recomputed from the view each time, so the policy holds no state besides scratch buffers, and
-// the lookahead (NOTE [lookahead] in src/runtime/control.cpp) gets the same answer it would get at the boundary.
+// The plan is recomputed from the view each time, so the policy holds no state besides scratch buffers (its
+// order of the waiting requests belongs to the control plane), and the lookahead (NOTE [lookahead] in
+// src/runtime/control.cpp) gets the same answer it would get at the boundary.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <map>
+#include <queue>
+#include <set>
 #include <tuple>
 
 #include "gfdit/error.h"
@@ -77,6 +84,227 @@ struct Candidate {
   double k0 = 0, k1 = 0, k2 = 0, k3 = 0;  // order: smaller first, then the id
 };
 
+int limit(const RequestRecord& r, int world) { return std::max(1, std::min({r.max_degree, world, kMaxRanks})); }
+
+// Step seconds on `degree` ranks; without a cost model, perfect scaling of a per-token unit.
+double stepOf(const RequestRecord& r, int degree) {
+  if (r.cost.known) return r.cost.stepSeconds(degree);
+  return static_cast<double>(std::max<int64_t>(1, r.shape.tokens)) * kUnitStepSPerToken / degree;
+}
+double remainingOf(const RequestRecord& r, int degree) {
+  if (r.cost.known) return r.remainingSeconds(degree);
+  return r.stepsLeft() * stepOf(r, degree);
+}
+
+// NOTE [planning order]
+// The waiting requests in a dynamic policy's order, kept between rounds (NOTE [ready order] in
+// src/runtime/control.cpp), so that a round computes candidates for the head alone and sorts those with the
+// same comparison as a full sort (Candidate's keys, then the id); the head is a superset of the requests a full
+// sort puts first, so the decisions are the same.
+//  - fcfs: by arrival, which is the policy's key.
+//  - srtf: by remaining time at one rank plus arrival / aging. The policy's key, remaining - (now - arrival) /
+//    aging, is this minus now / aging, the same for all, but it is rounded differently: the head takes
+//    everything within a band of rounding (a relative 1e-12, thousands of times the error) past the last
+//    request it needs, and the exact keys order it.
+//  - edf and priority: per priority class (edf: one), three sets, each by deadline (or arrival), then arrival:
+//    requests whose deadline some degree may still meet, those without a deadline, those that missed theirs.
+//    Whether a degree meets a deadline depends on the clock, and only one way: a request that cannot make its
+//    deadline now cannot later. So each request in the first set has the time its fastest degree stops
+//    meeting its deadline (again with a margin of rounding), in a heap; a round first moves those whose time
+//    has passed into the third set, then walks the first set computing the exact keys (a request inside the
+//    margin may have missed its deadline already: it is counted as such), and goes on to the other two sets
+//    only when the first holds fewer than the head needs. If the clock ever goes back, the missed ones are
+//    put back.
+class PlanningOrder : public ReadyOrder {
+ public:
+  // One waiting request in a set: ordered by (a, b, id).
+  struct Entry {
+    double a = 0, b = 0;
+    uint64_t id = 0;
+    const RequestRecord* rec = nullptr;
+    bool operator<(const Entry& o) const {
+      if (a != o.a) return a < o.a;
+      if (b != o.b) return b < o.b;
+      return id < o.id;
+    }
+  };
+  using Set = std::set<Entry>;
+  // edf, priority: one class of requests.
+  struct Class {
+    Set met;     // with a deadline some degree may still meet (or one nothing predicts): by deadline
+    Set none;    // without a deadline: by arrival
+    Set missed;  // with a deadline no degree meets any more: by deadline
+    size_t size() const { return met.size() + none.size() + missed.size(); }
+  };
+
+  explicit PlanningOrder(const PolicyOptions& o) : o_(o), held_(kMaxRanks, 0) {}
+
+  size_t insert(const RequestRecord* r) override {
+    size_t h = slots_.size();
+    if (free_.empty()) {
+      slots_.emplace_back();
+    } else {
+      h = free_.back();
+      free_.pop_back();
+    }
+    Slot& s = slots_[h];
+    s.live = true;
+    s.seq = next_seq_++;
+    s.cls = nullptr;
+    s.expires = false;
+    Entry e;
+    e.id = r->id;
+    e.rec = r;
+    const double arrival_s = r->arrival_ns * 1e-9;  // as Candidate's keys are computed
+    Set* set = &main_;
+    switch (o_.order) {
+      case PolicyOrder::kArrival: e.a = arrival_s; break;
+      case PolicyOrder::kRemaining: {
+        const double remaining = remainingOf(*r, 1);
+        e.a = remaining + arrival_s / o_.aging;
+        e.b = arrival_s;
+        const double magnitude = std::abs(remaining) + std::abs(arrival_s) / o_.aging;
+        if (std::isfinite(magnitude)) max_magnitude_ = std::max(max_magnitude_, magnitude);
+        break;
+      }
+      case PolicyOrder::kDeadline:
+      case PolicyOrder::kPriority: {
+        s.priority = o_.order == PolicyOrder::kPriority ? r->priority : 0;
+        auto cls = classes_.find(s.priority);
+        if (cls == classes_.end()) cls = classes_.emplace(s.priority, Class()).first;
+        s.cls = &cls->second;
+        e.b = arrival_s;
+        if (r->deadline_ns <= 0) {
+          e.a = arrival_s;
+          set = &s.cls->none;
+          break;
+        }
+        const double deadline_s = r->deadline_ns * 1e-9;
+        e.a = deadline_s;
+        set = &s.cls->met;
+        if (!r->cost.known) break;  // plain EDF: never missed
+        // Its fastest degree (of all the request allows: at least those deadlineKeys tries) meets the deadline
+        // while now + fastest <= deadline.
+        double fastest = std::numeric_limits<double>::infinity();
+        const int top = std::max(1, std::min(r->max_degree, kMaxRanks));
+        for (int d = 1; d <= top; ++d) {
+          const double need = remainingOf(*r, d) * o_.deadline_margin;
+          if (need < fastest) fastest = need;
+        }
+        if (fastest == std::numeric_limits<double>::infinity()) {
+          set = &s.cls->missed;  // no degree has a prediction: missed whatever the time
+        } else if (std::isfinite(fastest)) {
+          s.expires_s = deadline_s - fastest + 1e-12 * (1 + std::abs(deadline_s) + std::abs(fastest));
+          s.expires = true;
+          expiry_.push({s.expires_s, s.seq, h});
+        }
+        break;
+      }
+    }
+    s.set = set;
+    // by arrival, a request almost always goes last
+    const bool by_arrival =
+        (set == &main_ && o_.order == PolicyOrder::kArrival) || (s.cls != nullptr && set == &s.cls->none);
+    s.it = by_arrival ? set->insert(set->end(), e) : set->insert(e).first;
+    s.ranks = r->ranks;
+    for (int w : s.ranks) {
+      if (w >= 0 && w < kMaxRanks) ++held_[w];
+    }
+    ++size_;
+    return h;
+  }
+
+  void erase(size_t h) override {
+    Slot& s = slots_[h];
+    s.set->erase(s.it);
+    for (int w : s.ranks) {
+      if (w >= 0 && w < kMaxRanks) --held_[w];
+    }
+    if (o_.order == PolicyOrder::kPriority && s.cls->size() == 0) classes_.erase(s.priority);
+    s.live = false;
+    free_.push_back(h);
+    --size_;
+    if (expiry_.size() > 2 * size_ + 1024) rebuildExpiry();  // erased requests' times pile up
+  }
+
+  size_t size() const override { return size_; }
+
+  bool madeFor(const PolicyOptions& o) const {
+    return o.order == o_.order && o.aging == o_.aging && o.deadline_margin == o_.deadline_margin;
+  }
+
+  // edf, priority: moves the requests that can no longer meet their deadline at `now_s` into `missed`.
+  void advance(double now_s) {
+    if (now_s < now_s_) {  // the clock went back: what was missed may be met again
+      for (Slot& s : slots_) {
+        if (s.live && s.expires && s.set == &s.cls->missed) move(s, &s.cls->met);
+      }
+      rebuildExpiry();
+    }
+    now_s_ = now_s;
+    while (!expiry_.empty() && expiry_.top().at_s < now_s) {
+      const Expiry x = expiry_.top();
+      expiry_.pop();
+      Slot& s = slots_[x.slot];
+      if (!s.live || s.seq != x.seq) continue;  // erased since
+      move(s, &s.cls->missed);
+    }
+  }
+
+  const Set& main() const { return main_; }
+  // Classes in the order they are served (larger priority first).
+  const std::map<int32_t, Class, std::greater<int32_t>>& classes() const { return classes_; }
+  // Waiting requests holding their state on rank w.
+  int held(int w) const { return held_[w]; }
+  // srtf: the largest |remaining| + |arrival| / aging inserted (a bound for the band of rounding).
+  double maxMagnitude() const { return max_magnitude_; }
+
+ private:
+  struct Slot {
+    bool live = false;
+    Set* set = nullptr;
+    Set::iterator it;
+    Class* cls = nullptr;  // edf, priority
+    int32_t priority = 0;
+    uint64_t seq = 0;      // tells a reused slot from the one an expiry was for
+    bool expires = false;  // in `met` until expires_s
+    double expires_s = 0;
+    std::vector<int> ranks;  // what it added to held_
+  };
+  struct Expiry {
+    double at_s;
+    uint64_t seq;
+    size_t slot;
+    bool operator>(const Expiry& o) const { return at_s != o.at_s ? at_s > o.at_s : seq > o.seq; }
+  };
+
+  void move(Slot& s, Set* to) {
+    const Entry e = *s.it;
+    s.set->erase(s.it);
+    s.set = to;
+    s.it = to->insert(e).first;
+  }
+  void rebuildExpiry() {
+    expiry_ = decltype(expiry_)();
+    for (size_t h = 0; h < slots_.size(); ++h) {
+      const Slot& s = slots_[h];
+      if (s.live && s.expires && s.set == &s.cls->met) expiry_.push({s.expires_s, s.seq, h});
+    }
+  }
+
+  PolicyOptions o_;
+  Set main_;                                                 // fcfs, srtf
+  std::map<int32_t, Class, std::greater<int32_t>> classes_;  // edf (one class), priority
+  std::vector<Slot> slots_;                                  // by handle
+  std::vector<size_t> free_;                                 // handles to reuse
+  size_t size_ = 0;
+  std::priority_queue<Expiry, std::vector<Expiry>, std::greater<Expiry>> expiry_;
+  std::vector<int> held_;
+  double now_s_ = -std::numeric_limits<double>::infinity();
+  double max_magnitude_ = 0;
+  uint64_t next_seq_ = 0;
+};
+
 class PlanningPolicy : public Policy {
  public:
   explicit PlanningPolicy(const PolicyOptions& o) : o_(o) {
@@ -101,11 +329,15 @@ class PlanningPolicy : public Policy {
     return n;
   }
   LayoutFamily layouts() const override { return o_.layouts; }
+  std::unique_ptr<ReadyOrder> makeReadyOrder() const override { return std::make_unique<PlanningOrder>(o_); }
 
   std::vector<Decision> schedule(const SchedulerView& view) override {
     const int world = view.world_size;
     world_ = world;
     const double now_s = view.now_ns * 1e-9;
+    PlanningOrder* order = view.order != nullptr ? dynamic_cast<PlanningOrder*>(view.order) : nullptr;
+    GFDIT_CHECK(view.order == nullptr || (order != nullptr && order->madeFor(o_)))
+        << "policy " << name() << ": the view's ready order was made by another policy";
     cands_.clear();
     int capacity = static_cast<int>(view.free_ranks.size());
     int decoding = 0;  // ranks a decode holds: outside the plan, but each takes a core (step 4)
@@ -120,10 +352,18 @@ class PlanningPolicy : public Policy {
       capacity += c.current;
       cands_.push_back(c);
     }
-    if (cands_.empty() || capacity == 0) return {};
+    const size_t num_cands = cands_.size() + (order != nullptr ? order->size() : 0);
+    if (num_cands == 0 || capacity == 0) return {};
 
     // 2. order; only the first `capacity` can get ranks
-    const size_t top = std::min(cands_.size(), static_cast<size_t>(capacity));
+    const size_t top = std::min(num_cands, static_cast<size_t>(capacity));
+    const bool deadlines = o_.order == PolicyOrder::kDeadline || o_.order == PolicyOrder::kPriority;
+    // see NOTE [deadline admission]: the first few in order, then those that fit drop the ones that do not
+    const size_t head =
+        deadlines
+            ? std::min(num_cands, std::max(kAdmissionHeadPerRank * static_cast<size_t>(capacity), kAdmissionHeadMin))
+            : top;
+    if (order != nullptr) addHead(*order, head, now_s);  // see NOTE [planning order]
     auto before = [](const Candidate& a, const Candidate& b) {
       if (a.k0 != b.k0) return a.k0 < b.k0;
       if (a.k1 != b.k1) return a.k1 < b.k1;
@@ -131,15 +371,14 @@ class PlanningPolicy : public Policy {
       if (a.k3 != b.k3) return a.k3 < b.k3;
       return a.rec->id < b.rec->id;
     };
-    if (o_.order == PolicyOrder::kDeadline || o_.order == PolicyOrder::kPriority) {
-      // see NOTE [deadline admission]: the first few in order, then those that fit drop the ones that do not
-      const size_t head =
-          std::min(cands_.size(), std::max(kAdmissionHeadPerRank * static_cast<size_t>(capacity), kAdmissionHeadMin));
-      std::partial_sort(cands_.begin(), cands_.begin() + head, cands_.end(), before);
-      if (admit(head, capacity, now_s)) std::sort(cands_.begin(), cands_.begin() + head, before);
+    // The order is total (the id breaks ties), so either sort puts the same candidates first, the same way;
+    // a heap pays only when the head is a small part of all (a full list).
+    if (cands_.size() <= 2 * head) {
+      std::sort(cands_.begin(), cands_.end(), before);
     } else {
-      std::partial_sort(cands_.begin(), cands_.begin() + top, cands_.end(), before);
+      std::partial_sort(cands_.begin(), cands_.begin() + head, cands_.end(), before);
     }
+    if (deadlines && admit(head, capacity, now_s)) std::sort(cands_.begin(), cands_.begin() + head, before);
 
     // 3 and 4, class by class (priority classes are strict; the other orders have one class)
     int left = capacity;
@@ -199,6 +438,9 @@ class PlanningPolicy : public Policy {
       ++num_pool;
     }
     held_.assign(world, 0);
+    if (order != nullptr) {
+      for (int w = 0; w < world; ++w) held_[w] = order->held(w);
+    }
     for (const RequestRecord* r : view.ready) {
       for (int w : r->ranks) {
         if (w >= 0 && w < world) ++held_[w];
@@ -233,9 +475,6 @@ class PlanningPolicy : public Policy {
   }
 
  private:
-  static int limit(const RequestRecord& r, int world) {
-    return std::max(1, std::min({r.max_degree, world, kMaxRanks}));
-  }
   // The largest degree of at most `d` ranks the request can run on (a finite prediction); `d` without one.
   static int fitDegree(const RequestRecord& r, int d) {
     if (!r.cost.known) return std::max(1, d);
@@ -243,16 +482,6 @@ class PlanningPolicy : public Policy {
       if (std::isfinite(r.cost.stepSeconds(k))) return k;
     }
     return 1;
-  }
-
-  // Step seconds on `degree` ranks; without a cost model, perfect scaling of a per-token unit.
-  static double stepOf(const RequestRecord& r, int degree) {
-    if (r.cost.known) return r.cost.stepSeconds(degree);
-    return static_cast<double>(std::max<int64_t>(1, r.shape.tokens)) * kUnitStepSPerToken / degree;
-  }
-  static double remainingOf(const RequestRecord& r, int degree) {
-    if (r.cost.known) return r.remainingSeconds(degree);
-    return r.stepsLeft() * stepOf(r, degree);
   }
 
   // Step 4: the degree that c's group grows to with at most `left` more ranks, the one that saves the most
@@ -278,6 +507,59 @@ class PlanningPolicy : public Policy {
       }
     }
     return c.grow_to > 0;
+  }
+
+  // Candidates for a superset of the first `n` waiting requests `order` holds, in the policy's order at now_s
+  // (NOTE [planning order]); a full sort of all candidates and of these puts the same ones first.
+  void addHead(PlanningOrder& order, size_t n, double now_s) {
+    if (n == 0) return;
+    switch (o_.order) {
+      case PolicyOrder::kArrival: {
+        size_t k = 0;
+        for (auto it = order.main().begin(); it != order.main().end() && k < n; ++it, ++k) {
+          cands_.push_back(candidate(it->rec, true, now_s));
+        }
+        break;
+      }
+      case PolicyOrder::kRemaining: {
+        // keys within the band of rounding of the n-th may come before it when computed exactly
+        const double band = 2e-12 * (1 + order.maxMagnitude() + std::abs(now_s) / o_.aging);
+        size_t k = 0;
+        double last = 0;
+        for (const PlanningOrder::Entry& e : order.main()) {
+          if (k >= n && !(e.a <= last + band)) break;
+          cands_.push_back(candidate(e.rec, true, now_s));
+          if (k < n) last = e.a;
+          ++k;
+        }
+        break;
+      }
+      case PolicyOrder::kDeadline:
+      case PolicyOrder::kPriority: {
+        order.advance(now_s);
+        size_t need = n;
+        for (const auto& kv : order.classes()) {  // the first `need` of each class in turn
+          if (need == 0) break;
+          const PlanningOrder::Class& cls = kv.second;
+          const size_t take = std::min(need, cls.size());
+          need -= take;
+          size_t met = 0;  // exactly (a request inside the margin of its time may have missed its deadline)
+          for (auto it = cls.met.begin(); it != cls.met.end() && met < take; ++it) {
+            cands_.push_back(candidate(it->rec, true, now_s));
+            met += cands_.back().k1 == 0;
+          }
+          if (met == take) continue;
+          size_t left = take - met;  // every one in `met` is a candidate now; then no deadline, then missed
+          for (auto it = cls.none.begin(); it != cls.none.end() && left > 0; ++it, --left) {
+            cands_.push_back(candidate(it->rec, true, now_s));
+          }
+          for (auto it = cls.missed.begin(); it != cls.missed.end() && left > 0; ++it, --left) {
+            cands_.push_back(candidate(it->rec, true, now_s));
+          }
+        }
+        break;
+      }
+    }
   }
 
   Candidate candidate(const RequestRecord* r, bool ready, double now_s) const {

@@ -14,14 +14,15 @@ VAE's own decode on them with those two kinds of layer replaced while it runs:
 - a height-padded convolution exchanges p rows with each neighbour (one all_to_all_single on the group:
   its top rows to the member above, its bottom rows to the one below) and writes them into its padding,
   which stays zero above the first band and below the last, as the whole convolution's does;
-- the attention block gathers the whole frame, runs unchanged and keeps its own rows.
+- the attention block gathers the whole frame for its keys and values and computes only its own rows'
+  queries (1/d of the attention).
 Every band grows by the same factor through the upsamplings, so each member knows every band's size. The
 causal caches hold each member's own rows, and the halos of cached frames come from the neighbours' caches
 through the same exchange, because the exchange runs after a convolution has joined cache and input. The
 bands are gathered at the end; the result equals the one-rank decode up to the float rounding of a
 differently sized convolution. Peak activation memory falls with the band (about 1/d), except the gathered
-attention frame at the lowest resolution and the gathered output. diffusers' tiled decode is not this: it
-blends overlapping tiles and gives a different picture.
+attention frame's keys and values at the lowest resolution and the gathered output. diffusers' tiled decode
+is not this: it blends overlapping tiles and gives a different picture.
 """
 
 from __future__ import annotations
@@ -156,9 +157,22 @@ def _conv2d_forward(bands: RowBands) -> Callable:
     return forward
 
 
-def _attention_forward(bands: RowBands, original: Callable) -> Callable:
-    def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return bands.band(original(bands.gather(x, 3)), 3)
+def _attention_forward(bands: RowBands) -> Callable:
+    """forward(x) of the mid-block attention (diffusers' WanAttentionBlock and QwenImageAttentionBlock, one
+    head over a frame's pixels) on a band: keys and values from the whole gathered frame, queries from the
+    band's own rows only, so each member computes 1/d of the attention."""
+
+    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        b, c, t, rows, w = x.shape
+        whole = bands.gather(x, 3)
+        h = whole.shape[3]
+        first = bands.start * (h // sum(bands.rows))  # this band's first row in the frame
+        f = self.norm(whole.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+        qkv = self.to_qkv(f).reshape(b * t, 1, c * 3, h * w).permute(0, 1, 3, 2).contiguous()
+        q, k, v = qkv.chunk(3, dim=-1)
+        out = F.scaled_dot_product_attention(q[:, :, first * w : (first + rows) * w], k, v)
+        out = self.proj(out.squeeze(1).permute(0, 2, 1).reshape(b * t, c, rows, w))
+        return out.view(b, t, c, rows, w).permute(0, 2, 1, 3, 4) + x
 
     return forward
 
@@ -190,7 +204,7 @@ def banded(decoder: Any, bands: RowBands) -> Iterator[None]:
                     setattr(m, "forward", types.MethodType(forward(bands), m))  # deleted again below
                     patched.append(m)
             elif type(m).__name__.endswith("AttentionBlock") and hasattr(m, "to_qkv"):
-                m.forward = types.MethodType(_attention_forward(bands, type(m).forward.__get__(m)), m)
+                setattr(m, "forward", types.MethodType(_attention_forward(bands), m))
                 patched.append(m)
         yield
     finally:

@@ -408,3 +408,50 @@ def gfdit_importable() -> tuple[bool, str]:
         return True, ""
     except Exception as e:
         return False, f"{type(e).__name__}: {e}"
+
+
+def run_world_bench(
+    name: str,
+    world_fn: Callable[[RankContext], dict[str, Any]],
+    world_size: int,
+    opts: dict[str, Any],
+    report: Callable[[list[dict[str, Any]]], tuple[list[str], list[Target]]],
+    json_path: str,
+    timeout_s: float,
+    env: dict[str, Any],
+    quick: bool,
+) -> int:
+    """Runs `world_fn` on a world of `world_size` (its rank 0 returns {"records": [...]}), prints `report`'s
+    tables and the targets, and writes the JSON of a one-world benchmark; the exit status (1 if the world
+    failed)."""
+    t_start = time.monotonic()
+    errors: dict[str, str] = {}
+    records: list[dict[str, Any]] = []
+    try:
+        records = run_ranks(world_fn, world_size, opts, timeout_s=timeout_s)[0]["records"]
+    except Exception as e:
+        errors[f"world_size={world_size}"] = str(e)
+        print(f"world of {world_size} FAILED: {e}", file=sys.stderr, flush=True)
+    tables, targets = report(records) if records else ([], [])
+    if targets:
+        print(target_summary(targets), flush=True)
+    load_end = [round(x, 2) for x in os.getloadavg()]
+    print(
+        f"total {time.monotonic() - t_start:.0f} s; load average at the end {load_end} on {env.get('cpu_count')} "
+        "cpus (above ~1 per cpu, other processes shared the cores and the times are inflated)",
+        flush=True,
+    )
+    write_json(
+        json_path,
+        {
+            "benchmark": name,
+            "environment": env,
+            "loadavg_end_1_5_15": load_end,
+            "config": dict(opts, quick=quick),
+            "records": records,
+            "targets": [t.as_dict() for t in targets],
+            "errors": errors,
+            "tables": tables,
+        },
+    )
+    return 1 if errors else 0

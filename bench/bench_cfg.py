@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -206,37 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     env = C.environment()
     C.header("gfdit CFG-parallel vs Ulysses 2 (one denoising step)", env)
     print(f"config: models {models}, tokens {[fmt_tokens(t) for t in tokens]}, world 2, one thread per rank")
-    t_start = time.monotonic()
-    errors: dict[str, str] = {}
-    records: list[dict[str, Any]] = []
-    try:
-        records = C.run_ranks(world_fn, 2, opts, timeout_s=args.timeout)[0]["records"]
-    except Exception as e:
-        errors["world_size=2"] = str(e)
-        print(f"world of 2 FAILED: {e}", file=sys.stderr, flush=True)
-    tables, targets = report(records) if records else ([], [])
-    if targets:
-        print(C.target_summary(targets), flush=True)
-    load_end = [round(x, 2) for x in os.getloadavg()]
-    print(
-        f"total {time.monotonic() - t_start:.0f} s; load average at the end {load_end} on {env.get('cpu_count')} "
-        "cpus (above ~1 per cpu, other processes shared the cores and the times are inflated)",
-        flush=True,
-    )
-    C.write_json(
-        args.json,
-        {
-            "benchmark": "cfg",
-            "environment": env,
-            "loadavg_end_1_5_15": load_end,
-            "config": dict(opts, quick=args.quick),
-            "records": records,
-            "targets": [t.as_dict() for t in targets],
-            "errors": errors,
-            "tables": tables,
-        },
-    )
-    return 1 if errors else 0
+    return C.run_world_bench("cfg", world_fn, 2, opts, report, args.json, args.timeout, env, args.quick)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,10 @@ def _step_rows(prof: cost.Profile, shapes: Sequence[tuple[int, int, int]]) -> li
                 "step1_s": one,
                 "step2_s": best2.seconds if best2 else None,
                 "step2_layout": (
-                    f"{cost.layout_mode_name(best2.mode)} {best2.ulysses}x{best2.ring}" if best2 else None
+                    f"{cost.layout_mode_name(best2.mode)} {best2.ulysses}x{best2.ring}"
+                    + (" cfg2" if best2.cfg == 2 else "")
+                    if best2
+                    else None
                 ),
                 "gain": one / best2.seconds if one and best2 else None,
                 "decode_s": decodes.get(1),

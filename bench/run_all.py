@@ -17,8 +17,10 @@
      off vs on): results/heads.json
  12. bench_cfg.py (CFG-parallel vs Ulysses 2 at world 2, one denoising step of tiny Wan and tiny Qwen-Image):
      results/cfg.json
+ 13. bench_decode.py (patch-parallel VAE decode at world 2 vs one rank, tiny Wan and tiny Qwen-Image):
+     results/decode.json
 
-and ends with a summary of every target. Defaults take about 22 minutes on 2 cores; --quick is a smoke
+and ends with a summary of every target. Defaults take about 25 minutes on 2 cores; --quick is a smoke
 test. Exit status 0 when every benchmark ran (missed targets are reported, not an error) unless --strict.
 
     python bench/run_all.py [--quick] [--results DIR] [--cpp-bench PATH] [--strict]
@@ -199,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         ("torch_backend", "bench_torch_backend.py", "torch_backend.json", 900, []),
         ("heads", "bench_heads.py", "heads.json", 900, []),
         ("cfg", "bench_cfg.py", "cfg.json", 900, []),
+        ("decode", "bench_decode.py", "decode.json", 900, []),
     ):
         if key in skip:
             continue

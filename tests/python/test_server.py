@@ -343,7 +343,8 @@ def test_client_disconnect_cancels_its_requests(live_url, engine):
     sock = socket.create_connection((host, int(port)))
     sock.sendall(head + body)
     deadline = time.monotonic() + 10
-    while not engine.requests() and time.monotonic() < deadline:
+    # the server submits the four images one after another: wait for all four, not just the first
+    while len(engine.requests()) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(engine.requests()) == 4
     sock.close()

@@ -6,6 +6,7 @@
 // simulator ask it; nothing in it touches rings, workers or tensors.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -74,6 +75,8 @@ struct ModelArch {
 
   /// Height and width must be multiples of this (VAE stride times patch size).
   int32_t spatialMultiple() const { return vae_stride_s * patch_s; }
+  /// Latent rows of a request of this height: the most members a decode can split over.
+  int32_t latentRows(int32_t height) const { return height / std::max(1, vae_stride_s); }
   /// Image/video tokens of a request of this size.
   int64_t tokens(int32_t height, int32_t width, int32_t num_frames) const;
 };

@@ -239,7 +239,7 @@ uint64_t ControlPlane::submit(RequestSpec spec) {
   rec.priority = spec.priority;
   rec.shape = spec.shape;
   if (rec.shape.latent_rows == 0 && cost_ != nullptr) {
-    rec.shape.latent_rows = rec.shape.height / std::max(1, cost_->model().vae_stride_s);
+    rec.shape.latent_rows = cost_->model().latentRows(rec.shape.height);
   }
   rec.max_degree = std::max(1, spec.max_degree);
   rec.num_heads = std::max(0, spec.num_heads);

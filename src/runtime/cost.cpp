@@ -857,7 +857,7 @@ std::shared_ptr<CostModel> makeAnalyticCostModel(const ModelArch& model, const C
 int32_t bestDecodeDegree(const CostModel& cost, const RequestShape& shape, int32_t max_degree, int32_t ranks_per_node) {
   GFDIT_CHECK(max_degree >= 1) << "max_degree must be >= 1, got " << max_degree;
   GFDIT_CHECK(ranks_per_node >= 0) << "ranks_per_node must be >= 0, got " << ranks_per_node;
-  const int32_t rows = std::max(1, shape.height / cost.model().vae_stride_s);
+  const int32_t rows = std::max(1, cost.model().latentRows(shape.height));
   int32_t best = 0;
   double best_s = 0;
   std::exception_ptr one_rank_error;

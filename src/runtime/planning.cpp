@@ -146,7 +146,7 @@ RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape,
   c.encode_s = stageQuery(cost, cost::Stage::kEncode, shape, 1, 0);
   c.decode_s = stageQuery(cost, cost::Stage::kDecode, shape, 1, 0);
   c.decode_at[1] = c.decode_s;
-  const int rows = shape.latent_rows > 0 ? shape.latent_rows : shape.height / std::max(1, cost.model().vae_stride_s);
+  const int rows = shape.latent_rows > 0 ? shape.latent_rows : cost.model().latentRows(shape.height);
   for (int d = 2; d <= kMaxRanks; ++d) {
     c.decode_at[d] = kInf;
     if (d > top || d > rows) continue;

@@ -19,9 +19,12 @@ using gfdit::testing::spec;
 namespace {
 
 struct Fixture {
-  explicit Fixture(int world, const std::string& policy = "fcfs", ControlConfig cfg = {}) {
+  explicit Fixture(int world, const std::string& policy = "fcfs", ControlConfig cfg = {})
+      : Fixture(world, makePolicy(policy), nullptr, cfg) {}
+  Fixture(int world, std::shared_ptr<Policy> policy, std::shared_ptr<const cost::CostModel> cost = nullptr,
+          ControlConfig cfg = {}) {
     cfg.world_size = world;
-    cp = std::make_unique<ControlPlane>(cfg, clock, exec, makePolicy(policy));
+    cp = std::make_unique<ControlPlane>(cfg, clock, exec, std::move(policy), std::move(cost));
     cp->setFinishedCallback([this](RequestResult&& r) { results.push_back(std::move(r)); });
   }
   const RequestResult* result(uint64_t id) const {
@@ -674,13 +677,10 @@ const ScriptExecutor::Sent* decodeOf(const ScriptExecutor& e, uint64_t request_i
 }  // namespace
 
 TEST(ControlPlane, DecodeSplitsOverAsManyHoldersAsTheDecisionAsks) {
-  VirtualClock clock;
-  ScriptExecutor exec;
-  ControlConfig cfg;
-  cfg.world_size = 4;
-  ControlPlane cp(cfg, clock, exec, std::make_shared<OnRanks>(std::vector<int>{2, 0, 3}, 2));
-  std::vector<RequestResult> results;
-  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  Fixture f(4, std::make_shared<OnRanks>(std::vector<int>{2, 0, 3}, 2));
+  ControlPlane& cp = *f.cp;
+  ScriptExecutor& exec = f.exec;
+  std::vector<RequestResult>& results = f.results;
   uint64_t id = cp.submit(spec(3));
   cp.poll();
   exec.drain(cp);
@@ -695,13 +695,10 @@ TEST(ControlPlane, DecodeSplitsOverAsManyHoldersAsTheDecisionAsks) {
 }
 
 TEST(ControlPlane, ASecondOutputOfADecodeIsDiscarded) {
-  VirtualClock clock;
-  ScriptExecutor exec;
-  ControlConfig cfg;
-  cfg.world_size = 2;
-  ControlPlane cp(cfg, clock, exec, std::make_shared<OnRanks>(std::vector<int>{0, 1}, 2));
-  std::vector<RequestResult> results;
-  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  Fixture f(2, std::make_shared<OnRanks>(std::vector<int>{0, 1}, 2));
+  ControlPlane& cp = *f.cp;
+  ScriptExecutor& exec = f.exec;
+  std::vector<RequestResult>& results = f.results;
   uint64_t id = cp.submit(spec(1));
   cp.poll();
   for (int round = 0; round < 10 && decodeOf(exec, id) == nullptr; ++round) {
@@ -723,14 +720,10 @@ TEST(ControlPlane, ASecondOutputOfADecodeIsDiscarded) {
 }
 
 TEST(ControlPlane, TheCostModelChoosesTheDecodeDegreeWithinTheLatentsRows) {
-  VirtualClock clock;
-  ScriptExecutor exec;
-  ControlConfig cfg;
-  cfg.world_size = 4;
-  ControlPlane cp(cfg, clock, exec, std::make_shared<OnRanks>(std::vector<int>{0, 1, 2, 3}, 0),
-                  std::make_shared<SplitDecodeCost>());
-  std::vector<RequestResult> results;
-  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  Fixture f(4, std::make_shared<OnRanks>(std::vector<int>{0, 1, 2, 3}, 0), std::make_shared<SplitDecodeCost>());
+  ControlPlane& cp = *f.cp;
+  ScriptExecutor& exec = f.exec;
+  std::vector<RequestResult>& results = f.results;
   uint64_t wide = cp.submit(spec(1, 64, 64));    // 8 latent rows: the fastest decode is on all 4
   uint64_t narrow = cp.submit(spec(1, 16, 64));  // 2 latent rows: at most 2 members
   SplitDecodeCost model;
@@ -751,13 +744,10 @@ TEST(ControlPlane, TheCostModelChoosesTheDecodeDegreeWithinTheLatentsRows) {
 }
 
 TEST(ControlPlane, ADecodeDegreeBeyondTheLatentsRowsIsRefused) {
-  VirtualClock clock;
-  ScriptExecutor exec;
-  ControlConfig cfg;
-  cfg.world_size = 2;
-  ControlPlane cp(cfg, clock, exec, std::make_shared<OnRanks>(std::vector<int>{0, 1}, 9));
-  std::vector<RequestResult> results;
-  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  Fixture f(2, std::make_shared<OnRanks>(std::vector<int>{0, 1}, 9));
+  ControlPlane& cp = *f.cp;
+  ScriptExecutor& exec = f.exec;
+  std::vector<RequestResult>& results = f.results;
   cp.submit(spec(1, 64, 64));  // 8 latent rows
   cp.poll();
   ASSERT_EQ(results.size(), 1u);
@@ -768,13 +758,10 @@ TEST(ControlPlane, ADecodeDegreeBeyondTheLatentsRowsIsRefused) {
 }
 
 TEST(ControlPlane, AMemberLostDuringAParallelDecodeIsRecovered) {
-  VirtualClock clock;
-  ScriptExecutor exec;
-  ControlConfig cfg;
-  cfg.world_size = 3;
-  ControlPlane cp(cfg, clock, exec, std::make_shared<OnRanks>(std::vector<int>{0, 1, 2}, 3));
-  std::vector<RequestResult> results;
-  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
+  Fixture f(3, std::make_shared<OnRanks>(std::vector<int>{0, 1, 2}, 3));
+  ControlPlane& cp = *f.cp;
+  ScriptExecutor& exec = f.exec;
+  std::vector<RequestResult>& results = f.results;
   uint64_t id = cp.submit(spec(2));
   cp.poll();
   for (int round = 0; round < 10 && decodeOf(exec, id) == nullptr; ++round) {

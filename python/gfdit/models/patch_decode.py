@@ -40,11 +40,6 @@ from gfdit._C import InvalidUsage
 from gfdit.models.sharding import even_splits
 
 
-def max_degree(latent_rows: int) -> int:
-    """The largest group that can decode a latent of ``latent_rows`` rows: one row per member at least."""
-    return max(1, int(latent_rows))
-
-
 class RowBands:
     """The group's split of a latent's rows, and the exchanges between the bands."""
 

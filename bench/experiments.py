@@ -70,6 +70,7 @@ TITLES = {  # of each section, by key (a section left out of a run is found by i
     "layouts": "(b) Layouts for long videos on h20x16",
     "priority": "(c) Mixed priority: one long video and a stream of images",
     "real": "(d) Real CPU runs: tiny-wan on this machine",
+    "batching": "(e) Batching: small images, with and without batches on both sides",
 }
 # Real CPU runs (real_section; see bench/real_runs.py): tiny-wan on this machine.
 REAL_WORLDS = (2, 4)
@@ -621,6 +622,75 @@ def headline_section(lab: Lab, ctx: dict[str, Any]) -> Section:
         "length, so reductions there compare two backlogs."
     )
     return Section("headline", TITLES["headline"], "\n".join(md), out)
+
+
+def batching_section(lab: Lab, ctx: dict[str, Any]) -> Section:
+    """Image scenarios with batching off (``:batch=1``) and on (the default) for the static and dynamic policies:
+    what batching adds to each side, and whether changing parallelism still adds to batching."""
+    loads = LOADS[::2] + LOADS[-1:] if lab.quick else LOADS
+    off = [f"{p}:batch=1" for p in STATIC + DYNAMIC]
+    md, data = [], {}
+    rows = []
+    for sc in SCENARIOS[:2]:  # image-steady, image-bursty
+        print(f"batching: {sc.name}", flush=True)
+        main = ctx.get("main", {}).get(sc.name)
+        sw = sweep(lab, sc, off, loads)
+        tas = dict(sw["throughput_at_slo"])
+        if main is not None:
+            tas.update(main["throughput_at_slo"])
+        else:  # the main section did not run: the batched side here
+            on = sweep(lab, sc, list(STATIC + DYNAMIC), loads)
+            tas.update(on["throughput_at_slo"])
+
+        def best(names: Sequence[str], tas: dict = tas) -> tuple[str, float]:
+            n = max(names, key=lambda k: tas[k]["rate_rps"])
+            return n, tas[n]["rate_rps"]
+
+        s_off, d_off = best([f"{p}:batch=1" for p in STATIC]), best([f"{p}:batch=1" for p in DYNAMIC])
+        s_on, d_on = best(STATIC), best(DYNAMIC)
+        data[sc.name] = {
+            "throughput_at_slo": tas,
+            "best_static_off": s_off,
+            "best_dynamic_off": d_off,
+            "best_static_on": s_on,
+            "best_dynamic_on": d_on,
+            "dynamic_vs_static_on": d_on[1] / s_on[1] if s_on[1] else None,
+            "dynamic_vs_static_off": d_off[1] / s_off[1] if s_off[1] else None,
+        }
+        rows.append(
+            [
+                sc.name,
+                f"{s_off[0]} {fmt(s_off[1], 'rate')}",
+                f"{s_on[0]} {fmt(s_on[1], 'rate')}",
+                f"{d_off[0]} {fmt(d_off[1], 'rate')}",
+                f"{d_on[0]} {fmt(d_on[1], 'rate')}",
+                fmt(data[sc.name]["dynamic_vs_static_off"], "x"),
+                _met(
+                    fmt(data[sc.name]["dynamic_vs_static_on"], "x"),
+                    _ge(data[sc.name]["dynamic_vs_static_on"], 3.0),
+                ),
+            ]
+        )
+    md.append(
+        "Throughput at SLO (req/s; the highest rate at which >= 90% meet their deadline), each side the best of its "
+        "policies (static:1/2/4/8 and fcfs/srtf/edf/priority), with batching off (`:batch=1`) and on (the "
+        "default: requests of one shape that would otherwise wait join a batch while each request's share of a "
+        "step falls by 10% or more, within the memory; the static policies batch by the same rule on their fixed "
+        "groups, as batching serving systems do at a fixed degree). The batched side is the main section's run.\n\n"
+        + table(
+            [
+                "scenario",
+                "best static, no batches",
+                "best static, batches",
+                "best dynamic, no batches",
+                "best dynamic, batches",
+                "dynamic / static, no batches",
+                "dynamic / static, batches (target >= 3x)",
+            ],
+            rows,
+        )
+    )
+    return Section("batching", TITLES["batching"], "\n".join(md), data)
 
 
 def _ge(x: float | None, target: float) -> bool:
@@ -1255,9 +1325,11 @@ SECTIONS: list[Callable[[Lab, dict[str, Any]], Section]] = [
     layout_section,
     priority_section,
     real_section,
+    batching_section,
 ]
-SECTION_KEYS = ("main", "headline", "regroup", "layouts", "priority", "real")  # SECTIONS' keys, in order
-REPORT_ORDER = ("headline", "main", "regroup", "layouts", "priority", "real")
+# SECTIONS' keys, in order
+SECTION_KEYS = ("main", "headline", "regroup", "layouts", "priority", "real", "batching")
+REPORT_ORDER = ("headline", "main", "batching", "regroup", "layouts", "priority", "real")
 
 
 # ------------------------------------------------------------------------------------------------ report

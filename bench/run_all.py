@@ -19,6 +19,10 @@
      results/cfg.json
  13. bench_decode.py (patch-parallel VAE decode at world 2 vs one rank, tiny Wan and tiny Qwen-Image):
      results/decode.json
+ 14. bench_batch_model.py (the batched denoising step vs one request at a time, tiny Qwen-Image and tiny Wan):
+     results/batch_model.json
+ 15. bench_batch.py (four tiny Qwen-Image requests on one engine rank, batched vs one after another, end to
+     end): results/batch.json
 
 and ends with a summary of every target. Defaults take about 25 minutes on 2 cores; --quick is a smoke
 test. Exit status 0 when every benchmark ran (missed targets are reported, not an error) unless --strict.
@@ -202,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         ("heads", "bench_heads.py", "heads.json", 900, []),
         ("cfg", "bench_cfg.py", "cfg.json", 900, []),
         ("decode", "bench_decode.py", "decode.json", 900, []),
+        ("batch_model", "bench_batch_model.py", "batch_model.json", 600, []),
+        ("batch", "bench_batch.py", "batch.json", 600, []),
     ):
         if key in skip:
             continue

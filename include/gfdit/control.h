@@ -38,7 +38,9 @@ struct ControlStats {
   uint64_t migrations = 0;
   uint64_t recoveries = 0;  ///< worlds re-created after a failure (the epoch)
   uint64_t task_timeouts = 0;
-  int64_t policy_ns = 0;  ///< real time spent in the policy (also when the clock is virtual)
+  uint64_t refused_decisions = 0;  ///< a policy's decisions dropped as invalid (NOTE [refused decisions])
+  uint64_t batched_steps = 0;      ///< denoise tasks that stepped two or more requests together (NOTE [batches])
+  int64_t policy_ns = 0;           ///< real time spent in the policy (also when the clock is virtual)
 };
 
 /// Settings of a control plane (NOTE [lookahead] and NOTE [expected completions] are in
@@ -93,6 +95,8 @@ class ControlPlane {
   bool recovering() const { return recovering_; }
   bool alive(int worker) const { return alive_[worker]; }
   const ControlStats& stats() const { return stats_; }
+  /// Why the latest refused decision was refused ("" if none was; NOTE [refused decisions] in control.cpp).
+  const std::string& lastRefusal() const { return last_refusal_; }
   const ControlConfig& config() const { return config_; }
   Policy& policy() { return *policy_; }
   /// The earliest time an in-flight task is expected to complete (from measured durations; NOTE [expected
@@ -107,15 +111,23 @@ class ControlPlane {
   void transition(Request& r, RequestState s, int32_t step = -1, const std::string& reason = "");
   void notify(Request& r);
   uint64_t dispatch(Request* r, TaskKind kind, const std::vector<int>& ranks, const Layout& layout, int32_t step_begin,
-                    int32_t num_steps, int src = -1, const std::string* payload = nullptr);
+                    int32_t num_steps, int src = -1, const std::string* payload = nullptr, int32_t batch = 1);
   void schedule();
   void track(Request& r);
   void buildView(SchedulerView& view, const Request* lookahead);
-  void validate(const std::vector<Decision>& ds, const SchedulerView& view, const Request* lookahead,
-                std::vector<Request*>& chosen) const;
-  void startDecision(Request& r, const Decision& d);
+  void validate(const Decision& d, const SchedulerView& view, const Request* lookahead, const std::vector<bool>& taken,
+                const std::vector<uint64_t>& seen, std::vector<Request*>& members) const;
+  void startDecision(const std::vector<Request*>& members, const Decision& d);
+  void place(Request& r);
+  double stepSeconds(const Request& r, const Layout& layout, int32_t batch) const;
+  bool decisionDone(const Request& head) const;
+  void dispatchStep(Request& r);
   void pump(Request& r);
   bool lookahead(Request& r);
+  void leaveBatch(Request& r);
+  void applyTo(Task& t, Request& r, int32_t step_begin, bool& go_on);
+  void continueBatch(Task& t);
+  void drainDecodes();
   void taskDone(Task& t);
   void applyDone(Task& t);
   void dropCopy(Request& r, int worker);
@@ -148,6 +160,8 @@ class ControlPlane {
   std::vector<bool> rank_busy_;
   std::vector<bool> alive_;
   std::vector<int64_t> worker_free_at_;       ///< expected end of each worker's queued work
+  std::vector<uint64_t> decode_waiting_;      ///< requests waiting for a free holder to decode on (NOTE [batches])
+  std::string last_refusal_;                  ///< why the policy's last refused decision was refused
   std::unique_ptr<TaskDurations> durations_;  ///< measured task durations by kind, shape and layout
   int ranks_per_node_ = 0;                    ///< ranks on node 0 (nodes are assumed equal)
   uint64_t next_request_id_ = 1;

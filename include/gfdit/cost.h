@@ -163,6 +163,12 @@ class CostModel {
   /// Cores the ranks share (a CPU whose ranks outnumber its cores), or 0 with one device per rank. A rank
   /// beyond the cores adds no compute, only waits in collectives: policies lend spare ranks up to it.
   virtual int32_t sharedCores() const { return 0; }
+  /// The largest batch of `q.shape` on `q.degree` ranks it prices and the memory holds (at least 1): the
+  /// analytic model's memory limit (cost::maxBatch), a profile's largest measured batch.
+  virtual int32_t maxBatch(const StageQuery& q) const {
+    (void)q;
+    return 1;
+  }
 };
 
 /// The analytic model of `model` on `cluster` (which also fixes the topology used for num_nodes).

@@ -54,6 +54,9 @@ struct TaskDescriptor {
   int32_t num_ranks = 0;       ///< group size
   int32_t src_rank = -1;       ///< kMigrate: the member that holds the state
   uint32_t payload_bytes = 0;  ///< bytes that follow the descriptor in the ring
+  /// kDenoise: the requests the task steps in one batched forward (NOTE [batches] in src/runtime/control.cpp):
+  /// 1, or request_id and batch - 1 others, which its payload names (BatchMembers).
+  int32_t batch = 1;
   Layout layout;
   int16_t ranks[kMaxRanks] = {};  ///< the group, in order
   int64_t dispatch_ns = 0;        ///< monotonic time the control plane wrote it (latency measurement)
@@ -148,6 +151,16 @@ struct ModelInfo {
   static ModelInfo decode(const std::string& bytes);
   bool operator==(const ModelInfo& o) const;
   bool operator!=(const ModelInfo& o) const { return !(*this == o); }
+};
+
+/// What a batched DENOISE task carries besides its descriptor (TaskDescriptor::batch > 1): the other requests
+/// it steps, each with the step it starts at (the descriptor's request_id and step_begin are the first member).
+struct BatchMembers {
+  std::vector<uint64_t> request_ids;
+  std::vector<int32_t> step_begins;
+
+  std::string encode() const;
+  static BatchMembers decode(const std::string& bytes);
 };
 
 /// What a REINIT task carries: the epoch of the new world and the workers that make it up, in rank order.

@@ -26,6 +26,25 @@ Layout bestLayout(const cost::CostModel& cost, const RequestShape& shape, int de
 RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape, int max_degree, int ranks_per_node,
                          LayoutFamily family);
 
+/// A batch the policies grow one request at a time (NOTE [planning], 3b): its head's shape, group and layout, its
+/// requests and the predicted seconds of its step.
+struct BatchPlan {
+  RequestShape shape;
+  int degree = 1;
+  Layout layout;
+  int members = 1;
+  int max_members = 0;  ///< max_batch and the cost model's memory limit (0: not computed yet)
+  double step_s = 0;    ///< one step of `members` requests (0: not computed yet)
+};
+
+/// Whether one more request joining `b` makes each request's share of a step fall by at least `gain`:
+/// step(d, b + 1) / (b + 1) <= step(d, b) / b x (1 - gain), within `max_batch` and the model's memory limit;
+/// if so `b` takes it in. A batch the model does not price is full.
+bool joinBatch(const cost::CostModel& cost, int32_t max_batch, double gain, BatchPlan& b);
+
+/// Whether two requests may run in one batch: the same height, width, frames and guidance.
+bool sameBatchShape(const RequestShape& a, const RequestShape& b);
+
 /// The largest Ulysses degree a model of `heads` attention heads allows: the heads (an uneven split gives each
 /// member floor or ceil of heads / ulysses), at least 1 and at most kMaxRanks.
 int maxUlyssesDegree(int heads);

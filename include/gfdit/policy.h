@@ -42,6 +42,11 @@ struct Decision {
   /// src/runtime/control.cpp): 0 leaves it to the cost model (RequestCost::decode_degree); at most the
   /// request's latent rows.
   int32_t decode_degree = 0;
+  /// Other ready requests that run these steps with it, in one batched transformer forward per step on the same
+  /// ranks and layout (NOTE [batches] in src/runtime/control.cpp): each of the same shape (height, width, frames)
+  /// and guidance as this one, none chosen twice; each keeps its own steps, sampler, seed and guidance. The
+  /// decision's steps are capped by the member with the fewest left; at its end the members part.
+  std::vector<uint64_t> batch;
 };
 
 /// The ready requests (waiting for a decision) kept in a policy's own order between scheduling points
@@ -121,18 +126,27 @@ struct PolicyOptions {
   /// edf, priority: the degree a deadline needs is the smallest whose predicted remaining time, times this,
   /// fits before the deadline (predictions miss queueing and later preemption).
   double deadline_margin = 1.5;
+  /// Most requests one batch steps together (NOTE [planning], 3b); 1: no batching. The cost model's memory
+  /// limit (CostModel::maxBatch) caps it further.
+  int32_t max_batch = 8;
+  /// A request joins a batch only when that makes each step of the batch at least this much cheaper per request:
+  /// step(d, b + 1) / (b + 1) <= step(d, b) / b x (1 - batch_gain).
+  double batch_gain = 0.1;
 };
 
 /// "static:D": ranks split into fixed groups of D (0..D-1, D..2D-1, ...); a request keeps the group it
-/// got first for its whole life; the baseline of fixed-degree serving systems.
-std::unique_ptr<Policy> makeStaticPolicy(int degree);
+/// got first for its whole life; the baseline of fixed-degree serving systems. With a cost model, requests
+/// of one shape that find no free group join a batch on a group taken in the same round (its holders' batch, or
+/// a new one), up to `max_batch` and the model's memory limit, as batching serving systems do at a fixed degree.
+std::unique_ptr<Policy> makeStaticPolicy(int degree, int32_t max_batch = PolicyOptions().max_batch);
 /// The built-in dynamic policies (NOTE [planning] in src/runtime/planning_policy.cpp): at every step
 /// boundary, requests in the policy's order get a degree from the cost model and the load, the ranks that
 /// hold their state where possible, and a layout for the topology; requests that do not fit wait (paused on
 /// their holders).
 std::unique_ptr<Policy> makePlanningPolicy(const PolicyOptions& options);
 /// Parses a policy name: "fcfs", "srtf", "edf", "priority", "static:D", the dynamic ones optionally with
-/// ":layout=auto|usp|swift|torus"; unknown names list the built-in ones.
+/// ":layout=auto|usp|swift|torus", any of them with ":batch=N" (N in [1, kMaxBatch]: the most requests one batch
+/// steps; 1 turns batching off); unknown names list the built-in ones.
 std::unique_ptr<Policy> makePolicy(const std::string& spec);
 /// Names of the built-in policies ("static:D" stands for any degree).
 std::vector<std::string> policyNames();

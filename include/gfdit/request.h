@@ -43,6 +43,7 @@ struct StageRecord {
   int64_t end_ns = 0;    ///< latest end over the members
   TaskError error = TaskError::kOk;
   bool regroup = false;  ///< a denoise task on another set of ranks than the request's previous one (NOTE [regroups])
+  int32_t batch = 1;     ///< requests the task stepped in one batched forward (NOTE [batches]), this one included
 };
 
 /// What a caller submits.
@@ -104,8 +105,12 @@ struct RequestRecord {
   int32_t steps_in_flight = 0;
   int32_t attempts = 0;         ///< recoveries it went through
   int64_t decision_end_ns = 0;  ///< busy: predicted end of its running decision (0: unknown)
-  RequestCost cost;             ///< predictions (cost.known is false without a cost model)
-  std::string reason;           ///< FAILED / CANCELLED
+  /// busy: the request whose decision it runs in (its own id when it leads one; NOTE [batches] in
+  /// src/runtime/control.cpp), and how many requests that decision steps together; 0 and 1 when not busy.
+  uint64_t batch_leader = 0;
+  int32_t batch_size = 1;
+  RequestCost cost;    ///< predictions (cost.known is false without a cost model)
+  std::string reason;  ///< FAILED / CANCELLED
   std::vector<Transition> transitions;
 
   int32_t stepsLeft() const { return num_steps - step; }

@@ -8,6 +8,8 @@ namespace gfdit {
 
 /// Largest world gfdit supports on one node.
 constexpr int kMaxRanks = 64;
+/// Most requests one batched denoising step runs together (NOTE [batches] in src/runtime/control.cpp).
+constexpr int32_t kMaxBatch = 64;
 
 /// Element types the collectives understand.
 enum class DType : int32_t {

@@ -32,7 +32,10 @@ struct WorkerTask {
   int64_t dispatch_ns = 0;
   int64_t start_ns = 0;       ///< when the worker took it
   GenerationRequest request;  ///< kEncode (every field set)
-  ReinitPlan reinit;          ///< kReinit
+  /// kDenoise of a batch (TaskDescriptor::batch > 1): the other requests it steps with request_id, and the step
+  /// each starts at; every member runs num_steps steps.
+  BatchMembers batch;
+  ReinitPlan reinit;  ///< kReinit
 };
 
 /// The TaskError a failure of this code reports: a collective that failed (Timeout, RemoteError) needs
@@ -62,7 +65,7 @@ class WorkerLoop {
   /// out (NOTE [worker loop]).
   std::optional<WorkerTask> next(double poll_s);
   /// The worker's copy of `request_id`'s state is at `step` now (after each denoising step, and when a
-  /// migration brought it).
+  /// migration brought it). A batched step reports each member.
   void progress(uint64_t request_id, int32_t step);
   /// `task` ran.
   void complete(const WorkerTask& task);

@@ -35,6 +35,16 @@ void register_engine(py::module_& m) {
       .def_readonly("dispatch_ns", &WorkerTask::dispatch_ns)
       .def_readonly("request", &WorkerTask::request, "ENCODE: the request, every field set")
       .def_property_readonly(
+          "batch",
+          [](const WorkerTask& t) {
+            std::vector<std::pair<uint64_t, int32_t>> out;
+            for (size_t i = 0; i < t.batch.request_ids.size(); ++i) {
+              out.emplace_back(t.batch.request_ids[i], t.batch.step_begins[i]);
+            }
+            return out;
+          },
+          "DENOISE of a batch: the other requests it steps with request_id, each with the step it starts at")
+      .def_property_readonly(
           "epoch", [](const WorkerTask& t) { return t.reinit.epoch; }, "REINIT: the new world's epoch")
       .def_property_readonly(
           "workers", [](const WorkerTask& t) { return t.reinit.workers; },

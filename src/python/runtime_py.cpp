@@ -214,7 +214,9 @@ void register_runtime(py::module_& m) {
       .def_readonly("end_ns", &StageRecord::end_ns)
       .def_readonly("error", &StageRecord::error)
       .def_readonly("regroup", &StageRecord::regroup,
-                    "a denoise task on another set of ranks than the request's previous one (NOTE [regroups])");
+                    "a denoise task on another set of ranks than the request's previous one (NOTE [regroups])")
+      .def_readonly("batch", &StageRecord::batch,
+                    "requests the task stepped in one batched forward, this one included (NOTE [batches])");
 
   py::enum_<LayoutFamily>(r, "LayoutFamily")
       .value("AUTO", LayoutFamily::kAuto)
@@ -280,6 +282,9 @@ void register_runtime(py::module_& m) {
       .def_readonly("steps_in_flight", &RequestRecord::steps_in_flight)
       .def_readonly("attempts", &RequestRecord::attempts)
       .def_readonly("decision_end_ns", &RequestRecord::decision_end_ns)
+      .def_readonly("batch_leader", &RequestRecord::batch_leader,
+                    "busy: the request whose batch it runs in (its own id when it leads one), else 0")
+      .def_readonly("batch_size", &RequestRecord::batch_size)
       .def_readonly("cost", &RequestRecord::cost)
       .def_property_readonly("steps_left", &RequestRecord::stepsLeft)
       .def("remaining_s", &RequestRecord::remainingSeconds, py::arg("degree"),
@@ -290,24 +295,29 @@ void register_runtime(py::module_& m) {
       });
 
   py::class_<Decision>(r, "Decision")
-      .def(py::init([](uint64_t id, std::vector<int> ranks, Layout layout, int steps, int decode_degree) {
+      .def(py::init([](uint64_t id, std::vector<int> ranks, Layout layout, int steps, int decode_degree,
+                       std::vector<uint64_t> batch) {
              Decision d;
              d.request_id = id;
              d.ranks = std::move(ranks);
              d.layout = layout;
              d.num_steps = steps;
              d.decode_degree = decode_degree;
+             d.batch = std::move(batch);
              return d;
            }),
            py::arg("request_id"), py::arg("ranks"), py::arg("layout") = Layout(), py::arg("num_steps") = 1,
-           py::arg("decode_degree") = 0)
+           py::arg("decode_degree") = 0, py::arg("batch") = std::vector<uint64_t>())
       .def_readwrite("request_id", &Decision::request_id)
       .def_readwrite("ranks", &Decision::ranks)
       .def_readwrite("layout", &Decision::layout)
       .def_readwrite("num_steps", &Decision::num_steps)
       .def_readwrite("dispatch_ahead", &Decision::dispatch_ahead)
       .def_readwrite("decode_degree", &Decision::decode_degree,
-                     "Ranks the decode splits over after these steps: 0, the cost model's choice.");
+                     "Ranks the decode splits over after these steps: 0, the cost model's choice.")
+      .def_readwrite("batch", &Decision::batch,
+                     "Other ready requests of the same shape and guidance that run these steps with it, one batched "
+                     "forward per step (NOTE [batches])");
 
   auto recordList = [](const std::vector<const RequestRecord*>& v) {
     py::list out;

@@ -113,6 +113,8 @@ py::dict statsDict(const EngineStats& s) {
   d["migrations"] = s.control.migrations;
   d["recoveries"] = s.control.recoveries;
   d["task_timeouts"] = s.control.task_timeouts;
+  d["refused_decisions"] = s.control.refused_decisions;
+  d["batched_steps"] = s.control.batched_steps;
   d["policy_ns"] = s.control.policy_ns;
   d["control_cpu_ns"] = s.control_cpu_ns;
   d["loop_wakeups"] = s.loop_wakeups;

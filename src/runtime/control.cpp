@@ -138,7 +138,8 @@ struct ControlPlane::Task {
   OutputRef output;
   bool probe = false;
   bool regroup = false;  // a denoise task on another set of ranks than the request's previous one
-  std::vector<std::pair<int, int32_t>> step_ends;  // (worker, step its copy is at) from each completion
+  std::vector<std::pair<int, int32_t>> step_ends;    // (worker, step its copy is at) from each completion
+  std::vector<std::pair<uint64_t, int32_t>> riders;  // a batched step: the other requests and their first steps
 };
 
 struct ControlPlane::Request {
@@ -161,6 +162,10 @@ struct ControlPlane::Request {
   bool in_order = false;                        // in ready_order_ (NOTE [ready order]) ...
   size_t order_handle = 0;                      // ... by this handle
   bool in_running = false;                      // in running_
+  // see NOTE [batches]: the head of a batch lists the others; each of those points at the head
+  std::vector<Request*> riders;
+  Request* head = nullptr;
+  bool decode_wait = false;  // its steps are done and no free holder could decode it yet
 };
 
 ControlPlane::ControlPlane(ControlConfig config, Clock& clock, Executor& executor, std::shared_ptr<Policy> policy,
@@ -280,7 +285,8 @@ void ControlPlane::release(const std::vector<int>& ranks) {
 }
 
 uint64_t ControlPlane::dispatch(Request* r, TaskKind kind, const std::vector<int>& ranks, const Layout& layout,
-                                int32_t step_begin, int32_t num_steps, int src, const std::string* payload) {
+                                int32_t step_begin, int32_t num_steps, int src, const std::string* payload,
+                                int32_t batch) {
   auto t = std::make_unique<Task>();
   t->id = next_task_id_++;
   t->request_id = r != nullptr ? r->rec.id : 0;
@@ -290,7 +296,7 @@ uint64_t ControlPlane::dispatch(Request* r, TaskKind kind, const std::vector<int
   t->step_begin = step_begin;
   t->num_steps = num_steps;
   t->dispatch_ns = clock_.nowNs();
-  t->key = TaskDurations::key(kind, r != nullptr ? &r->rec.shape : nullptr, layout);
+  t->key = TaskDurations::key(kind, r != nullptr ? &r->rec.shape : nullptr, layout, batch);
   if (kind == TaskKind::kDenoise && r != nullptr) {  // see NOTE [regroups]
     std::vector<int> on = ranks;
     std::sort(on.begin(), on.end());
@@ -321,6 +327,7 @@ uint64_t ControlPlane::dispatch(Request* r, TaskKind kind, const std::vector<int
   d.num_ranks = static_cast<int32_t>(ranks.size());
   d.src_rank = src;
   d.layout = layout;
+  d.batch = batch;
   for (size_t i = 0; i < ranks.size(); ++i) d.ranks[i] = static_cast<int16_t>(ranks[i]);
   d.dispatch_ns = t->dispatch_ns;
   static const std::string kEmpty;
@@ -346,7 +353,7 @@ void ControlPlane::probe(int worker) {
 // see NOTE [ready order]
 void ControlPlane::track(Request& r) {
   const bool live = !isFinished(r.rec.state);
-  const bool waiting = live && !r.rec.busy;
+  const bool waiting = live && !r.rec.busy && !r.decode_wait;
   const bool running = live && r.rec.busy;
   if (ready_order_ != nullptr) {
     if (r.in_order) ready_order_->erase(r.order_handle);
@@ -379,63 +386,90 @@ void ControlPlane::buildView(SchedulerView& view, const Request* la) {
   if (view.order == nullptr) {  // every waiting request in the list (NOTE [ready order])
     view.ready.reserve(order_.size());
     for (const Request* r : order_) {
-      if (!isFinished(r->rec.state) && !r->rec.busy) view.ready.push_back(&r->rec);
+      if (!isFinished(r->rec.state) && !r->rec.busy && !r->decode_wait) view.ready.push_back(&r->rec);
     }
   }
   view.running.reserve(running_.size());
   for (const auto& entry : running_) {
     const Request* r = std::get<2>(entry);
-    if (r != la) view.running.push_back(&r->rec);  // la: added to ready by the caller, as at its boundary
+    // la and its batch: added to ready by the caller, as at its boundary
+    if (la == nullptr || (r != la && r->head != la)) view.running.push_back(&r->rec);
   }
 }
 
-void ControlPlane::validate(const std::vector<Decision>& ds, const SchedulerView& view, const Request* la,
-                            std::vector<Request*>& chosen) const {
+void ControlPlane::validate(const Decision& d, const SchedulerView& view, const Request* la,
+                            const std::vector<bool>& taken, const std::vector<uint64_t>& seen,
+                            std::vector<Request*>& members) const {
+  members.clear();
   std::vector<bool> free(config_.world_size, false);
   for (int w : view.free_ranks) free[w] = true;
-  std::vector<bool> taken(config_.world_size, false);
-  std::vector<uint64_t> seen;
   const std::string pname = policy_->name();
-  for (const Decision& d : ds) {
-    auto it = requests_.find(d.request_id);
-    GFDIT_CHECK(it != requests_.end()) << "policy " << pname << " chose unknown request " << d.request_id;
-    const Request& r = *it->second;
-    chosen.push_back(it->second.get());
-    GFDIT_CHECK((&r == la || !r.rec.busy) && !isFinished(r.rec.state))
-        << "policy " << pname << " chose request " << d.request_id << ", which is not ready";
-    GFDIT_CHECK(std::find(seen.begin(), seen.end(), d.request_id) == seen.end())
-        << "policy " << pname << " chose request " << d.request_id << " twice";
-    seen.push_back(d.request_id);
-    GFDIT_CHECK(!d.ranks.empty() && static_cast<int>(d.ranks.size()) <= config_.world_size)
-        << "policy " << pname << " gave request " << d.request_id << " " << d.ranks.size() << " ranks";
-    for (int w : d.ranks) {
-      GFDIT_CHECK(w >= 0 && w < config_.world_size && free[w] && !taken[w])
-          << "policy " << pname << " gave request " << d.request_id << " rank " << w
-          << ", which is busy, dead, taken twice or out of range";
-      taken[w] = true;
-    }
-    GFDIT_CHECK(d.layout.cfg == 1 || d.layout.cfg == 2)
-        << "policy " << pname << ": layout cfg " << d.layout.cfg << " for request " << d.request_id
-        << " (1: the guidance passes in turn, 2: CFG-parallel)";
-    GFDIT_CHECK(d.layout.ulysses >= 1 && d.layout.ring >= 1 && d.layout.degree() == static_cast<int>(d.ranks.size()))
-        << "policy " << pname << ": layout " << d.layout.ulysses << "x" << d.layout.ring
-        << (d.layout.cfg == 2 ? " x cfg 2" : "") << " does not fit " << d.ranks.size() << " ranks";
-    GFDIT_CHECK(d.layout.cfg == 1 || r.rec.shape.guidance())
-        << "policy " << pname << ": layout cfg 2 (CFG-parallel) for request " << d.request_id
-        << ", which has no guidance (guidance_scale " << r.rec.shape.guidance_scale
-        << " <= 1: one pass per step, nothing to run in parallel)";
-    GFDIT_CHECK(d.layout.mode == LayoutMode::kUsp || d.layout.mode == LayoutMode::kTorus)
-        << "policy " << pname << ": layout mode " << static_cast<int>(d.layout.mode);
-    GFDIT_CHECK(d.num_steps >= 1) << "policy " << pname << ": num_steps " << d.num_steps;
-    GFDIT_CHECK(d.decode_degree >= 0 && d.decode_degree <= std::max(1, r.rec.shape.latent_rows))
-        << "policy " << pname << ": decode_degree " << d.decode_degree << " for request " << d.request_id
-        << ", whose latent has " << r.rec.shape.latent_rows << " rows (a decode member needs one at least)";
+  auto it = requests_.find(d.request_id);
+  GFDIT_CHECK(it != requests_.end()) << "policy " << pname << " chose unknown request " << d.request_id;
+  const Request& r = *it->second;
+  GFDIT_CHECK(d.batch.size() + 1 <= static_cast<size_t>(kMaxBatch)).param("batch")
+      << "policy " << pname << ": a batch of " << d.batch.size() + 1 << " requests; at most " << kMaxBatch;
+  for (size_t i = 0; i <= d.batch.size(); ++i) {
+    const uint64_t id = i == 0 ? d.request_id : d.batch[i - 1];
+    auto m = requests_.find(id);
+    GFDIT_CHECK(m != requests_.end()).param("batch") << "policy " << pname << " chose unknown request " << id;
+    const Request& x = *m->second;
+    GFDIT_CHECK(((&x == la || (la != nullptr && x.head == la)) || !x.rec.busy) && !isFinished(x.rec.state) &&
+                !x.decode_wait)
+        << "policy " << pname << " chose request " << id << ", which is not ready";
+    GFDIT_CHECK(std::find(seen.begin(), seen.end(), id) == seen.end() &&
+                std::find(members.begin(), members.end(), m->second.get()) == members.end())
+        << "policy " << pname << " chose request " << id << " twice";
+    const RequestShape& a = r.rec.shape;
+    const RequestShape& b = x.rec.shape;
+    GFDIT_CHECK(a.height == b.height && a.width == b.width && a.num_frames == b.num_frames &&
+                a.guidance() == b.guidance())
+            .param("batch")
+        << "policy " << pname << ": request " << id << " (" << b.height << "x" << b.width << "x" << b.num_frames
+        << ", guidance " << (b.guidance() ? "on" : "off") << ") cannot batch with request " << d.request_id << " ("
+        << a.height << "x" << a.width << "x" << a.num_frames << ", guidance " << (a.guidance() ? "on" : "off")
+        << "): the members of a batch share their shape and guidance";
+    members.push_back(m->second.get());
   }
+  GFDIT_CHECK(!d.ranks.empty() && static_cast<int>(d.ranks.size()) <= config_.world_size)
+      << "policy " << pname << " gave request " << d.request_id << " " << d.ranks.size() << " ranks";
+  std::vector<int> mine;
+  for (int w : d.ranks) {
+    GFDIT_CHECK(w >= 0 && w < config_.world_size && free[w] && !taken[w] &&
+                std::find(mine.begin(), mine.end(), w) == mine.end())
+        << "policy " << pname << " gave request " << d.request_id << " rank " << w
+        << ", which is busy, dead, taken twice or out of range";
+    mine.push_back(w);
+  }
+  GFDIT_CHECK(d.layout.cfg == 1 || d.layout.cfg == 2)
+      << "policy " << pname << ": layout cfg " << d.layout.cfg << " for request " << d.request_id
+      << " (1: the guidance passes in turn, 2: CFG-parallel)";
+  GFDIT_CHECK(d.layout.ulysses >= 1 && d.layout.ring >= 1 && d.layout.degree() == static_cast<int>(d.ranks.size()))
+      << "policy " << pname << ": layout " << d.layout.ulysses << "x" << d.layout.ring
+      << (d.layout.cfg == 2 ? " x cfg 2" : "") << " does not fit " << d.ranks.size() << " ranks";
+  GFDIT_CHECK(d.layout.cfg == 1 || r.rec.shape.guidance())
+      << "policy " << pname << ": layout cfg 2 (CFG-parallel) for request " << d.request_id
+      << ", which has no guidance (guidance_scale " << r.rec.shape.guidance_scale
+      << " <= 1: one pass per step, nothing to run in parallel)";
+  GFDIT_CHECK(d.layout.mode == LayoutMode::kUsp || d.layout.mode == LayoutMode::kTorus)
+      << "policy " << pname << ": layout mode " << static_cast<int>(d.layout.mode);
+  GFDIT_CHECK(d.num_steps >= 1) << "policy " << pname << ": num_steps " << d.num_steps;
+  GFDIT_CHECK(d.decode_degree >= 0 && d.decode_degree <= std::max(1, r.rec.shape.latent_rows)).param("decode_degree")
+      << "policy " << pname << ": decode_degree " << d.decode_degree << " for request " << d.request_id
+      << ", whose latent has " << r.rec.shape.latent_rows << " rows (a decode member needs one at least)";
 }
 
+// NOTE [refused decisions]
+// A policy's decisions are checked one by one (validate). One that is refused (an unknown or busy request, a
+// rank that is busy or dead, a layout that does not fit, a decode group larger than the latent, a batch whose
+// members differ in shape or guidance) is dropped with its reason (ControlStats::refused_decisions,
+// lastRefusal()), and the others run: its requests lose nothing and wait for the next round. Only when nothing
+// at all is in flight afterwards, so that no completion will ever start another round, do the requests it named
+// fail with the reason, rather than wait for ever. A policy that throws fails the requests it was asked about.
 void ControlPlane::schedule() {
   dirty_ = false;
   if (recovering_) return;
+  if (!decode_waiting_.empty()) drainDecodes();  // before the policy: their holders are theirs
   bool any_free = false;
   for (int w = 0; w < config_.world_size && !any_free; ++w) any_free = alive_[w] && !rank_busy_[w];
   if (!any_free) return;
@@ -444,11 +478,9 @@ void ControlPlane::schedule() {
   if (view.numReady() == 0) return;
   int64_t t0 = nowNs();  // the real clock: this is the policy's cost, also in a simulation
   std::vector<Decision> ds;
-  std::vector<Request*> chosen;  // the requests of ds, in turn
   try {
     ++stats_.policy_calls;
     ds = policy_->schedule(view);
-    validate(ds, view, nullptr, chosen);
   } catch (const std::exception& e) {
     // A broken policy must not leave requests waiting for ever: the ones it was asked about fail.
     std::string msg = std::string("policy ") + policy_->name() + " failed: " + e.what();
@@ -463,73 +495,188 @@ void ControlPlane::schedule() {
     return;
   }
   stats_.policy_ns += nowNs() - t0;
-  for (size_t i = 0; i < ds.size(); ++i) startDecision(*chosen[i], ds[i]);
+  // see NOTE [refused decisions]
+  std::vector<bool> taken(config_.world_size, false);
+  std::vector<uint64_t> seen;
+  std::vector<std::vector<Request*>> chosen;  // the members of each accepted decision
+  std::vector<const Decision*> accepted;
+  std::vector<uint64_t> refused;
+  std::string why;
+  for (const Decision& d : ds) {
+    std::vector<Request*> members;
+    try {
+      validate(d, view, nullptr, taken, seen, members);
+    } catch (const Error& e) {
+      ++stats_.refused_decisions;
+      last_refusal_ = why = e.message();
+      refused.push_back(d.request_id);
+      continue;
+    }
+    for (int w : d.ranks) taken[w] = true;
+    for (const Request* m : members) seen.push_back(m->rec.id);
+    chosen.push_back(std::move(members));
+    accepted.push_back(&d);
+  }
+  for (size_t i = 0; i < accepted.size(); ++i) startDecision(chosen[i], *accepted[i]);
+  if (!refused.empty() && tasks_.empty()) {
+    for (uint64_t id : refused) {
+      auto it = requests_.find(id);
+      if (it != requests_.end() && !it->second->rec.busy) {
+        finish(*it->second, RequestState::kFailed, "policy " + policy_->name() + ": " + why);
+      }
+    }
+  }
 }
 
-void ControlPlane::startDecision(Request& r, const Decision& d) {
+// NOTE [batches]
+// A decision may name other ready requests of the same shape and guidance (Decision::batch): they run its steps
+// with it, one batched transformer forward per step on its ranks and layout (StagedModel.denoise_batch: each
+// request keeps its own state, step, sampler, seed and guidance, and gets what it would alone). The first is the
+// batch's head: it holds the group and the decision (todo, dispatch-ahead), the others (riders) point at it.
+// Each member is placed as alone first (an encode, a migration from its holder, frees), so a batched step finds
+// every member's state on every rank of the group; those tasks go out before the batched steps (NOTE [dispatch
+// order]). A batched step is one DENOISE task of the head whose payload names the riders and the step each is at
+// (BatchMembers); it runs all of them or none, and every member advances by its steps. The worker's completion
+// says the step of the head's copy; a rider's copy is at the same offset from its own first step (or gone, when
+// the head's is). The decision's steps are capped by the member with the fewest left, so at its end some members
+// may be done: they decode, one after another on their holders as those come free (a member whose holders are
+// all busy waits: decode_wait), and the others wait for the next decision, which may batch them again, with
+// others, or not at all. A member that finishes early (cancelled, failed) leaves the batch at once; a head that
+// leaves hands the batch to its first rider. Dispatch-ahead works as alone (NOTE [lookahead]): the policy is asked
+// about the whole batch at its boundary, and only the same batch on the same ranks and layout goes on.
+void ControlPlane::place(Request& r) {
   RequestRecord& rec = r.rec;
-  occupy(d.ranks);
-  rec.busy = true;
-  track(r);
-  r.group = d.ranks;
-  r.layout = d.layout;
-  rec.layout = d.layout;
-  r.todo = std::min(d.num_steps, rec.num_steps - rec.step);
-  r.ahead = d.dispatch_ahead;
-  r.decode_degree = d.decode_degree;
-  r.next_step = rec.step;
   if (rec.state == RequestState::kQueued) {
     transition(r, RequestState::kEncoding);
     dispatch(&r, TaskKind::kEncode, r.group, Layout(), 0, 0, -1, &r.payload);
-  } else {
-    std::vector<int> fresh, stale;
+    return;
+  }
+  std::vector<int> fresh, stale;
+  for (int w : r.group) {
+    if (std::find(rec.ranks.begin(), rec.ranks.end(), w) == rec.ranks.end()) fresh.push_back(w);
+  }
+  for (int w : rec.ranks) {
+    if (std::find(r.group.begin(), r.group.end(), w) == r.group.end()) stale.push_back(w);
+  }
+  if (!fresh.empty()) {
+    GFDIT_CHECK_CODE(kInternal, !rec.ranks.empty()) << "request " << rec.id << " has no holder to migrate from";
+    int src = rec.ranks[0];
     for (int w : r.group) {
-      if (std::find(rec.ranks.begin(), rec.ranks.end(), w) == rec.ranks.end()) fresh.push_back(w);
-    }
-    for (int w : rec.ranks) {
-      if (std::find(r.group.begin(), r.group.end(), w) == r.group.end()) stale.push_back(w);
-    }
-    if (!fresh.empty()) {
-      GFDIT_CHECK_CODE(kInternal, !rec.ranks.empty()) << "request " << rec.id << " has no holder to migrate from";
-      int src = rec.ranks[0];
-      for (int w : r.group) {
-        if (std::find(rec.ranks.begin(), rec.ranks.end(), w) != rec.ranks.end()) {
-          src = w;
-          break;
-        }
+      if (std::find(rec.ranks.begin(), rec.ranks.end(), w) != rec.ranks.end()) {
+        src = w;
+        break;
       }
-      std::vector<int> bgroup{src};
-      bgroup.insert(bgroup.end(), fresh.begin(), fresh.end());
-      dispatch(&r, TaskKind::kMigrate, bgroup, Layout(), rec.step, 0, src);
-      ++stats_.migrations;
     }
-    if (!stale.empty()) dispatch(&r, TaskKind::kFree, stale, Layout(), rec.step, 0);  // FIFO: after the migration
-    rec.ranks = r.group;
+    std::vector<int> bgroup{src};
+    bgroup.insert(bgroup.end(), fresh.begin(), fresh.end());
+    dispatch(&r, TaskKind::kMigrate, bgroup, Layout(), rec.step, 0, src);
+    ++stats_.migrations;
   }
-  rec.decision_end_ns = 0;
-  if (rec.cost.known) {
-    double s = r.todo * rec.cost.stepSeconds(d.layout.degree());
-    if (rec.state == RequestState::kEncoding) s += rec.cost.encode_s;
-    rec.decision_end_ns = clock_.nowNs() + static_cast<int64_t>(s * kSecond);
+  if (!stale.empty()) dispatch(&r, TaskKind::kFree, stale, Layout(), rec.step, 0);  // FIFO: after the migration
+  rec.ranks = r.group;
+}
+
+double ControlPlane::stepSeconds(const Request& r, const Layout& layout, int32_t batch) const {
+  const RequestCost& c = r.rec.cost;
+  if (!c.known) return 0;
+  const double alone = c.stepSeconds(layout.degree());
+  if (batch <= 1 || cost_ == nullptr) return alone * std::max(1, batch);
+  cost::StageQuery q;
+  q.shape = r.rec.shape;
+  q.degree = layout.degree();
+  q.layout = layout;
+  q.batch = batch;
+  q.num_nodes = 1;
+  for (size_t i = 1; i < r.group.size(); ++i) {
+    q.num_nodes += config_.node_of[r.group[i]] != config_.node_of[r.group[i - 1]];
   }
-  notify(r);
+  try {
+    return cost_->seconds(cost::Stage::kDenoise, q);
+  } catch (const std::exception&) {
+    return alone * batch;  // a batch the model does not price: no better than its members in turn
+  }
+}
+
+void ControlPlane::startDecision(const std::vector<Request*>& members, const Decision& d) {
+  Request& r = *members[0];
+  RequestRecord& rec = r.rec;
+  occupy(d.ranks);
+  int32_t todo = d.num_steps;
+  for (Request* m : members) todo = std::min(todo, m->rec.num_steps - m->rec.step);
+  const int32_t n = static_cast<int32_t>(members.size());
+  for (Request* m : members) {
+    m->rec.busy = true;
+    m->rec.batch_leader = n > 1 ? rec.id : 0;
+    m->rec.batch_size = n;
+    m->group = d.ranks;
+    m->layout = d.layout;
+    m->rec.layout = d.layout;
+    m->todo = m == &r ? todo : 0;
+    m->ahead = d.dispatch_ahead;
+    m->decode_degree = d.decode_degree;
+    m->next_step = m->rec.step;
+    m->head = m == &r ? nullptr : &r;
+    track(*m);
+    place(*m);
+  }
+  r.riders.assign(members.begin() + 1, members.end());
+  const double step_s = stepSeconds(r, d.layout, n);
+  for (Request* m : members) {
+    m->rec.decision_end_ns = 0;
+    if (m->rec.cost.known) {
+      double secs = todo * step_s;
+      if (m->rec.state == RequestState::kEncoding) secs += m->rec.cost.encode_s;
+      m->rec.decision_end_ns = clock_.nowNs() + static_cast<int64_t>(secs * kSecond);
+    }
+    notify(*m);
+  }
   pump(r);
-  if (r.todo == 0 && r.inflight == 0) endDecision(r);
+  if (decisionDone(r)) endDecision(r);
+}
+
+bool ControlPlane::decisionDone(const Request& head) const {
+  if (head.todo != 0 || head.inflight != 0) return false;
+  for (const Request* m : head.riders) {
+    if (m->inflight != 0) return false;
+  }
+  return true;
+}
+
+void ControlPlane::dispatchStep(Request& r) {
+  RequestRecord& rec = r.rec;
+  if (r.riders.empty()) {
+    dispatch(&r, TaskKind::kDenoise, r.group, r.layout, r.next_step, 1);
+  } else {
+    BatchMembers bm;
+    for (const Request* m : r.riders) {
+      bm.request_ids.push_back(m->rec.id);
+      bm.step_begins.push_back(m->next_step);
+    }
+    const std::string payload = bm.encode();
+    const int32_t n = static_cast<int32_t>(r.riders.size()) + 1;
+    uint64_t id = dispatch(&r, TaskKind::kDenoise, r.group, r.layout, r.next_step, 1, -1, &payload, n);
+    Task& t = *tasks_[id];
+    for (Request* m : r.riders) {
+      t.riders.emplace_back(m->rec.id, m->next_step);
+      m->denoised_on = r.denoised_on;  // one group for all (NOTE [regroups] counts the head's)
+      ++m->inflight;
+      ++m->next_step;
+      ++m->rec.steps_in_flight;
+    }
+  }
+  --r.todo;
+  ++r.next_step;
+  ++rec.steps_in_flight;
 }
 
 void ControlPlane::pump(Request& r) {
   RequestRecord& rec = r.rec;
   while (true) {
     const int limit = inflightLimit(r);
-    while (r.todo > 0 && rec.steps_in_flight < limit) {
-      dispatch(&r, TaskKind::kDenoise, r.group, r.layout, r.next_step, 1);
-      --r.todo;
-      ++r.next_step;
-      ++rec.steps_in_flight;
-    }
-    if (r.todo == 0 && r.inflight > 0 && rec.steps_in_flight < limit && r.next_step < rec.num_steps && lookahead(r)) {
-      continue;
-    }
+    while (r.todo > 0 && rec.steps_in_flight < limit) dispatchStep(r);
+    bool more = r.next_step < rec.num_steps;
+    for (const Request* m : r.riders) more = more && m->next_step < m->rec.num_steps;
+    if (r.todo == 0 && r.inflight > 0 && rec.steps_in_flight < limit && more && lookahead(r)) continue;
     return;
   }
 }
@@ -538,10 +685,12 @@ int ControlPlane::inflightLimit(const Request& r) const {
   // A long step goes alone: the gap between two steps is tiny next to it, and a policy's next decision
   // (a preemption) then waits for one step, not two.
   if (!r.ahead) return 1;
-  if (r.rec.cost.known && r.rec.cost.stepSeconds(r.layout.degree()) >= config_.long_step_s) return 1;
+  const int32_t batch = static_cast<int32_t>(r.riders.size()) + 1;
+  if (r.rec.cost.known && stepSeconds(r, r.layout, batch) >= config_.long_step_s) return 1;
   // measured time only: a prediction that is too short must not commit the group to many steps (NOTE [task
   // durations])
-  const double step_ns = durations_->measuredNs(TaskDurations::key(TaskKind::kDenoise, &r.rec.shape, r.layout), 1);
+  const double step_ns =
+      durations_->measuredNs(TaskDurations::key(TaskKind::kDenoise, &r.rec.shape, r.layout, batch), 1);
   if (step_ns <= 0 || config_.min_queued_s <= 0) return config_.max_inflight_steps;
   int want = static_cast<int>(std::ceil(config_.min_queued_s * kSecond / step_ns));
   return std::max(config_.max_inflight_steps, std::min(kMaxStepsAhead, want));
@@ -551,15 +700,25 @@ bool ControlPlane::lookahead(Request& r) {
   if (!config_.lookahead || recovering_) return false;
   SchedulerView view;
   buildView(view, &r);
-  RequestRecord future = r.rec;  // as it will be at its boundary: ready at next_step on its group
-  future.step = r.next_step;
-  future.busy = false;
-  future.steps_in_flight = 0;
-  future.ranks = r.group;
-  // keep arrival order
-  auto pos = std::upper_bound(view.ready.begin(), view.ready.end(), &future,
-                              [](const RequestRecord* a, const RequestRecord* b) { return arrivesBefore(*a, *b); });
-  view.ready.insert(pos, &future);
+  // the batch as it will be at its boundary: ready at its next steps on its group
+  std::vector<RequestRecord> futures;
+  futures.reserve(r.riders.size() + 1);
+  for (size_t i = 0; i <= r.riders.size(); ++i) {
+    const Request& m = i == 0 ? r : *r.riders[i - 1];
+    RequestRecord future = m.rec;
+    future.step = m.next_step;
+    future.busy = false;
+    future.steps_in_flight = 0;
+    future.ranks = r.group;
+    future.batch_leader = 0;
+    future.batch_size = 1;
+    futures.push_back(std::move(future));
+  }
+  for (const RequestRecord& future : futures) {  // keep arrival order
+    auto pos = std::upper_bound(view.ready.begin(), view.ready.end(), &future,
+                                [](const RequestRecord* a, const RequestRecord* b) { return arrivesBefore(*a, *b); });
+    view.ready.insert(pos, &future);
+  }
   int64_t t0 = nowNs();  // the real clock: this is the policy's cost, also in a simulation
   std::vector<Decision> ds;
   try {
@@ -572,9 +731,18 @@ bool ControlPlane::lookahead(Request& r) {
   for (const Decision& d : ds) {
     if (d.request_id != r.rec.id) continue;
     if (d.ranks != r.group || d.layout != r.layout || d.num_steps < 1 || !d.dispatch_ahead) return false;
-    r.todo = std::min(d.num_steps, r.rec.num_steps - r.next_step);
-    if (r.rec.decision_end_ns != 0) {
-      r.rec.decision_end_ns += static_cast<int64_t>(r.todo * r.rec.cost.stepSeconds(d.layout.degree()) * kSecond);
+    if (d.batch.size() != r.riders.size()) return false;
+    for (const Request* m : r.riders) {  // the same batch, in any order
+      if (std::find(d.batch.begin(), d.batch.end(), m->rec.id) == d.batch.end()) return false;
+    }
+    int32_t todo = std::min(d.num_steps, r.rec.num_steps - r.next_step);
+    for (const Request* m : r.riders) todo = std::min(todo, m->rec.num_steps - m->next_step);
+    if (todo <= 0) return false;
+    r.todo = todo;
+    const double step_s = stepSeconds(r, d.layout, static_cast<int32_t>(r.riders.size()) + 1);
+    for (size_t i = 0; i <= r.riders.size(); ++i) {
+      RequestRecord& rec = i == 0 ? r.rec : r.riders[i - 1]->rec;
+      if (rec.decision_end_ns != 0) rec.decision_end_ns += static_cast<int64_t>(todo * step_s * kSecond);
     }
     ++stats_.lookahead_hits;
     return true;
@@ -584,13 +752,59 @@ bool ControlPlane::lookahead(Request& r) {
 
 void ControlPlane::endDecision(Request& r) {
   release(r.group);
-  r.rec.busy = false;
-  if (r.rec.step >= r.rec.num_steps) {
-    dispatchDecode(r);
-  } else {
-    track(r);
-    notify(r);  // paused on its holders
+  std::vector<Request*> members{&r};
+  members.insert(members.end(), r.riders.begin(), r.riders.end());
+  r.riders.clear();
+  for (Request* m : members) {
+    m->rec.busy = false;
+    m->head = nullptr;
+    m->rec.batch_leader = 0;
+    m->rec.batch_size = 1;
   }
+  for (Request* m : members) {
+    if (m->rec.step >= m->rec.num_steps) {
+      dispatchDecode(*m);
+    } else {
+      track(*m);
+      notify(*m);  // paused on its holders
+    }
+  }
+}
+
+// A member that ends before its batch does (finish) leaves it at once (NOTE [batches]); its tasks in flight
+// drain as any finished request's do. A head that leaves hands the group and the decision to its first rider.
+void ControlPlane::leaveBatch(Request& r) {
+  if (r.head != nullptr) {
+    Request& head = *r.head;
+    head.riders.erase(std::remove(head.riders.begin(), head.riders.end(), &r), head.riders.end());
+    const int32_t n = static_cast<int32_t>(head.riders.size()) + 1;
+    head.rec.batch_leader = n > 1 ? head.rec.id : 0;
+    head.rec.batch_size = n;
+    for (Request* m : head.riders) m->rec.batch_size = n;
+    r.head = nullptr;
+    r.group.clear();  // the head holds the group
+  } else if (!r.riders.empty()) {
+    Request& next = *r.riders[0];
+    next.riders.assign(r.riders.begin() + 1, r.riders.end());
+    for (Request* m : next.riders) m->head = &next;
+    next.head = nullptr;
+    next.todo = r.todo;
+    next.ahead = r.ahead;
+    next.group = r.group;
+    r.riders.clear();
+    r.group.clear();
+    const int32_t n = static_cast<int32_t>(next.riders.size()) + 1;
+    next.rec.batch_leader = n > 1 ? next.rec.id : 0;
+    next.rec.batch_size = n;
+    for (Request* m : next.riders) {
+      m->rec.batch_leader = next.rec.id;
+      m->rec.batch_size = n;
+    }
+  } else {
+    return;
+  }
+  r.rec.batch_leader = 0;
+  r.rec.batch_size = 1;
 }
 
 // NOTE [parallel decode]
@@ -607,7 +821,17 @@ void ControlPlane::dispatchDecode(Request& r) {
   for (int w : rec.ranks) {
     if (alive_[w] && !rank_busy_[w]) group.push_back(w);
   }
-  GFDIT_CHECK_CODE(kInternal, !group.empty()) << "request " << rec.id << " has no free live holder to decode on";
+  if (group.empty()) {  // its holders decode another member of its batch first (NOTE [batches])
+    bool live = false;
+    for (int w : rec.ranks) live = live || alive_[w];
+    GFDIT_CHECK_CODE(kInternal, live) << "request " << rec.id << " has no live holder to decode on";
+    if (!r.decode_wait) decode_waiting_.push_back(rec.id);
+    r.decode_wait = true;
+    track(r);
+    notify(r);
+    return;
+  }
+  r.decode_wait = false;
   const int cap = std::min(static_cast<int>(group.size()), std::max(1, rec.shape.latent_rows));
   const int want = r.decode_degree > 0 ? r.decode_degree : rec.cost.known ? rec.cost.decodeDegree(cap) : 1;
   group.resize(std::max(1, std::min(want, cap)));
@@ -690,7 +914,11 @@ int64_t ControlPlane::estimateNs(const Task& t) const {
   double predicted = 0;
   auto it = requests_.find(t.request_id);
   if (it != requests_.end() && !t.probe) {
-    predicted = TaskDurations::predictedNs(it->second->rec.cost, t.kind, t.layout.degree(), t.num_steps);
+    if (t.kind == TaskKind::kDenoise && t.key.batch > 1) {
+      predicted = stepSeconds(*it->second, t.layout, t.key.batch) * t.num_steps * kSecond;
+    } else {
+      predicted = TaskDurations::predictedNs(it->second->rec.cost, t.kind, t.layout.degree(), t.num_steps);
+    }
   }
   return static_cast<int64_t>(durations_->estimateNs(t.key, t.num_steps, predicted));
 }
@@ -726,11 +954,22 @@ void ControlPlane::applyDone(Task& t) {
     if (t.output.name[0] != '\0') executor_.discardOutput(t.output);
     return;
   }
-  Request& r = *it->second;
+  if (!t.riders.empty()) ++stats_.batched_steps;
+  bool go_on = false;
+  applyTo(t, *it->second, t.step_begin, go_on);
+  for (const auto& rider : t.riders) {  // a batched step: every member (NOTE [batches])
+    auto m = requests_.find(rider.first);
+    if (m != requests_.end()) applyTo(t, *m->second, rider.second, go_on);
+  }
+  if (go_on && !recovering_) continueBatch(t);  // nothing new goes out before the world is re-created
+}
+
+void ControlPlane::applyTo(Task& t, Request& r, int32_t step_begin, bool& go_on) {
   RequestRecord& rec = r.rec;
   for (const auto& se : t.step_ends) {  // a negative step: the worker holds no copy
     dropCopy(r, se.first);
-    if (se.second >= 0) r.copies.push_back(se);
+    // a rider's copy is where the head's is, from its own first step (NOTE [batches])
+    if (se.second >= 0) r.copies.emplace_back(se.first, se.second - t.step_begin + step_begin);
   }
   if (t.kind == TaskKind::kFree) {
     for (int w : t.members) dropCopy(r, w);
@@ -743,17 +982,18 @@ void ControlPlane::applyDone(Task& t) {
     s.kind = t.kind;
     s.ranks = t.ranks;
     s.layout = t.layout;
-    s.step_begin = t.step_begin;
+    s.step_begin = step_begin;
     s.num_steps = t.num_steps;
     s.dispatch_ns = t.dispatch_ns;
     s.start_ns = t.start_ns;
     s.end_ns = t.end_ns;
     s.error = t.error;
     s.regroup = t.regroup;
+    s.batch = static_cast<int32_t>(t.riders.size()) + 1;
     r.stages.push_back(std::move(s));
   }
   if (isFinished(rec.state)) {
-    if (t.output.name[0] != '\0') executor_.discardOutput(t.output);
+    if (t.output.name[0] != '\0' && rec.id == t.request_id) executor_.discardOutput(t.output);
     maybePrune(r);
     return;
   }
@@ -768,7 +1008,7 @@ void ControlPlane::applyDone(Task& t) {
       r.last_error = t.message;
       startRecovery();
     } else {
-      finish(r, RequestState::kFailed, t.message);
+      finish(r, RequestState::kFailed, t.riders.empty() ? t.message : "a batched step failed: " + t.message);
     }
     return;
   }
@@ -777,23 +1017,48 @@ void ControlPlane::applyDone(Task& t) {
       rec.ranks = t.ranks;
       transition(r, RequestState::kDenoising, 0);
       break;
-    case TaskKind::kDenoise: transition(r, RequestState::kDenoising, t.step_begin + t.num_steps); break;
+    case TaskKind::kDenoise: transition(r, RequestState::kDenoising, step_begin + t.num_steps); break;
     case TaskKind::kDecode:
       r.output = t.output;
       finish(r, RequestState::kDone);
       return;
     default: break;
   }
-  if (recovering_) return;  // nothing new goes out before the world is re-created
-  pump(r);
-  if (r.todo == 0 && r.inflight == 0) endDecision(r);
+  go_on = true;
+}
+
+void ControlPlane::continueBatch(Task& t) {
+  // the batch the task's members run in now (its head may have left it: NOTE [batches])
+  Request* head = nullptr;
+  for (size_t i = 0; i <= t.riders.size() && head == nullptr; ++i) {
+    auto it = requests_.find(i == 0 ? t.request_id : t.riders[i - 1].first);
+    if (it == requests_.end() || isFinished(it->second->rec.state)) continue;
+    Request& m = *it->second;
+    head = m.head != nullptr ? m.head : &m;
+  }
+  if (head == nullptr || !head->rec.busy) return;
+  pump(*head);
+  if (decisionDone(*head)) endDecision(*head);
+}
+
+void ControlPlane::drainDecodes() {
+  std::vector<uint64_t> ids;
+  ids.swap(decode_waiting_);
+  for (uint64_t id : ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end() || isFinished(it->second->rec.state) || !it->second->decode_wait) continue;
+    it->second->decode_wait = false;
+    dispatchDecode(*it->second);  // waits again while its holders are busy
+  }
 }
 
 void ControlPlane::finish(Request& r, RequestState state, const std::string& reason) {
   RequestRecord& rec = r.rec;
   if (isFinished(rec.state)) return;
+  leaveBatch(r);
   transition(r, state, -1, reason);
   r.todo = 0;
+  r.decode_wait = false;
   std::vector<int> live;
   for (const auto& cp : r.copies) {
     if (alive_[cp.first]) live.push_back(cp.first);
@@ -919,6 +1184,11 @@ void ControlPlane::reinitDone() {
     r.inflight = 0;
     r.todo = 0;
     rec.steps_in_flight = 0;
+    r.riders.clear();  // batches part (NOTE [batches])
+    r.head = nullptr;
+    rec.batch_leader = 0;
+    rec.batch_size = 1;
+    r.decode_wait = false;
     if (rec.busy) {
       release(r.group);
       rec.busy = false;

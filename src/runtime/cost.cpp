@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "gfdit/error.h"
+#include "gfdit/types.h"
 
 namespace gfdit {
 namespace cost {
@@ -621,6 +622,11 @@ class AnalyticCostModel : public CostModel {
 
   const ModelArch& model() const override { return model_; }
   int32_t sharedCores() const override { return cluster_.hw.num_cores; }
+  int32_t maxBatch(const StageQuery& q) const override {
+    // no memory size (a CPU): nothing but the message's limit
+    if (cluster_.hw.mem_bytes <= 0) return kMaxBatch;
+    return std::max(1, std::min(kMaxBatch, cost::maxBatch(model_, cluster_.hw, q)));
+  }
 
  private:
   void check(Stage stage, const StageQuery& q) const {

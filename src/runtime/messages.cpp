@@ -40,6 +40,7 @@ namespace {
 constexpr uint32_t kRequestTag = 0x5251'0001;    // "RQ" v1
 constexpr uint32_t kModelInfoTag = 0x4d49'0001;  // "MI" v1
 constexpr uint32_t kReinitTag = 0x5249'0001;     // "RI" v1
+constexpr uint32_t kBatchTag = 0x424d'0001;      // "BM" v1
 
 template <typename T>
 void putOptional(wire::Writer& w, const std::optional<T>& v) {
@@ -140,6 +141,28 @@ ReinitPlan ReinitPlan::decode(const std::string& bytes) {
   for (uint32_t i = 0; i < n; ++i) p.workers.push_back(r.get<int32_t>());
   r.end();
   return p;
+}
+
+std::string BatchMembers::encode() const {
+  GFDIT_CHECK_CODE(kInternal, request_ids.size() == step_begins.size() && request_ids.size() < kMaxBatch)
+      << "a batch of " << request_ids.size() << " other requests and " << step_begins.size() << " steps";
+  wire::Writer w(kBatchTag);
+  w.put(static_cast<uint32_t>(request_ids.size()));
+  for (size_t i = 0; i < request_ids.size(); ++i) w.put(request_ids[i]).put(step_begins[i]);
+  return w.take();
+}
+
+BatchMembers BatchMembers::decode(const std::string& bytes) {
+  wire::Reader r(bytes, kBatchTag, "a batch's members");
+  BatchMembers b;
+  uint32_t n = r.get<uint32_t>();
+  GFDIT_CHECK_CODE(kInternal, n < static_cast<uint32_t>(kMaxBatch)) << "a batch of " << n << " other requests";
+  for (uint32_t i = 0; i < n; ++i) {
+    b.request_ids.push_back(r.get<uint64_t>());
+    b.step_begins.push_back(r.get<int32_t>());
+  }
+  r.end();
+  return b;
 }
 
 }  // namespace runtime

@@ -166,5 +166,33 @@ RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape,
 
 int maxUlyssesDegree(int heads) { return std::max(1, std::min(heads, kMaxRanks)); }
 
+bool sameBatchShape(const RequestShape& a, const RequestShape& b) {
+  return a.height == b.height && a.width == b.width && a.num_frames == b.num_frames && a.guidance() == b.guidance();
+}
+
+bool joinBatch(const cost::CostModel& cost, int32_t max_batch, double gain, BatchPlan& b) {
+  cost::StageQuery q;
+  q.shape = b.shape;
+  q.degree = b.degree;
+  q.layout = b.layout;
+  try {
+    if (b.max_members == 0) b.max_members = std::max(1, std::min({max_batch, kMaxBatch, cost.maxBatch(q)}));
+    if (b.step_s <= 0) b.step_s = cost.seconds(cost::Stage::kDenoise, q);
+    if (b.members >= b.max_members) return false;
+    q.batch = b.members + 1;
+    const double step = cost.seconds(cost::Stage::kDenoise, q);
+    if (!(step / q.batch <= b.step_s / b.members * (1 - gain))) {
+      b.max_members = b.members;  // a larger batch pays less still
+      return false;
+    }
+    b.members = q.batch;
+    b.step_s = step;
+    return true;
+  } catch (const std::exception&) {
+    b.max_members = b.members;  // the model does not price a larger batch
+    return false;
+  }
+}
+
 }  // namespace runtime
 }  // namespace gfdit

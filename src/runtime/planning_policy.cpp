@@ -14,6 +14,15 @@
 //     predicted remaining time, times `deadline_margin`, fits before its deadline (a request no degree can
 //     save goes last, on one rank; so does one NOTE [deadline admission] turns away). A candidate left
 //     without ranks waits; a running one yields its ranks at its next step boundary (preemption).
+// 3b. Batches (with a cost model, when more candidates wait than there are ranks, max_batch > 1): once the base
+//     degrees have taken every rank, each ready candidate left without ranks joins, in order, the smallest batch
+//     of its shape and guidance among the waiting candidates that got ranks (the earliest among equals), while the
+//     batch has room (max_batch, the cost model's memory limit, CostModel::maxBatch) and each request's share of a step
+//     falls by at least batch_gain: step(d, b + 1) / (b + 1) <= step(d, b) / b x (1 - batch_gain). So requests batch
+//     only when they would otherwise wait, small images (whose step hardly grows with the batch) batch on one rank
+//     while a long video keeps its ranks, and a request whose step is already compute-bound stays alone. A running
+//     batch takes no new members: they join at its boundary, where its members are candidates again (NOTE [batches] in
+//     src/runtime/control.cpp). The head of the head (max_batch x capacity candidates) is sorted for it.
 //  4. Spare ranks: a group of d ranks may grow to any d' ranks (not only powers of two: a lone request on 6
 //     ranks takes 6) whose predicted step is at least `min_gain` faster per doubling, step(d') <= step(d) x
 //     (1 - min_gain)^log2(d' / d) (a doubling: min_gain faster). Of those it grows to the one that saves the
@@ -82,6 +91,8 @@ struct Candidate {
   double grow_gain = 0;                   // its remaining seconds saved per added rank
   bool deadline_feasible = false;         // edf/priority: some degree meets its deadline (base is the smallest)
   double k0 = 0, k1 = 0, k2 = 0, k3 = 0;  // order: smaller first, then the id
+  int unit = -1;                          // step 3b: the candidate whose batch it joins
+  int members = 1;                        // step 3b: a unit's requests, itself included
 };
 
 int limit(const RequestRecord& r, int world) { return std::max(1, std::min({r.max_degree, world, kMaxRanks})); }
@@ -312,6 +323,9 @@ class PlanningPolicy : public Policy {
     GFDIT_CHECK(o.min_gain >= 0 && o.min_gain < 1) << "min_gain must be in [0, 1)";
     GFDIT_CHECK(o.aging > 0) << "aging must be positive";
     GFDIT_CHECK(o.deadline_margin >= 1) << "deadline_margin must be >= 1";
+    GFDIT_CHECK(o.max_batch >= 1 && o.max_batch <= kMaxBatch).param("max_batch")
+        << "max_batch must be in [1, " << kMaxBatch << "], got " << o.max_batch;
+    GFDIT_CHECK(o.batch_gain >= 0 && o.batch_gain < 1).param("batch_gain") << "batch_gain must be in [0, 1)";
     // growing a group from d to d' must make its step (1 - min_gain)^log2(d' / d) as long or shorter
     const double per_doubling = std::log2(1.0 - o.min_gain);
     growth_.resize((kMaxRanks + 1) * (kMaxRanks + 1), 0.0);
@@ -326,6 +340,7 @@ class PlanningPolicy : public Policy {
     static const char* names[] = {"fcfs", "srtf", "edf", "priority"};
     std::string n = names[static_cast<int>(o_.order)];
     if (o_.layouts != LayoutFamily::kAuto) n += std::string(":layout=") + layoutFamilyName(o_.layouts);
+    if (o_.max_batch != PolicyOptions().max_batch) n += ":batch=" + std::to_string(o_.max_batch);
     return n;
   }
   LayoutFamily layouts() const override { return o_.layouts; }
@@ -343,6 +358,7 @@ class PlanningPolicy : public Policy {
     int decoding = 0;  // ranks a decode holds: outside the plan, but each takes a core (step 4)
     for (const RequestRecord* r : view.ready) cands_.push_back(candidate(r, true, now_s));
     for (const RequestRecord* r : view.running) {
+      if (r->batch_leader != 0 && r->batch_leader != r->id) continue;  // its batch's head plans for it (3b)
       if (r->state == RequestState::kDecoding) {
         ++decoding;  // a decode runs on one rank (its holders' others are free)
         continue;
@@ -359,10 +375,16 @@ class PlanningPolicy : public Policy {
     const size_t top = std::min(num_cands, static_cast<size_t>(capacity));
     const bool deadlines = o_.order == PolicyOrder::kDeadline || o_.order == PolicyOrder::kPriority;
     // see NOTE [deadline admission]: the first few in order, then those that fit drop the ones that do not
-    const size_t head =
+    size_t head =
         deadlines
             ? std::min(num_cands, std::max(kAdmissionHeadPerRank * static_cast<size_t>(capacity), kAdmissionHeadMin))
             : top;
+    // 3b: those that get no rank may join a batch of the first `capacity`, as many as the batches hold
+    const bool batching = o_.max_batch > 1 && view.cost != nullptr && num_cands > static_cast<size_t>(capacity);
+    if (batching) {
+      head = std::max(head, std::min(num_cands, static_cast<size_t>(capacity) *
+                                                    static_cast<size_t>(std::min(o_.max_batch, kMaxBatch))));
+    }
     if (order != nullptr) addHead(*order, head, now_s);  // see NOTE [planning order]
     auto before = [](const Candidate& a, const Candidate& b) {
       if (a.k0 != b.k0) return a.k0 < b.k0;
@@ -430,6 +452,9 @@ class PlanningPolicy : public Policy {
       begin = end;
     }
 
+    head_ = std::min(head, cands_.size());
+    if (batching && left == 0) formBatches(head_, top, *view.cost);
+
     // 5. placement
     pool_.assign(world, false);
     int num_pool = 0;
@@ -458,6 +483,11 @@ class PlanningPolicy : public Policy {
       const int degree = fitDegree(*c.rec, std::min(c.plan, num_pool - reserved));
       Decision d;
       d.request_id = c.rec->id;
+      if (c.members > 1 && degree == c.plan) {  // its batch (3b), on the degree it was priced for
+        for (size_t j = 0; j < head_; ++j) {
+          if (cands_[j].unit == static_cast<int>(i)) d.batch.push_back(cands_[j].rec->id);
+        }
+      }
       pick(*c.rec, degree, view, d.ranks);
       for (int w : d.ranks) pool_[w] = false;
       num_pool -= degree;
@@ -482,6 +512,40 @@ class PlanningPolicy : public Policy {
       if (std::isfinite(r.cost.stepSeconds(k))) return k;
     }
     return 1;
+  }
+
+  // Step 3b (NOTE [planning]): every ready candidate of the first `head` that got no rank joins, in order, the
+  // smallest batch of its shape among the first `top` that got ranks and wait for a decision (not one running: its
+  // members join at its boundary), while the batch has room (max_batch, the cost model's memory limit) and each
+  // request's share of the step falls by batch_gain: step(d, b + 1) / (b + 1) <= step(d, b) / b x (1 - gain).
+  void formBatches(size_t head, size_t top, const cost::CostModel& cost) {
+    batches_.assign(top, BatchPlan());
+    for (size_t j = 0; j < head; ++j) {
+      Candidate& c = cands_[j];
+      if (c.plan > 0 || !c.ready || c.rec->state == RequestState::kDecoding) continue;
+      while (true) {  // the smallest batch of its shape with room first (the earliest among equals)
+        int best = -1;
+        for (size_t i = 0; i < top; ++i) {
+          const Candidate& u = cands_[i];
+          const BatchPlan& b = batches_[i];
+          if (u.plan <= 0 || !u.ready || !sameBatchShape(u.rec->shape, c.rec->shape)) continue;
+          if (b.max_members != 0 && b.members >= b.max_members) continue;
+          if (best < 0 || u.members < cands_[best].members) best = static_cast<int>(i);
+        }
+        if (best < 0) break;
+        Candidate& u = cands_[best];
+        BatchPlan& b = batches_[best];
+        if (b.max_members == 0) {
+          b.shape = u.rec->shape;
+          b.degree = u.plan;
+          b.layout = u.rec->cost.known ? u.rec->cost.layoutFor(u.plan) : plainLayout(u.plan, u.rec->num_heads);
+        }
+        if (!joinBatch(cost, o_.max_batch, o_.batch_gain, b)) continue;  // that one is full now: the next
+        u.members = b.members;
+        c.unit = best;
+        break;
+      }
+    }
   }
 
   // Step 4: the degree that c's group grows to with at most `left` more ranks, the one that saves the most
@@ -692,7 +756,9 @@ class PlanningPolicy : public Policy {
 
   PolicyOptions o_;
   int world_ = 1;
+  size_t head_ = 0;  // candidates of this round that are sorted
   std::vector<Candidate> cands_;
+  std::vector<BatchPlan> batches_;  // step 3b, by candidate
   std::vector<bool> pool_;
   std::vector<int> held_, counts_, order_;
   std::vector<std::pair<double, size_t>> heap_;  // (rank-seconds, candidate) admitted (NOTE [deadline admission])

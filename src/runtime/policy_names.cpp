@@ -1,5 +1,5 @@
-// The built-in policies by name: makePolicy parses "fcfs", "srtf", "edf", "priority" and "static:D" (see
-// gfdit/policy.h).
+// The built-in policies by name: makePolicy parses "fcfs", "srtf", "edf", "priority" and "static:D", with options
+// ":layout=..." (dynamic) and ":batch=N" (all) (see gfdit/policy.h).
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,28 +28,69 @@ namespace {
   std::ostringstream os;
   os << "unknown policy '" << spec << "'" << why << "; built in:";
   for (const auto& n : policyNames()) os << " " << n;
-  os << " (the dynamic ones take :layout=auto|usp|swift|torus)";
+  os << " (the dynamic ones take :layout=auto|usp|swift|torus, every one :batch=N)";
   throw Error(ErrorCode::kInvalidUsage, os.str());
 }
 
 }  // namespace
 
+namespace {
+
+// "batch=N": N in [1, kMaxBatch]; false when `opt` is not a batch option.
+bool batchOption(const std::string& spec, const std::string& opt, int32_t* max_batch) {
+  if (opt.rfind("batch=", 0) != 0) return false;
+  int n = 0;
+  try {
+    size_t used = 0;
+    n = std::stoi(opt.substr(6), &used);
+    if (used != opt.size() - 6) n = 0;
+  } catch (...) {
+    n = 0;
+  }
+  GFDIT_CHECK(n >= 1 && n <= kMaxBatch).param("policy")
+      << "policy '" << spec << "': batch must be an integer in [1, " << kMaxBatch << "] (1: no batching)";
+  *max_batch = n;
+  return true;
+}
+
+std::vector<std::string> splitOptions(const std::string& s) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (begin <= s.size()) {
+    size_t end = s.find(':', begin);
+    if (end == std::string::npos) end = s.size();
+    out.push_back(s.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::unique_ptr<Policy> makePolicy(const std::string& spec) {
-  if (spec.rfind("static:", 0) == 0) {
+  const size_t colon = spec.find(':');
+  const std::string base = spec.substr(0, colon);
+  std::vector<std::string> opts =
+      colon == std::string::npos ? std::vector<std::string>() : splitOptions(spec.substr(colon + 1));
+  if (base == "static") {
     int d = 0;
-    try {
-      size_t used = 0;
-      d = std::stoi(spec.substr(7), &used);
-      if (used != spec.size() - 7) d = 0;
-    } catch (...) {
-      d = 0;
+    if (!opts.empty()) {
+      try {
+        size_t used = 0;
+        d = std::stoi(opts[0], &used);
+        if (used != opts[0].size()) d = 0;
+      } catch (...) {
+        d = 0;
+      }
     }
     GFDIT_CHECK(d >= 1 && d <= kMaxRanks)
         << "policy '" << spec << "': the degree must be an integer in [1, " << kMaxRanks << "]";
-    return makeStaticPolicy(d);
+    int32_t max_batch = PolicyOptions().max_batch;
+    for (size_t i = 1; i < opts.size(); ++i) {
+      if (!batchOption(spec, opts[i], &max_batch)) unknownPolicy(spec, ": option '" + opts[i] + "' is not batch=N");
+    }
+    return makeStaticPolicy(d, max_batch);
   }
-  const size_t colon = spec.find(':');
-  const std::string base = spec.substr(0, colon);
   PolicyOptions o;
   if (base == "fcfs") {
     o.order = PolicyOrder::kArrival;
@@ -62,8 +103,7 @@ std::unique_ptr<Policy> makePolicy(const std::string& spec) {
   } else {
     unknownPolicy(spec, "");
   }
-  if (colon != std::string::npos) {
-    const std::string opt = spec.substr(colon + 1);
+  for (const std::string& opt : opts) {
     if (opt == "layout=auto") {
       o.layouts = LayoutFamily::kAuto;
     } else if (opt == "layout=usp") {
@@ -72,8 +112,8 @@ std::unique_ptr<Policy> makePolicy(const std::string& spec) {
       o.layouts = LayoutFamily::kSwift;
     } else if (opt == "layout=torus") {
       o.layouts = LayoutFamily::kTorus;
-    } else {
-      unknownPolicy(spec, ": option '" + opt + "' is not layout=auto|usp|swift|torus");
+    } else if (!batchOption(spec, opt, &o.max_batch)) {
+      unknownPolicy(spec, ": option '" + opt + "' is not layout=auto|usp|swift|torus or batch=N");
     }
   }
   return makePlanningPolicy(o);

@@ -74,6 +74,7 @@ class ProfiledCostModel : public CostModel {
           acc[keyOf(e.stage, e.degree, e.ulysses, e.ring, e.mode, e.cfg, e.guidance, e.num_new)][e.batch][e.tokens];
       slot.first += e.seconds;
       slot.second += 1;
+      if (e.stage == Stage::kDenoise) max_batch_ = std::max(max_batch_, e.batch);
     }
     for (const auto& [key, batches] : acc) {
       for (const auto& [batch, points] : batches) {
@@ -131,6 +132,7 @@ class ProfiledCostModel : public CostModel {
 
   const ModelArch& model() const override { return model_; }
   int32_t sharedCores() const override { return profile_.num_cores; }
+  int32_t maxBatch(const StageQuery&) const override { return max_batch_; }  // the largest measured
 
  private:
   const Series* find(const Key& key) const {
@@ -231,6 +233,7 @@ class ProfiledCostModel : public CostModel {
 
   Profile profile_;
   ModelArch model_;
+  int32_t max_batch_ = 1;
   std::map<Key, Series> series_;
 };
 

@@ -179,6 +179,7 @@ class SimExecutor : public Executor {
     q.degree = d.num_ranks;
     q.layout = d.layout;
     q.num_nodes = numNodes(ranks);
+    q.batch = std::max(1, d.batch);  // a batched step prices all its members (NOTE [batches] in control.cpp)
     double s = 0;
     switch (kind) {
       case TaskKind::kEncode:

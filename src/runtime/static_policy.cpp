@@ -1,5 +1,8 @@
 // "static:D": fixed groups of D ranks, a request keeps its group for life (see makeStaticPolicy in
-// gfdit/policy.h); the baseline of fixed-degree serving systems.
+// gfdit/policy.h); the baseline of fixed-degree serving systems. With a cost model it batches as they do: a
+// request that finds its group (or, new, every group) taken this round joins the smallest batch of its shape
+// decided this round (on its own group when it holds one), by the rule of the dynamic policies (joinBatch in
+// gfdit/planning.h: within max_batch and the memory, and only while each request's share of a step falls).
 #include <algorithm>
 #include <set>
 #include <string>
@@ -65,8 +68,16 @@ class StaticOrder : public ReadyOrder {
 
 class StaticPolicy : public Policy {
  public:
-  explicit StaticPolicy(int degree) : degree_(degree) { GFDIT_CHECK(degree >= 1) << "static degree " << degree; }
-  std::string name() const override { return "static:" + std::to_string(degree_); }
+  StaticPolicy(int degree, int32_t max_batch) : degree_(degree), max_batch_(max_batch) {
+    GFDIT_CHECK(degree >= 1) << "static degree " << degree;
+    GFDIT_CHECK(max_batch >= 1 && max_batch <= kMaxBatch).param("max_batch")
+        << "max_batch must be in [1, " << kMaxBatch << "], got " << max_batch;
+  }
+  std::string name() const override {
+    std::string n = "static:" + std::to_string(degree_);
+    if (max_batch_ != PolicyOptions().max_batch) n += ":batch=" + std::to_string(max_batch_);
+    return n;
+  }
   std::unique_ptr<ReadyOrder> makeReadyOrder() const override { return std::make_unique<StaticOrder>(); }
 
   std::vector<Decision> schedule(const SchedulerView& view) override {
@@ -84,12 +95,38 @@ class StaticPolicy : public Policy {
       return true;
     };
     std::vector<Decision> out;
+    batches_.clear();  // the batch plan of each decision in `out`
+    const bool batching = max_batch_ > 1 && view.cost != nullptr;
+    // a request of one shape joins a batch decided this round: on its own group, or (a new one) on any
+    auto join = [&](const RequestRecord* req, int group) {
+      if (!batching) return false;
+      std::vector<bool> full(out.size(), false);
+      while (true) {  // the smallest batch of its shape with room first (the earliest among equals)
+        int best = -1;
+        for (size_t i = 0; i < out.size(); ++i) {
+          if (full[i] || (group >= 0 && out[i].ranks[0] / degree_ != group)) continue;
+          if (!sameBatchShape(batches_[i].shape, req->shape)) continue;
+          if (best < 0 || out[i].batch.size() < out[best].batch.size()) best = static_cast<int>(i);
+        }
+        if (best < 0) return false;
+        if (!joinBatch(*view.cost, max_batch_, PolicyOptions().batch_gain, batches_[best])) {
+          full[best] = true;
+          continue;
+        }
+        out[best].batch.push_back(req->id);
+        out[best].num_steps = std::min(out[best].num_steps, std::max(1, req->num_steps - req->step));
+        return true;
+      }
+    };
     bool waiting = false;  // an earlier new request found no group: later new ones wait too (FCFS)
     auto consider = [&](const RequestRecord* req) {
       int g = -1;
       if (!req->ranks.empty()) {
         g = req->ranks[0] / degree_;  // keeps the group it got first
-        if (!groupFree(g)) return;
+        if (!groupFree(g)) {
+          join(req, g);
+          return;
+        }
       } else {
         if (waiting) return;
         for (int c = 0; c < view.world_size / degree_; ++c) {
@@ -99,7 +136,7 @@ class StaticPolicy : public Policy {
           }
         }
         if (g < 0) {
-          waiting = true;
+          waiting = !join(req, -1);
           return;
         }
       }
@@ -111,7 +148,12 @@ class StaticPolicy : public Policy {
       }
       d.layout = req->cost.known ? req->cost.layoutFor(degree_) : plainLayout(degree_, req->num_heads);
       d.num_steps = std::max(1, req->num_steps - req->step);  // the whole rest: the degree never changes
+      BatchPlan b;
+      b.shape = req->shape;
+      b.degree = degree_;
+      b.layout = d.layout;
       out.push_back(std::move(d));
+      batches_.push_back(b);
     };
     if (order == nullptr) {
       for (const RequestRecord* req : view.ready) consider(req);
@@ -147,12 +189,16 @@ class StaticPolicy : public Policy {
 
  private:
   int degree_;
+  int32_t max_batch_;
   std::vector<bool> free_;
+  std::vector<BatchPlan> batches_;
 };
 
 }  // namespace
 
-std::unique_ptr<Policy> makeStaticPolicy(int degree) { return std::make_unique<StaticPolicy>(degree); }
+std::unique_ptr<Policy> makeStaticPolicy(int degree, int32_t max_batch) {
+  return std::make_unique<StaticPolicy>(degree, max_batch);
+}
 
 }  // namespace runtime
 }  // namespace gfdit

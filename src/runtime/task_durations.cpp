@@ -35,12 +35,14 @@ size_t TaskDurations::KeyHash::operator()(const TaskKey& k) const {
   mix(static_cast<uint64_t>(k.layout.mode));
   mix(static_cast<uint64_t>(k.layout.placement));
   mix(static_cast<uint64_t>(k.layout.cfg));
+  mix(static_cast<uint64_t>(k.batch));
   return h;
 }
 
-TaskKey TaskDurations::key(TaskKind kind, const RequestShape* shape, const Layout& layout) {
+TaskKey TaskDurations::key(TaskKind kind, const RequestShape* shape, const Layout& layout, int32_t batch) {
   TaskKey k;
   k.kind = kind;
+  k.batch = batch;
   if (shape != nullptr) {
     k.tokens = shape->tokens;
     k.guidance = shape->guidance();

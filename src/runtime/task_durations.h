@@ -17,7 +17,7 @@ namespace runtime {
 // How long a task takes depends on its kind, on the request's shape (its tokens, and whether guidance
 // doubles the passes of a step) and on the layout it runs with: one average per kind would give a small
 // image's step the length of the long video step that ran before it. So the control plane keeps a moving
-// average per (kind, tokens, guidance, layout). A denoise task's estimate is per step, times the task's
+// average per (kind, tokens, guidance, layout, batch). A denoise task's estimate is per step, times the task's
 // num_steps. A key with no measurement yet falls back, in order, to
 //  1. the cost model's prediction for the request (RequestRecord::cost, when the control plane has a model
 //     that prices the stage): the caller passes it to estimateNs;
@@ -34,9 +34,10 @@ struct TaskKey {
   int64_t tokens = 0;     ///< the request's image/video tokens (0: a task of no request)
   bool guidance = false;  ///< two transformer passes per step
   Layout layout;          ///< as dispatched (encode, migrate, decode and free go with the plain layout)
+  int32_t batch = 1;      ///< requests a denoise task steps together (NOTE [batches] in control.cpp)
 
   bool operator==(const TaskKey& o) const {
-    return kind == o.kind && tokens == o.tokens && guidance == o.guidance && layout == o.layout;
+    return kind == o.kind && tokens == o.tokens && guidance == o.guidance && layout == o.layout && batch == o.batch;
   }
 };
 
@@ -47,7 +48,7 @@ class TaskDurations {
   static constexpr size_t kMaxKeys = 4096;
 
   /// The key of a task of `kind` for a request of `shape` (nullptr: no request, a probe or a reinit).
-  static TaskKey key(TaskKind kind, const RequestShape* shape, const Layout& layout);
+  static TaskKey key(TaskKind kind, const RequestShape* shape, const Layout& layout, int32_t batch = 1);
   /// What `cost` predicts for a task of `kind` with `num_steps` steps on `degree` ranks, in ns; 0 when it
   /// predicts nothing for it (no cost model, a kind it does not price).
   static double predictedNs(const RequestCost& cost, TaskKind kind, int degree, int32_t num_steps);

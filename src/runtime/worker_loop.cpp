@@ -116,18 +116,23 @@ std::optional<std::string> WorkerLoop::refusal(const WorkerTask& t, TaskError* e
     return std::string("RemoteError: the collectives world is down until the engine re-creates it");
   }
   if (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kDecode) {
-    int32_t step = heldStep(t.request_id);
-    std::ostringstream os;
-    if (step < 0) {
-      os << "worker " << worker_ << " holds no state of request " << t.request_id;
-    } else if (t.kind == TaskKind::kDenoise && step != t.step_begin) {
-      os << "worker " << worker_ << " holds request " << t.request_id << " at step " << step << ", not "
-         << t.step_begin;
-    } else {
-      return std::nullopt;
+    // every member of a batch (NOTE [batches] in src/runtime/control.cpp): the task runs all or none
+    const size_t n = 1 + (t.kind == TaskKind::kDenoise ? t.batch.request_ids.size() : 0);
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t id = i == 0 ? t.request_id : t.batch.request_ids[i - 1];
+      const int32_t begin = i == 0 ? t.step_begin : t.batch.step_begins[i - 1];
+      const int32_t step = heldStep(id);
+      std::ostringstream os;
+      if (step < 0) {
+        os << "worker " << worker_ << " holds no state of request " << id;
+      } else if (t.kind == TaskKind::kDenoise && step != begin) {
+        os << "worker " << worker_ << " holds request " << id << " at step " << step << ", not " << begin;
+      } else {
+        continue;
+      }
+      *error = TaskError::kStateLost;
+      return os.str();
     }
-    *error = TaskError::kStateLost;
-    return os.str();
   }
   return std::nullopt;
 }
@@ -165,6 +170,7 @@ std::optional<WorkerTask> WorkerLoop::next(double poll_s) {
     if (t.kind == TaskKind::kFree) held_.erase(t.request_id);
     if (t.kind == TaskKind::kEncode) t.request = GenerationRequest::decode(payload);
     if (t.kind == TaskKind::kReinit) t.reinit = ReinitPlan::decode(payload);
+    if (t.kind == TaskKind::kDenoise && d.batch > 1) t.batch = BatchMembers::decode(payload);
     TaskError error = TaskError::kOk;
     if (std::optional<std::string> why = refusal(t, &error)) {
       post(t, error, *why, nullptr);

@@ -143,16 +143,25 @@ class FixedCost : public cost::CostModel {
       case cost::Stage::kMigrate: return migrate_s_;
       case cost::Stage::kDenoise: {
         double base = step_s_ * static_cast<double>(std::max<int64_t>(q.shape.tokens, 1)) / 256.0;
-        return base / std::pow(static_cast<double>(q.degree), scaling_);
+        return base / std::pow(static_cast<double>(q.degree), scaling_) * (1 + (q.batch - 1) * batch_cost_);
       }
     }
     return 0;
   }
   std::string describe() const override { return "fixed"; }
   const cost::ModelArch& model() const override { return arch_; }
+  int32_t maxBatch(const cost::StageQuery&) const override { return max_batch_; }
+  /// Batches of up to `max_batch` requests, a step of b of them costing (1 + (b - 1) x `batch_cost`) steps.
+  FixedCost& batches(int32_t max_batch, double batch_cost) {
+    max_batch_ = max_batch;
+    batch_cost_ = batch_cost;
+    return *this;
+  }
 
  private:
   double encode_s_, step_s_, decode_s_, migrate_s_, scaling_;
+  int32_t max_batch_ = 1;
+  double batch_cost_ = 1.0;
   cost::ModelArch arch_;
 };
 

@@ -358,7 +358,9 @@ TEST(ControlPlane, TaskDeadlineAbortsThenKillsTheWedgedWorker) {
   EXPECT_GE(f.cp->stats().task_timeouts, 1u);
 }
 
-TEST(ControlPlane, BrokenPolicyFailsTheRequestsItWasAskedAbout) {
+TEST(ControlPlane, ARefusedDecisionLosesNothingAndTheOthersRun) {
+  // see NOTE [refused decisions]: every request on rank 0; the second decision takes a rank twice and is refused,
+  // the first runs, and the second request runs once rank 0 is free again
   class Greedy : public Policy {
    public:
     std::string name() const override { return "greedy"; }
@@ -367,28 +369,71 @@ TEST(ControlPlane, BrokenPolicyFailsTheRequestsItWasAskedAbout) {
       for (const auto* r : v.ready) {
         Decision d;
         d.request_id = r->id;
-        d.ranks = {0};  // every request on rank 0
+        d.ranks = {0};
         out.push_back(d);
       }
       return out;
     }
   };
-  VirtualClock clock;
-  ScriptExecutor exec;
-  ControlConfig cfg;
-  cfg.world_size = 2;
-  ControlPlane cp(cfg, clock, exec, std::make_shared<Greedy>());
-  std::vector<RequestResult> results;
-  cp.setFinishedCallback([&](RequestResult&& r) { results.push_back(std::move(r)); });
-  cp.submit(spec(1));
-  cp.submit(spec(1));
-  cp.poll();
-  ASSERT_EQ(results.size(), 2u);
-  for (const auto& r : results) {
+  Fixture f(2, std::make_shared<Greedy>());
+  uint64_t a = f.cp->submit(spec(1));
+  uint64_t b = f.cp->submit(spec(1));
+  f.cp->poll();
+  EXPECT_TRUE(f.results.empty());
+  EXPECT_EQ(f.cp->stats().refused_decisions, 1u);
+  EXPECT_NE(f.cp->lastRefusal().find("rank 0"), std::string::npos) << f.cp->lastRefusal();
+  EXPECT_EQ(f.cp->status(a).state, RequestState::kEncoding);
+  EXPECT_EQ(f.cp->status(b).state, RequestState::kQueued);
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 2u);
+  for (const auto& r : f.results) EXPECT_EQ(r.state, RequestState::kDone) << r.reason;
+}
+
+TEST(ControlPlane, ARefusedDecisionWithNothingInFlightFailsItsRequest) {
+  // nothing runs, so no completion would ever ask the policy again: the request it named fails, with the reason
+  class DeadRank : public Policy {
+   public:
+    std::string name() const override { return "dead-rank"; }
+    std::vector<Decision> schedule(const SchedulerView& v) override {
+      std::vector<Decision> out;
+      for (const auto* r : v.ready) {
+        Decision d;
+        d.request_id = r->id;
+        d.ranks = {7};
+        out.push_back(d);
+      }
+      return out;
+    }
+  };
+  Fixture f(2, std::make_shared<DeadRank>());
+  f.cp->submit(spec(1));
+  f.cp->submit(spec(1));
+  f.cp->poll();
+  ASSERT_EQ(f.results.size(), 2u);
+  for (const auto& r : f.results) {
     EXPECT_EQ(r.state, RequestState::kFailed);
-    EXPECT_NE(r.reason.find("policy greedy"), std::string::npos) << r.reason;
+    EXPECT_NE(r.reason.find("policy dead-rank"), std::string::npos) << r.reason;
+    EXPECT_NE(r.reason.find("rank 7"), std::string::npos) << r.reason;
   }
-  EXPECT_TRUE(exec.sent.empty());
+  EXPECT_TRUE(f.exec.sent.empty());
+}
+
+TEST(ControlPlane, BrokenPolicyFailsTheRequestsItWasAskedAbout) {
+  class Throws : public Policy {
+   public:
+    std::string name() const override { return "throws"; }
+    std::vector<Decision> schedule(const SchedulerView&) override { throw std::runtime_error("no idea"); }
+  };
+  Fixture f(2, std::make_shared<Throws>());
+  f.cp->submit(spec(1));
+  f.cp->submit(spec(1));
+  f.cp->poll();
+  ASSERT_EQ(f.results.size(), 2u);
+  for (const auto& r : f.results) {
+    EXPECT_EQ(r.state, RequestState::kFailed);
+    EXPECT_NE(r.reason.find("policy throws failed: no idea"), std::string::npos) << r.reason;
+  }
+  EXPECT_TRUE(f.exec.sent.empty());
 }
 
 TEST(ControlPlane, CfgParallelNeedsGuidanceAndTravelsWithTheTasks) {
@@ -786,4 +831,149 @@ TEST(ControlPlane, AMemberLostDuringAParallelDecodeIsRecovered) {
   ASSERT_NE(last, nullptr);
   EXPECT_NE(last, decodeOf(exec, id));
   for (int w : last->workers) EXPECT_NE(w, 1);
+}
+
+namespace {
+
+// Every ready request on rank 0, one step per decision, all of one shape in one batch (the first is its head).
+class BatchAll : public Policy {
+ public:
+  std::string name() const override { return "batch-all"; }
+  std::vector<Decision> schedule(const SchedulerView& v) override {
+    std::vector<Decision> out;
+    if (v.ready.empty() || std::find(v.free_ranks.begin(), v.free_ranks.end(), 0) == v.free_ranks.end()) return out;
+    Decision d;
+    d.request_id = v.ready[0]->id;
+    d.ranks = {0};
+    d.dispatch_ahead = false;
+    for (size_t i = 1; i < v.ready.size(); ++i) {
+      if (v.ready[i]->shape.height == v.ready[0]->shape.height || !same_shape_only) d.batch.push_back(v.ready[i]->id);
+    }
+    out.push_back(d);
+    return out;
+  }
+  bool same_shape_only = true;
+};
+
+BatchMembers membersOf(const ScriptExecutor::Sent& s) {
+  return s.d.batch > 1 ? BatchMembers::decode(s.payload) : BatchMembers();
+}
+
+}  // namespace
+
+TEST(ControlPlane, ABatchStepsItsMembersInOneTaskEachAtItsOwnStep) {
+  // see NOTE [batches]: a joins at step 1 of its own, b at step 0; both decode on the one rank, in turn
+  Fixture f(1, std::make_shared<BatchAll>());
+  uint64_t a = f.cp->submit(spec(3));
+  f.cp->poll();
+  f.exec.completeHead(*f.cp, 0);  // a's encode
+  uint64_t b = f.cp->submit(spec(2));
+  f.exec.completeHead(*f.cp, 0);  // a's step 0: its boundary, where b joins
+  f.cp->poll();
+  ASSERT_EQ(f.exec.kinds(), (std::vector<std::string>{"encode", "denoise", "encode", "denoise"}));
+  const auto& batched = f.exec.sent[3];
+  EXPECT_EQ(batched.d.request_id, a);
+  EXPECT_EQ(batched.d.step_begin, 1);
+  EXPECT_EQ(batched.d.batch, 2);
+  BatchMembers m = membersOf(batched);
+  EXPECT_EQ(m.request_ids, (std::vector<uint64_t>{b}));
+  EXPECT_EQ(m.step_begins, (std::vector<int32_t>{0}));
+  EXPECT_EQ(f.cp->status(b).state, RequestState::kEncoding);
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 2u);
+  for (const auto& r : f.results) EXPECT_EQ(r.state, RequestState::kDone) << r.reason;
+  // a: steps 0 alone, 1 and 2 with b; b: steps 0 and 1 with a; then the two decodes one after the other
+  auto denoised = [&](uint64_t id) {
+    std::vector<std::pair<int32_t, int32_t>> out;  // (step, batch)
+    for (const auto& s : f.result(id)->stages) {
+      if (s.kind == TaskKind::kDenoise) out.emplace_back(s.step_begin, s.batch);
+    }
+    return out;
+  };
+  EXPECT_EQ(denoised(a), (std::vector<std::pair<int32_t, int32_t>>{{0, 1}, {1, 2}, {2, 2}}));
+  EXPECT_EQ(denoised(b), (std::vector<std::pair<int32_t, int32_t>>{{0, 2}, {1, 2}}));
+  EXPECT_EQ(countKind(f.exec, TaskKind::kDecode), 2);
+  EXPECT_EQ(f.cp->stats().batched_steps, 2u);
+  EXPECT_EQ(f.cp->numRequests(), 0u);
+}
+
+TEST(ControlPlane, ABatchOfDifferentShapesIsRefusedAndLosesNothing) {
+  // The first round batches a 64x64 request with a 128x64 one on rank 0 (refused) and runs a third request on
+  // rank 1 (accepted); later rounds batch only equal shapes. Nothing is lost: every request ends DONE.
+  class MixesOnce : public BatchAll {
+   public:
+    std::vector<Decision> schedule(const SchedulerView& v) override {
+      if (calls++ > 0) return BatchAll::schedule(v);
+      Decision bad;
+      bad.request_id = v.ready[0]->id;
+      bad.ranks = {0};
+      bad.batch = {v.ready[1]->id};
+      Decision ok;
+      ok.request_id = v.ready[2]->id;
+      ok.ranks = {1};
+      return {bad, ok};
+    }
+    int calls = 0;
+  };
+  Fixture f(2, std::make_shared<MixesOnce>());
+  uint64_t a = f.cp->submit(spec(2));
+  uint64_t b = f.cp->submit(spec(2, 128, 64));
+  uint64_t c = f.cp->submit(spec(2));
+  f.cp->poll();
+  EXPECT_EQ(f.cp->stats().refused_decisions, 1u);
+  EXPECT_NE(f.cp->lastRefusal().find("cannot batch"), std::string::npos) << f.cp->lastRefusal();
+  EXPECT_NE(f.cp->lastRefusal().find("128x64"), std::string::npos) << f.cp->lastRefusal();
+  EXPECT_EQ(f.cp->status(a).state, RequestState::kQueued);
+  EXPECT_EQ(f.cp->status(b).state, RequestState::kQueued);
+  EXPECT_EQ(f.cp->status(c).state, RequestState::kEncoding);
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 3u);
+  for (const auto& r : f.results) EXPECT_EQ(r.state, RequestState::kDone) << r.reason;
+}
+
+TEST(ControlPlane, AMemberThatLeavesABatchLeavesTheOthersRunning) {
+  // the head is cancelled between steps: its first rider leads on; a cancelled rider drops out of the next step
+  Fixture f(1, std::make_shared<BatchAll>());
+  uint64_t a = f.cp->submit(spec(4));
+  uint64_t b = f.cp->submit(spec(4));
+  uint64_t c = f.cp->submit(spec(4));
+  f.cp->poll();
+  // encodes of a, b, c, then one step of all three
+  ASSERT_EQ(f.exec.kinds(), (std::vector<std::string>{"encode", "encode", "encode", "denoise"}));
+  EXPECT_EQ(f.exec.sent[3].d.batch, 3);
+  f.cp->cancel(a);
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 3u);
+  EXPECT_EQ(f.result(a)->state, RequestState::kCancelled);
+  EXPECT_EQ(f.result(b)->state, RequestState::kDone);
+  EXPECT_EQ(f.result(c)->state, RequestState::kDone);
+  for (size_t i = 4; i < f.exec.sent.size(); ++i) {  // nothing of a goes out after its cancel but a free
+    const auto& s = f.exec.sent[i];
+    if (static_cast<TaskKind>(s.d.kind) != TaskKind::kDenoise) continue;
+    EXPECT_NE(s.d.request_id, a);
+    for (uint64_t id : membersOf(s).request_ids) EXPECT_NE(id, a);
+  }
+  int batched = 0;
+  for (const auto& s : f.result(c)->stages) batched += s.kind == TaskKind::kDenoise && s.batch == 2;
+  EXPECT_GE(batched, 3);  // b and c on together
+}
+
+TEST(ControlPlane, ABatchedStepThatLosesAWorkerRecoversEveryMember) {
+  Fixture f(2, std::make_shared<BatchAll>());
+  uint64_t a = f.cp->submit(spec(3));
+  uint64_t b = f.cp->submit(spec(3));
+  f.cp->poll();
+  f.exec.completeHead(*f.cp, 0);  // encodes
+  f.exec.completeHead(*f.cp, 0);
+  f.exec.completeHead(*f.cp, 0);  // the first batched step
+  f.cp->poll();
+  ASSERT_EQ(f.exec.sent.back().d.batch, 2);
+  ASSERT_GE(f.exec.completeHead(*f.cp, 0, TaskError::kCommError, 1), 0);  // the second fails: both stay at step 1
+  f.exec.drain(*f.cp);                                                    // the reinit, then the rest
+  ASSERT_EQ(f.results.size(), 2u) << ::testing::PrintToString(f.exec.kinds());
+  EXPECT_EQ(f.result(a)->state, RequestState::kDone) << f.result(a)->reason;
+  EXPECT_EQ(f.result(b)->state, RequestState::kDone) << f.result(b)->reason;
+  EXPECT_EQ(f.cp->stats().recoveries, 1u);
+  // both went on from step 1, not from scratch
+  EXPECT_EQ(countKind(f.exec, TaskKind::kEncode), 2);
 }

@@ -191,3 +191,15 @@ TEST(RequestCheck, EveryRefusalNamesItsField) {
   frames.num_frames = 5;
   EXPECT_EQ(errorOf([&] { checkRequest(frames, image, m.defaults); }).param(), "num_frames");
 }
+
+TEST(Messages, BatchMembersRoundTripAndRefuseGarbage) {
+  BatchMembers b;
+  b.request_ids = {7, 9, 12};
+  b.step_begins = {0, 3, 41};
+  BatchMembers back = BatchMembers::decode(b.encode());
+  EXPECT_EQ(back.request_ids, b.request_ids);
+  EXPECT_EQ(back.step_begins, b.step_begins);
+  std::string bytes = b.encode();
+  EXPECT_THROW(BatchMembers::decode(bytes.substr(0, bytes.size() - 1)), Error);
+  EXPECT_THROW(BatchMembers::decode(ReinitPlan().encode()), Error);
+}

@@ -606,3 +606,85 @@ TEST(PoliciesSimulated, EveryPolicyFinishesEveryRequest) {
     for (const auto& o : res.requests) EXPECT_EQ(o.state, RequestState::kDone) << p << " request " << o.id;
   }
 }
+
+namespace {
+
+// Four 64x64 requests waiting (arrivals 0..3), and a cost model whose batch of b costs 1 + 0.2 (b - 1) steps.
+struct BatchView {
+  std::shared_ptr<gfdit::testing::FixedCost> cost =
+      std::make_shared<gfdit::testing::FixedCost>(0.01, 0.016, 0.02, 0.001);
+  View view;
+  explicit BatchView(int world, int n, int max_batch = 4, double batch_cost = 0.2) : view(world, allRanks(world)) {
+    cost->batches(max_batch, batch_cost);
+    view.v.cost = cost.get();
+    for (int i = 0; i < n; ++i) {
+      RequestRecord r = scalingRecord(static_cast<uint64_t>(i + 1), 0.001, 10, kMaxRanks, i);
+      r.shape.height = r.shape.width = 64;
+      view.add(r);
+    }
+  }
+};
+
+std::map<uint64_t, std::vector<uint64_t>> batchesOf(const std::vector<Decision>& ds) {
+  std::map<uint64_t, std::vector<uint64_t>> out;
+  for (const Decision& d : ds) out[d.request_id] = d.batch;
+  return out;
+}
+
+}  // namespace
+
+TEST(Policies, RequestsBatchOnlyWhenTheyWouldOtherwiseWait) {
+  // two ranks: two requests run alone; four run as two batches of two, in arrival order
+  for (const char* name : {"fcfs", "srtf", "edf", "priority"}) {
+    auto policy = makePolicy(name);
+    BatchView two(2, 2);
+    auto ds = policy->schedule(two.view.build());
+    ASSERT_EQ(ds.size(), 2u) << name;
+    for (const Decision& d : ds) EXPECT_TRUE(d.batch.empty()) << name;
+    BatchView four(2, 4);
+    auto b = batchesOf(policy->schedule(four.view.build()));
+    EXPECT_EQ(b, (std::map<uint64_t, std::vector<uint64_t>>{{1, {3}}, {2, {4}}})) << name;
+  }
+}
+
+TEST(Policies, BatchesStopWhereTheyStopPayingOrTheMemoryEnds) {
+  // one rank, six waiting: a batch of at most max_batch 4 (memory)
+  auto fcfs = makePolicy("fcfs");
+  BatchView mem(1, 6, 4);
+  auto b = batchesOf(fcfs->schedule(mem.view.build()));
+  EXPECT_EQ(b, (std::map<uint64_t, std::vector<uint64_t>>{{1, {2, 3, 4}}}));
+  // a step that grows with the batch as fast as the requests in turn: nothing batches
+  BatchView bound(1, 6, 4, 1.0);
+  b = batchesOf(fcfs->schedule(bound.view.build()));
+  EXPECT_EQ(b, (std::map<uint64_t, std::vector<uint64_t>>{{1, {}}}));
+  // batch=1 turns batching off; batch=2 caps it
+  b = batchesOf(makePolicy("fcfs:batch=1")->schedule(mem.view.build()));
+  EXPECT_EQ(b, (std::map<uint64_t, std::vector<uint64_t>>{{1, {}}}));
+  b = batchesOf(makePolicy("fcfs:batch=2")->schedule(mem.view.build()));
+  EXPECT_EQ(b, (std::map<uint64_t, std::vector<uint64_t>>{{1, {2}}}));
+  EXPECT_EQ(makePolicy("fcfs:batch=2")->name(), "fcfs:batch=2");
+  EXPECT_THROW(makePolicy("fcfs:batch=0"), Error);
+  EXPECT_THROW(makePolicy("static:2:batch=x"), Error);
+}
+
+TEST(Policies, OnlyRequestsOfOneShapeAndGuidanceBatch) {
+  auto fcfs = makePolicy("fcfs");
+  BatchView v(1, 4);
+  v.view.recs[1].shape.height = 128;        // another size
+  v.view.recs[2].shape.guidance_scale = 4;  // guidance on
+  auto b = batchesOf(fcfs->schedule(v.view.build()));
+  EXPECT_EQ(b, (std::map<uint64_t, std::vector<uint64_t>>{{1, {4}}}));
+}
+
+TEST(Policies, StaticBatchesRequestsThatFindNoFreeGroup) {
+  // static:1 on two ranks: requests 1 and 2 take the groups, 3 and 4 join their batches
+  BatchView v(2, 4);
+  for (auto& r : v.view.recs) {
+    r.state = RequestState::kQueued;
+    r.step = 0;
+  }
+  auto b = batchesOf(makePolicy("static:1")->schedule(v.view.build()));
+  EXPECT_EQ(b, (std::map<uint64_t, std::vector<uint64_t>>{{1, {3}}, {2, {4}}}));
+  b = batchesOf(makePolicy("static:1:batch=1")->schedule(v.view.build()));
+  EXPECT_EQ(b, (std::map<uint64_t, std::vector<uint64_t>>{{1, {}}, {2, {}}}));
+}

@@ -159,8 +159,9 @@ def test_a_running_request_shows_live_with_its_ranks(client, spy):
     assert tl["live"] == [] and tl["running"] == 0
 
 
-def _stage(kind, ranks, step, n, t0_ms, t1_ms, ulysses=None, regroup=False):
+def _stage(kind, ranks, step, n, t0_ms, t1_ms, ulysses=None, regroup=False, batch=1):
     return Stage(
+        batch=batch,
         regroup=regroup,  # the control plane's mark (NOTE [regroups]): the recorder shows it, never decides it
         kind=kind,
         ranks=ranks,
@@ -235,6 +236,32 @@ def test_recorder_merges_steps_marks_regroups_and_forgets_the_past():
     now[0] = 1_400_000_000 + 5_000_000_001
     snap = rec.snapshot(_FakeEngine())
     assert snap["spans"] == [] and snap["requests"] == [] and snap["latency"]["count"] == 0
+
+
+def test_recorder_shows_batches_and_decode_groups():
+    """A batched denoise task is in each member's timeline: each member's span carries the batch size, steps of
+    another batch size are not merged into it, and a decode split over several ranks keeps them all."""
+    now = [2_000_000_000]
+    rec = ActivityRecorder(window_s=5.0, max_spans=1000, clock=lambda: now[0])
+    for rid in (3, 4, 5):  # three requests stepped together on rank 0, then 3 and 4 on (its steps ran out)
+        stages = [
+            _stage("encode", [0], 0, 0, 1000 + rid, 1001 + rid),
+            _stage("denoise", [0], 0, 1, 1010, 1020, batch=3),
+            _stage("denoise", [0], 1, 1, 1020, 1030, batch=3),  # merged: the same batch
+        ]
+        if rid != 5:
+            stages.append(_stage("denoise", [0], 2, 1, 1030, 1040, batch=2))  # not merged: another batch
+        stages.append(_stage("decode", [0, 1], 3, 0, 1040 + rid, 1050 + rid))  # parallel decode on 2 ranks
+        rec.record(_result(rid, stages))
+    spans = rec.snapshot(_FakeEngine())["spans"]
+    denoise = [
+        (s["request_id"], s["step_begin"], s["num_steps"], s["batch"])
+        for s in spans
+        if s["kind"] == "denoise"
+    ]
+    assert denoise == [(3, 0, 2, 3), (3, 2, 1, 2), (4, 0, 2, 3), (4, 2, 1, 2), (5, 0, 2, 3)]
+    assert all(s["batch"] == 1 for s in spans if s["kind"] != "denoise")
+    assert [s["ranks"] for s in spans if s["kind"] == "decode"] == [[0, 1]] * 3
 
 
 def test_recorder_caps_its_spans():
@@ -392,3 +419,37 @@ def test_chromium_autorun_on_a_video_model_shows_the_video(tmp_path):
     fig = dom.split('<figure id="result">', 1)[1].split("</figure>", 1)[0]
     assert re.search(r'<video id="result-video"[^>]*src="blob:http://127\.0\.0\.1:\d+/', fig), fig
     assert "frames" in fig and "a cat" in fig
+
+
+@needs_chromium
+@pytest.mark.timeout(180)
+def test_chromium_labels_batches_and_decode_groups(engine, tmp_path):
+    """Spans recorded as a batch of 3 and a decode over two ranks (synthetic: an fcfs engine without a cost
+    model never batches) are drawn with "×3" and with the decode's ranks."""
+    from gfdit._C import runtime as rt
+
+    app = create_app(engine, model=MODEL)
+    t = rt.now_ns() / 1e6 - 8000  # ms: the last 8 s, wide enough bars for their labels
+    for k, rid in enumerate((901, 902, 903)):
+        stages = [
+            _stage("encode", [0], 0, 0, t, t + 100),
+            _stage("denoise", [0], 0, 4, t + 100, t + 2000, batch=3),
+            _stage("decode", [0, 1], 4, 0, t + 2000 + k * 2000, t + 4000 + k * 2000),  # one after another
+        ]
+        app.state.server.live.record(_result(rid, stages))
+    with _serving(app) as url:
+        dom = _dump_dom(url + "/", tmp_path / "profile")
+    svg = dom.split('<svg id="timeline"', 1)[1].split("</svg>", 1)[0]
+    bars = [
+        dict(re.findall(r'data-([a-z-]+)="([^"]*)"', a))
+        for a in re.findall(r'<rect class="span" ([^>]*)>', svg)
+    ]
+    assert {(a["request-id"], a["batch"]) for a in bars if a["kind"] == "denoise"} == {
+        (str(rid), "3") for rid in (901, 902, 903)
+    }, svg[-3000:]
+    assert {(a["request-id"], a["rank"]) for a in bars if a["kind"] == "decode"} == {
+        (str(rid), r) for rid in (901, 902, 903) for r in ("0", "1")
+    }
+    labels = re.findall(r'<text class="bar[^"]*"[^>]*>([^<]*)</text>', svg)
+    assert any(re.fullmatch(r"#90[123] U1 ×3", s) for s in labels), labels
+    assert any(re.fullmatch(r"#90[123] dec 0,1", s) for s in labels), labels

@@ -1,4 +1,5 @@
-"""gfdit profile: a reduced run (one or two tiny shapes, world 2, one repeat) writes a valid profile."""
+"""gfdit profile: a reduced run (one or two tiny shapes, world 2, one repeat) writes a valid profile; a batch
+measurement (one shape, one rank) gives a profile that prices batches."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 
 import pytest
 from gfdit._C import InvalidUsage
+from gfdit.planning import cost
 from gfdit.tools import profile
 
 
@@ -53,6 +55,14 @@ def test_parse_shapes():
             profile.parse_shapes(bad)
 
 
+def test_parse_batches():
+    assert profile.parse_batches("4, 2,4") == (2, 4)
+    assert profile.parse_batches("") == ()
+    for bad in ("1", "0", "two", "2,-3"):
+        with pytest.raises(InvalidUsage, match="--batches"):
+            profile.parse_batches(bad)
+
+
 def test_bad_arguments_exit_2(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert _cli(["--model", "tiny-wan", "--world-size", "2", "--out", str(out), "--shapes", "33x48x1"]) == 2
@@ -77,6 +87,8 @@ def test_reduced_profile_run(tmp_path, capsys):
         "2",
         "--repeats",
         "1",
+        "--batches",
+        "",  # none: test_batch_profile_prices_batches measures them
         "--shapes",
         ",".join(f"{h}x{w}x{f}" for h, w, f in shapes),
     ]
@@ -103,7 +115,7 @@ def test_reduced_profile_run(tmp_path, capsys):
         "samples",
     }
     assert all(set(e) == keys for e in entries)
-    assert all(e["batch"] == 1 for e in entries)  # gfdit profile measures one request at a time
+    assert all(e["batch"] == 1 for e in entries)  # --batches "": one request at a time
     assert all(e["seconds"] > 0 and e["samples"] >= 1 and e["guidance"] for e in entries)
     assert {e["stage"] for e in entries} == {"encode", "denoise", "migrate", "decode"}
     facts = profile._ModelFacts("tiny-wan")
@@ -122,6 +134,34 @@ def test_reduced_profile_run(tmp_path, capsys):
     assert {(e["degree"], e["num_new"]) for e in entries if e["stage"] == "migrate"} == {(2, 1)}
     # the decode split over each measured group (NOTE [parallel decode] in control.cpp), keyed by its degree
     assert {(e["degree"], e["ulysses"]) for e in entries if e["stage"] == "decode"} == {(1, 1), (2, 1)}
+
+
+@pytest.mark.timeout(120)
+def test_batch_profile_prices_batches(tmp_path):
+    """Batches of 2 and 4 step together on rank 0; the profile written loads, and its cost model prices a batch
+    up to 4 (interpolating 3), refuses 5, and a batch of 4 small images costs less than 4 requests alone."""
+    model, (h, w) = "tiny-qwen-image", (64, 64)
+    prof = profile.measure(model, 1, [(h, w, 1)], steps=2, repeats=1, batches=(2, 4))
+    denoise = {e.batch: e for e in prof.entries if e.stage == cost.Stage.DENOISE}
+    assert sorted(denoise) == [1, 2, 4]
+    for b, e in denoise.items():
+        assert (e.degree, e.ulysses, e.ring, e.cfg) == (1, 1, 1, 1) and e.seconds > 0
+        assert e.samples == 2, b  # --steps 2 x --repeats 1: each batched step once, not once per member
+    assert all(e.batch == 1 for e in prof.entries if e.stage != cost.Stage.DENOISE)
+    assert "batch" in profile.format_table(prof).splitlines()[1]
+    path = tmp_path / "profile.json"
+    cost.write_profile(path, prof)
+    cm = cost.cost_model(model, "cpu", profile=cost.load_profile(path))
+    g = cost.model_arch(model).default_guidance
+
+    def step(b: int) -> float:
+        return cm.seconds(cost.Stage.DENOISE, h, w, 1, guidance_scale=g, batch=b)
+
+    assert step(1) == pytest.approx(denoise[1].seconds) and step(4) == pytest.approx(denoise[4].seconds)
+    assert step(3) == pytest.approx((step(2) + step(4)) / 2)  # linear between measured batches
+    with pytest.raises(InvalidUsage, match="batch 5 is outside the measured batches"):
+        step(5)  # the profile's max_batch is the largest measured: 4
+    assert step(4) < 4 * step(1), (step(1), step(4))  # tiny-qwen-image 64x64: ~2.4x for 4 on this machine
 
 
 def test_collectives_profile_needs_a_gpu_and_says_so(capsys):

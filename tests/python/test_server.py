@@ -271,17 +271,23 @@ def test_health_reports_a_stalled_control_loop(engine):
         assert r.status_code == 503 and "control loop" in r.json()["reason"]
 
 
-def test_metrics(client):
+def _samples(text: str) -> dict:
+    """The samples of a /metrics answer by (name, sorted labels)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    samples = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            samples[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    return samples
+
+
+def test_metrics(client):
     assert _gen(client, num_inference_steps=2, slo_ms=60_000).status_code == 200
     _gen(client, n=0)
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    samples = {}
-    for fam in text_string_to_metric_families(r.text):
-        for smp in fam.samples:
-            samples[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    samples = _samples(r.text)
     assert samples[("gfdit_http_requests_total", (("kind", "image"), ("outcome", "ok")))] >= 1
     assert samples[("gfdit_http_requests_total", (("kind", "image"), ("outcome", "bad_request")))] >= 1
     assert samples[("gfdit_slo_requests_total", (("kind", "image"), ("result", "met")))] >= 1
@@ -294,6 +300,69 @@ def test_metrics(client):
     assert ("gfdit_regroups", ()) in samples
     decodes = {k[1][0][1]: v for k, v in samples.items() if k[0] == "gfdit_decodes_total"}
     assert decodes and sum(decodes.values()) >= 1 and all(int(d) >= 1 for d in decodes), decodes
+    # fcfs without a cost model never batches
+    assert samples[("gfdit_request_steps_total", (("batch", "1"),))] >= 2
+    assert samples[("gfdit_batched_steps", ())] == 0
+    assert ("gfdit_refused_decisions", ()) in samples
+
+
+class _StatsEngine:
+    """What Metrics reads of an engine, with control-plane counters of a test's choosing."""
+
+    def __init__(self, stats: dict) -> None:
+        self._stats = stats
+
+    def alive_workers(self):
+        return [True, True]
+
+    def requests(self):
+        return {}
+
+    def stats(self):
+        return dict(self._stats)
+
+
+def test_metrics_count_request_steps_by_batch():
+    """Three requests stepped 4 steps as one batch of 3 on rank 0 and decoded together on ranks 0 and 1; one
+    more stepped alone: steps by batch count each request's own steps, busy seconds count the batched task once,
+    and the control plane's batched_steps and refused_decisions are gauges."""
+    from gfdit.serving.engine import Result, Stage
+    from gfdit.serving.server.admission import Admission
+    from gfdit.serving.server.metrics import Metrics
+    from prometheus_client import generate_latest
+
+    def stage(kind, ranks, step, n, t0_s, t1_s, batch=1):
+        return Stage(
+            kind, ranks, 1, 1, "usp", step, n, int(t0_s * 1e9), int(t0_s * 1e9), int(t1_s * 1e9), batch=batch
+        )
+
+    def result(rid, stages):
+        times = [("QUEUED", 0, stages[0].start_ns), ("DONE", 0, stages[-1].end_ns)]
+        return Result(rid, None, "DONE", "", stages, times)
+
+    m = Metrics(_StatsEngine({"regroups": 1, "batched_steps": 2, "refused_decisions": 3}), Admission(8))
+    for rid in (1, 2, 3):
+        m.observe(
+            result(
+                rid,
+                [stage("denoise", [0], 0, 4, 10.0, 13.0, batch=3), stage("decode", [0, 1], 4, 0, 13.0, 14.0)],
+            ),
+            None,
+            "image",
+        )
+    m.observe(
+        result(4, [stage("denoise", [1], 0, 2, 20.0, 21.0), stage("denoise", [1], 2, 1, 0, 0)]), None, "image"
+    )
+    samples = _samples(generate_latest(m.registry).decode())
+    assert samples[("gfdit_request_steps_total", (("batch", "3"),))] == 12
+    # request 4's second stage never ran: not counted
+    assert samples[("gfdit_request_steps_total", (("batch", "1"),))] == 2
+    assert samples[("gfdit_rank_busy_seconds_total", (("rank", "0"),))] == pytest.approx(3.0 + 3 * 1.0)
+    assert samples[("gfdit_rank_busy_seconds_total", (("rank", "1"),))] == pytest.approx(3 * 1.0 + 1.0)
+    assert samples[("gfdit_decodes_total", (("degree", "2"),))] == 3
+    assert samples[("gfdit_stage_seconds_count", (("stage", "denoise"),))] == 4  # the batched step per member
+    assert samples[("gfdit_batched_steps", ())] == 2 and samples[("gfdit_refused_decisions", ())] == 3
+    assert samples[("gfdit_regroups", ())] == 1
 
 
 @pytest.fixture(scope="module")

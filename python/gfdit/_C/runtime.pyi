@@ -70,7 +70,15 @@ class Decision:
         layout: Layout = ...,
         num_steps: typing.SupportsInt | typing.SupportsIndex = 1,
         decode_degree: typing.SupportsInt | typing.SupportsIndex = 0,
+        batch: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = [],
     ) -> None: ...
+    @property
+    def batch(self) -> list[int]:
+        """
+        Other ready requests of the same shape and guidance that run these steps with it, one batched forward per step (NOTE [batches])
+        """
+    @batch.setter
+    def batch(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None: ...
     @property
     def decode_degree(self) -> int:
         """
@@ -574,6 +582,13 @@ class RequestRecord:
     @property
     def attempts(self) -> int: ...
     @property
+    def batch_leader(self) -> int:
+        """
+        busy: the request whose batch it runs in (its own id when it leads one), else 0
+        """
+    @property
+    def batch_size(self) -> int: ...
+    @property
     def busy(self) -> bool: ...
     @property
     def cost(self) -> RequestCost: ...
@@ -775,6 +790,11 @@ class Simulator:
 
 class StageRecord:
     @property
+    def batch(self) -> int:
+        """
+        requests the task stepped in one batched forward, this one included (NOTE [batches])
+        """
+    @property
     def dispatch_ns(self) -> int: ...
     @property
     def end_ns(self) -> int: ...
@@ -944,6 +964,11 @@ class WorkerTask:
     """
     One task as a worker runs it.
     """
+    @property
+    def batch(self) -> list[tuple[int, int]]:
+        """
+        DENOISE of a batch: the other requests it steps with request_id, each with the step it starts at
+        """
     @property
     def dispatch_ns(self) -> int: ...
     @property

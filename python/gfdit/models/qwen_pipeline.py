@@ -12,7 +12,11 @@ rescaling run in the transformer's output dtype. The state's latent is packed [1
 patches), as the transformer takes it, in the prompt embeddings' dtype before step 0 and then in the dtype the
 scheduler's step returns (NOTE [state dtypes] in gfdit.models.staged); its grid is the VAE latent
 (1, H/8, W/8). With guidance on and no negative prompt, " " is the negative prompt (as the Qwen-Image
-model card's example does), so true CFG is on by default.
+model card's example does), so true CFG is on by default. ``denoise_batch`` steps several requests of one size
+with one forward per pass (NOTE [batched step] in gfdit.models.staged): their texts (each prompt's own length)
+are padded to the longest and masked with ``encoder_hidden_states_mask`` on a group of one member, and run as
+one sub-batch per length on a larger one (gfdit.attention takes no mask); img_shapes has one entry per batch
+element, and the norm rescaling of true CFG is per state.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from gfdit.models.staged import (
     DenoiseState,
     StageDefaults,
     StagedModel,
+    cat_rows,
     check_folder,
     load_diffusers_model,
     read_json,
+    sub_batches,
     write_gfdit_config,
 )
 
@@ -253,46 +259,81 @@ class QwenImageStagedModel(StagedModel):
         return self.sampler.schedule(n, sigmas=np.linspace(1.0, 1 / n, n), mu=mu)
 
     # -- denoise -----------------------------------------------------------------------------------------
-    def denoise_step(
-        self,
-        state: DenoiseState,
-        step_idx: int,
-        group: comm.Group | None = None,
-        spec: ParallelSpec | None = None,
-    ) -> DenoiseState:
-        self.check_step(state, step_idx)
-        state = self.place_state(state)  # NOTE [state placement]: a no-op for a state held here
-        t = state.timesteps[step_idx]  # the schedule is on the CPU: no wait for the device
+    def _step_states(
+        self, states: list[DenoiseState], group: comm.Group | None, spec: ParallelSpec | None
+    ) -> list[DenoiseState]:
         model = self.transformer
         dev, dtype = model.device, model.dtype
-        latent = state.latent
-        x = latent.to(dev, dtype)
-        timestep = t.expand(1).to(dev, latent.dtype) / 1000  # QwenImagePipeline: t in the latent's dtype
-        _, h, w = state.grid
-        img_shapes = [[(1, h // 2, w // 2)]]
+        x = cat_rows([s.latent.to(dev, dtype) for s in states])
+        # QwenImagePipeline: t in the latent's dtype; the schedule is on the CPU: no wait for the device
+        timestep = cat_rows(
+            [s.timesteps[s.step_idx].expand(1).to(dev, s.latent.dtype) / 1000 for s in states]
+        )
+        _, h, w = states[0].grid  # one grid for the batch (check_batch)
+        img_shapes = [[(1, h // 2, w // 2)]] * len(states)  # one per batch element
 
-        def velocity(embeds: torch.Tensor, g: comm.Group | None, s: ParallelSpec | None) -> torch.Tensor:
-            out = self.parallel_call(
-                model,
-                self.parallel,
-                g,
-                s,
-                hidden_states=x,
-                timestep=timestep,
+        def forward(
+            rows: list[int] | None,
+            text: torch.Tensor,
+            mask: torch.Tensor | None,
+            g: comm.Group | None,
+            s: ParallelSpec | None,
+        ) -> torch.Tensor:
+            """One transformer call on the batch's rows (None: all); with a text mask the plain model's."""
+            kwargs: dict[str, Any] = dict(
+                hidden_states=x if rows is None else x[rows],
+                timestep=timestep if rows is None else timestep[rows],
                 guidance=None,
-                encoder_hidden_states_mask=None,
-                encoder_hidden_states=embeds.to(dev, dtype),
-                img_shapes=img_shapes,
+                encoder_hidden_states_mask=mask,
+                encoder_hidden_states=text,
+                img_shapes=img_shapes if rows is None else img_shapes[: len(rows)],
             )
-            return out  # in the transformer's dtype: true CFG combines there (NOTE [state dtypes])
+            if mask is not None:  # one member: the model's own masked attention (NOTE [batched step])
+                return model(**kwargs, return_dict=False)[0]
+            return self.parallel_call(model, self.parallel, g, s, **kwargs)
+
+        def velocity(
+            embeds: list[torch.Tensor], g: comm.Group | None, s: ParallelSpec | None
+        ) -> torch.Tensor:
+            # in the transformer's dtype: true CFG combines there (NOTE [state dtypes])
+            embeds = [e.to(dev, dtype) for e in embeds]
+            lengths = [int(e.shape[1]) for e in embeds]
+            if len(set(lengths)) == 1:
+                return forward(None, cat_rows(embeds), None, g, s)
+            if self.one_member(g, s):
+                # padded at the end: the real tokens keep their rotary rows (the text's start after the
+                # image's), and the mask drops the padding from the joint attention's keys
+                longest = max(lengths)
+                text = embeds[0].new_zeros((len(embeds), longest, embeds[0].shape[2]))
+                mask = torch.zeros((len(embeds), longest), dtype=torch.bool, device=dev)
+                for i, e in enumerate(embeds):
+                    text[i, : lengths[i]] = e[0]
+                    mask[i, : lengths[i]] = True
+                return forward(None, text, mask, g, s)
+            # gfdit.attention takes no mask: one sub-batch per text length
+            out: torch.Tensor | None = None
+            for rows in sub_batches(lengths):
+                part = forward(rows, cat_rows([embeds[i] for i in rows]), None, g, s)
+                if out is None:
+                    out = part.new_empty((len(embeds), *part.shape[1:]))
+                out[rows] = part
+            assert out is not None
+            return out
 
         with torch.no_grad():
             # the passes in turn, or CFG-parallel on the two halves of the group (NOTE [CFG-parallel])
-            v, v_neg = self.guided_predictions(state, group, spec, velocity)
-            if v_neg is not None:
-                comb = v_neg + state.guidance_scale * (v - v_neg)
-                v = comb * (torch.norm(v, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
-        return self.sampler.step(state, v)
+            v, v_neg = self.guided_batch_predictions(states, group, spec, velocity)
+            result = []
+            for i, state in enumerate(states):
+                vi = v[i : i + 1]
+                if v_neg is not None:  # true CFG, rescaled to the conditional prediction's norm per token
+                    ni = v_neg[i : i + 1]
+                    comb = ni + state.guidance_scale * (vi - ni)
+                    vi = comb * (
+                        torch.norm(vi, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True)
+                    )
+                result.append(self.sampler.step(state, vi))  # per state: its own sampler history
+        return result
 
     # -- decode ------------------------------------------------------------------------------------------
     def vae_latent(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:

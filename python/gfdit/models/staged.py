@@ -75,6 +75,35 @@ holds. Refused with gfdit.InvalidUsage before any collective, alike on every mem
 state, group and spec): cfg 2 without guidance (one pass per step, nothing to split), a group whose size is
 not ``spec.degree`` (odd sizes included) or that does not include the caller, and cfg 2 without a gfdit
 world.
+
+NOTE [batched step]
+``denoise_batch(states, group, spec)`` advances several requests by one step each with one transformer
+forward per guidance pass over all of them (batch B = len(states)) instead of one per state: the latents
+concatenate along dim 0, the timesteps form a [B] tensor (Wan 2.2 TI2V's per-token timesteps: [B, S]), the
+text embeddings concatenate, and the output is cut back into one prediction per state. Each state runs its
+own next step (``state.step_idx``): the states may be at different steps, with different seeds, prompts,
+guidance scales, step counts and sampler histories. The guidance formula (each state's own scale; Qwen-Image's
+norm rescaling per state) and the sampler's step (which holds per-state history) then run per state, the same
+local arithmetic as ``denoise_step``, which is ``denoise_batch`` of one state. What cannot share one forward
+runs as sub-batches, one forward each, in the order in which their first states appear in the list (the same
+on every member: they all pass the same list):
+- Wan: states whose step runs the other expert (Wan 2.2 A14B's transformer_2 below boundary_ratio, with its
+  own guidance_scale_2 rule), or whose text has another length (max_sequence_length: Wan's cross-attention
+  sees the zero padding of its text, so padding further would change the result).
+- Qwen-Image: each prompt keeps its own text length. On a group of one member (or without a gfdit world) the
+  text is padded to the longest of the pass and masked (``encoder_hidden_states_mask``: the padding is masked
+  out of the joint attention and the text's rotary rows start at the same place whatever the padding, so each
+  state's prediction is its unpadded one up to float rounding). gfdit.attention takes no mask
+  (gfdit.models.qwenimage), so on a larger group each pass runs one sub-batch per text length: the negative
+  " " prompts share one, so the unconditional pass still batches.
+With ``spec.cfg == 2`` each half runs its pass for the whole batch and the exchange carries the B predictions
+(NOTE [CFG-parallel]). Hence each state gets what ``denoise_step`` gives it alone, up to the float rounding of a
+batched forward (float32: within 1e-5 on the latent), with identical noise (it is the state's own); a list of
+one state gives exactly ``denoise_step``'s; and every member of the group gets bit-identical states (NOTE
+[portable denoise state]). Refused with gfdit.InvalidUsage before any collective, alike on every member: an
+empty list, a state that is done, states whose latent grids differ (one forward is one token sequence), and a
+mix of states with and without guidance (CFG and non-CFG requests are kept apart by rule: their steps run two
+passes and one).
 """
 
 from __future__ import annotations
@@ -222,7 +251,8 @@ class StagedModel(abc.ABC):
     Stages: ``encode`` (text encoder), ``init_latent`` + ``initial_state``, ``denoise_step`` (one step on a
     group, sequence-parallel) and ``decode`` (VAE). Every stage is deterministic: the same prompt, seed and
     options give the same output whatever groups ran the steps (up to float rounding of the layouts).
-    Weights are replicated: every worker loads the whole model. Requests have batch size 1.
+    Weights are replicated: every worker loads the whole model. A request has batch size 1 and its own
+    state; ``denoise_batch`` steps several requests with one forward per guidance pass (NOTE [batched step]).
     """
 
     name: str = "model"
@@ -255,7 +285,6 @@ class StagedModel(abc.ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(sigmas [N + 1], timesteps [N]), float32, for a latent of this (frames, height, width) grid."""
 
-    @abc.abstractmethod
     def denoise_step(
         self,
         state: DenoiseState,
@@ -267,6 +296,36 @@ class StagedModel(abc.ABC):
         state (the input is not modified). Every member of the group calls it with the same state and gets
         the same result. group None: the gfdit world if initialised, else a plain local call. spec.cfg 2:
         the guidance passes on the two halves of the group at once (NOTE [CFG-parallel])."""
+        self.check_step(state, step_idx)
+        # see NOTE [state placement]: a no-op for a state held here
+        return self._step_states([self.place_state(state)], group, spec)[0]
+
+    def denoise_batch(
+        self,
+        states: list[DenoiseState],
+        group: comm.Group | None = None,
+        spec: ParallelSpec | None = None,
+    ) -> list[DenoiseState]:
+        """Runs the next step of every state (each its own ``state.step_idx``) with one transformer forward
+        per guidance pass over all of them, or over the sub-batches that cannot share one (NOTE [batched
+        step]); returns the next states in the list's order (the inputs are not modified). Each equals
+        ``denoise_step(state, state.step_idx, group, spec)`` up to the rounding of a batched forward (a list
+        of one: exactly). Every member of the group calls it with the same list and gets the same result;
+        group and spec as ``denoise_step``'s. Refused with gfdit.InvalidUsage, alike on every member and
+        before any collective: an empty list, a finished state, different latent grids, and a mix of states
+        with and without guidance."""
+        self.check_batch(states)
+        if len(states) == 1:
+            return [self.denoise_step(states[0], states[0].step_idx, group, spec)]
+        return self._step_states([self.place_state(s) for s in states], group, spec)
+
+    @abc.abstractmethod
+    def _step_states(
+        self, states: list[DenoiseState], group: comm.Group | None, spec: ParallelSpec | None
+    ) -> list[DenoiseState]:
+        """The next state of each of ``states`` (checked and placed, NOTE [state placement]) after one step
+        on ``group``: the model's forwards (one per guidance pass and sub-batch), guidance and sampler
+        (NOTE [batched step]). ``denoise_step`` is this on a list of one."""
 
     @abc.abstractmethod
     def vae_latent(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:
@@ -450,6 +509,45 @@ class StagedModel(abc.ABC):
             raise InvalidUsage(f"gfdit.models: the state has finished all {state.num_steps} steps")
 
     @staticmethod
+    def check_batch(states: Any) -> None:
+        """Refuses (gfdit.InvalidUsage) a list of states that ``denoise_batch`` cannot step together (NOTE
+        [batched step]); the checks read only the states, so every member refuses alike."""
+        if not isinstance(states, list | tuple):
+            raise InvalidUsage(
+                f"gfdit.models: denoise_batch needs a list of DenoiseState, got {type(states).__name__}"
+            )
+        if not states:
+            raise InvalidUsage("gfdit.models: denoise_batch needs at least one state, got an empty list")
+        for i, state in enumerate(states):
+            if not isinstance(state, DenoiseState):
+                raise InvalidUsage(
+                    f"gfdit.models: denoise_batch: item {i} is a {type(state).__name__}, not a DenoiseState"
+                )
+            if state.done:
+                raise InvalidUsage(
+                    f"gfdit.models: denoise_batch: state {i} has finished all {state.num_steps} steps"
+                )
+        first = states[0]
+        for i, state in enumerate(states[1:], 1):
+            if state.grid != first.grid or state.latent.shape != first.latent.shape:
+                raise InvalidUsage(
+                    f"gfdit.models: denoise_batch: state {i} has latent grid {state.grid} "
+                    f"{tuple(state.latent.shape)}, state 0 {first.grid} {tuple(first.latent.shape)}; one "
+                    "forward needs one size"
+                )
+            if state.do_cfg != first.do_cfg:
+                raise InvalidUsage(
+                    f"gfdit.models: denoise_batch: state {i} has guidance_scale {state.guidance_scale}, state 0 "
+                    f"{first.guidance_scale}: CFG and non-CFG requests are kept apart by rule"
+                )
+        if first.do_cfg:
+            for i, state in enumerate(states):
+                if state.negative_prompt_embeds is None:
+                    raise InvalidUsage(
+                        f"gfdit.models: denoise_batch: state {i} has guidance but no negative_prompt_embeds"
+                    )
+
+    @staticmethod
     def guided_predictions(
         state: DenoiseState,
         group: comm.Group | None,
@@ -461,17 +559,60 @@ class StagedModel(abc.ABC):
         whole output (in the transformer's output dtype, on the model's device; NOTE [state dtypes]).
         spec.cfg 1: the passes in turn on the whole group; 2: one per half of the group at once, then one
         exchange (NOTE [CFG-parallel])."""
+        return StagedModel._guided_passes(
+            state.prompt_embeds,
+            state.negative_prompt_embeds,
+            state.guidance_scale,
+            group,
+            spec,
+            velocity,
+        )
+
+    @staticmethod
+    def guided_batch_predictions(
+        states: list[DenoiseState],
+        group: comm.Group | None,
+        spec: ParallelSpec | None,
+        velocity: Callable[[list[torch.Tensor], comm.Group | None, ParallelSpec | None], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``guided_predictions`` of a batch (NOTE [batched step]): ``velocity(embeds, group, spec)`` gets
+        the pass's text embeddings of every state (a list, in the states' order) and returns the batched
+        output [B, ...], row i state i's; the predictions are [B, ...] likewise. The states were checked by
+        ``check_batch`` (all with guidance or all without)."""
+        first = states[0]
+        negatives = [s.negative_prompt_embeds for s in states] if first.do_cfg else None
+        return StagedModel._guided_passes(
+            [s.prompt_embeds for s in states],
+            negatives,
+            first.guidance_scale,
+            group,
+            spec,
+            velocity,
+        )
+
+    @staticmethod
+    def _guided_passes(
+        cond_embeds: Any,
+        neg_embeds: Any,
+        guidance_scale: float,
+        group: comm.Group | None,
+        spec: ParallelSpec | None,
+        velocity: Callable[[Any, comm.Group | None, ParallelSpec | None], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The passes of ``guided_predictions``; the embeddings are whatever ``velocity`` takes (one tensor,
+        or a batch's list)."""
+        do_cfg = guidance_scale > 1.0
         if spec is None or spec.cfg == 1:
-            cond = velocity(state.prompt_embeds, group, spec)
-            if not state.do_cfg:
+            cond = velocity(cond_embeds, group, spec)
+            if not do_cfg:
                 return cond, None
-            return cond, velocity(state.negative_prompt_embeds, group, spec)  # type: ignore[arg-type]
-        if not state.do_cfg:
+            return cond, velocity(neg_embeds, group, spec)
+        if not do_cfg:
             raise InvalidUsage(
                 f"gfdit.models: spec cfg=2 (CFG-parallel) needs guidance, but the state has guidance_scale "
-                f"{state.guidance_scale} (one pass per step: nothing to run in parallel)"
+                f"{guidance_scale} (one pass per step: nothing to run in parallel)"
             )
-        if state.negative_prompt_embeds is None:  # refused on both halves, before the exchange
+        if neg_embeds is None:  # refused on both halves, before the exchange
             raise InvalidUsage(
                 "gfdit.models: spec cfg=2 (CFG-parallel): the state has guidance but no negative prompt "
                 "embeddings for the unconditional half"
@@ -492,7 +633,7 @@ class StagedModel(abc.ABC):
         half = len(ranks) // 2
         conditional = me < half
         sub = world.new_group(ranks[:half] if conditional else ranks[half:])
-        embeds = state.prompt_embeds if conditional else state.negative_prompt_embeds
+        embeds = cond_embeds if conditional else neg_embeds
         # exchanged in the dtype the guidance combines in: the same predictions as the passes in turn
         mine = velocity(embeds, sub, spec.per_pass()).contiguous()
         pair = world.new_group([ranks[me % half], ranks[half + me % half]])
@@ -515,6 +656,38 @@ class StagedModel(abc.ABC):
                 raise InvalidUsage("gfdit.models: a parallel spec needs gfdit.init and a group")
             return model(**kwargs, return_dict=False)[0]
         return wrapper(**kwargs, return_dict=False, group=group, spec=spec)[0]
+
+    @staticmethod
+    def one_member(group: comm.Group | None, spec: ParallelSpec | None) -> bool:
+        """Whether a transformer call on ``group`` runs on this process alone (no gfdit world and no group,
+        or a group of one), where the plain model may run a call the parallel wrapper refuses (NOTE
+        [batched step]: Qwen-Image's masked text). A spec of more than one member is refused as
+        ``parallel_call`` and the wrapper refuse it."""
+        if group is None and not comm.is_initialized():
+            n = 1
+        else:
+            n = comm.get_world()._group(group).size()
+        if n == 1 and spec is not None and spec.degree != 1:
+            raise InvalidUsage(
+                f"gfdit.models: spec ulysses={spec.ulysses} x ring={spec.ring} x cfg={spec.cfg} = "
+                f"{spec.degree} members, but the call runs on one"
+            )
+        return n == 1
+
+
+def sub_batches(keys: list[Any]) -> list[list[int]]:
+    """The indices of ``keys`` grouped by equal key, each group in order, the groups in the order of their
+    first index (NOTE [batched step]: the same sub-batches in the same order on every member)."""
+    groups: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors concatenated along dim 0 (a batch); one tensor is returned as it is, so a batch of one
+    runs exactly the ops of ``denoise_step`` (NOTE [batched step])."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 # ----------------------------------------------------------------------------------- packing and migration

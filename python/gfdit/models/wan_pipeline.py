@@ -15,7 +15,10 @@ WanPipeline's for the same folder whatever groups ran the steps; FlowMatchEulerD
 DPMSolverMultistepScheduler work too, and any other scheduler is refused. Wan 2.2 A14B's two experts
 (``transformer`` above, ``transformer_2`` below ``boundary_ratio * 1000``) are supported, with one guidance
 scale for both unless ``guidance_scale_2`` gives the low-noise expert its own (as WanPipeline); Wan 2.2
-TI2V's ``expand_timesteps`` passes one timestep per token.
+TI2V's ``expand_timesteps`` passes one timestep per token. ``denoise_batch`` steps several requests of one size
+with one forward per pass (NOTE [batched step] in gfdit.models.staged): the text embeddings, padded to
+max_sequence_length, concatenate; states whose step runs another expert, or whose text has another length, run
+as separate sub-batches, each state with its own guidance scale (guidance_scale_2 on the low-noise expert).
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from gfdit.models.staged import (
     DenoiseState,
     StageDefaults,
     StagedModel,
+    cat_rows,
     check_folder,
     load_diffusers_model,
     read_json,
+    sub_batches,
     write_gfdit_config,
 )
 
@@ -213,29 +218,44 @@ class WanStagedModel(StagedModel):
             return self.transformer, self.parallel
         return self.transformer_2, self.parallel_2  # type: ignore[return-value]
 
-    def denoise_step(
-        self,
-        state: DenoiseState,
-        step_idx: int,
-        group: comm.Group | None = None,
-        spec: ParallelSpec | None = None,
-    ) -> DenoiseState:
-        self.check_step(state, step_idx)
-        state = self.place_state(state)  # NOTE [state placement]: a no-op for a state held here
-        t = state.timesteps[step_idx]  # the schedule is on the CPU: no wait for the device
-        model, wrapper = self._expert(float(t))
-        latent = state.latent
-        dev, dtype = model.device, model.dtype
-        x = latent.to(dev, dtype)
-        if self.expand_timesteps:
-            _, _, f, h, w = latent.shape
-            pt, ph, pw = self.patch_size
-            # WanPipeline: a float32 mask of ones times t, one timestep per token
-            timestep = t.float().expand(1, (f // pt) * (h // ph) * (w // pw)).to(dev)
-        else:
-            timestep = t.expand(1).to(dev)
+    def _step_states(
+        self, states: list[DenoiseState], group: comm.Group | None, spec: ParallelSpec | None
+    ) -> list[DenoiseState]:
+        # one sub-batch per expert and text length, in the order of first appearance (NOTE [batched step])
+        keys = []
+        for s in states:
+            neg = s.negative_prompt_embeds
+            model, _ = self._expert(float(s.timesteps[s.step_idx]))
+            keys.append(
+                (model is self.transformer, s.prompt_embeds.shape[1], 0 if neg is None else neg.shape[1])
+            )
+        out: list[DenoiseState | None] = [None] * len(states)
+        for rows in sub_batches(keys):
+            for i, new in zip(rows, self._step_sub_batch([states[i] for i in rows], group, spec)):
+                out[i] = new
+        return out  # type: ignore[return-value]
 
-        def velocity(embeds: torch.Tensor, g: comm.Group | None, s: ParallelSpec | None) -> torch.Tensor:
+    def _step_sub_batch(
+        self, states: list[DenoiseState], group: comm.Group | None, spec: ParallelSpec | None
+    ) -> list[DenoiseState]:
+        """The next states of states that share an expert and a text length: one forward per pass."""
+        # the schedule is on the CPU: no wait for the device
+        ts = [s.timesteps[s.step_idx] for s in states]
+        model, wrapper = self._expert(float(ts[0]))
+        dev, dtype = model.device, model.dtype
+        x = cat_rows([s.latent.to(dev, dtype) for s in states])
+        if self.expand_timesteps:
+            _, _, f, h, w = states[0].latent.shape
+            pt, ph, pw = self.patch_size
+            tokens = (f // pt) * (h // ph) * (w // pw)
+            # WanPipeline: a float32 mask of ones times t, one timestep per token: [B, S]
+            timestep = cat_rows([t.float().expand(1, tokens).to(dev) for t in ts])
+        else:
+            timestep = cat_rows([t.expand(1).to(dev) for t in ts])  # [B]
+
+        def velocity(
+            embeds: list[torch.Tensor], g: comm.Group | None, s: ParallelSpec | None
+        ) -> torch.Tensor:
             out = self.parallel_call(
                 model,
                 wrapper,
@@ -243,20 +263,25 @@ class WanStagedModel(StagedModel):
                 s,
                 hidden_states=x,
                 timestep=timestep,
-                encoder_hidden_states=embeds.to(dev, dtype),
+                encoder_hidden_states=cat_rows([e.to(dev, dtype) for e in embeds]),
             )
             return out  # in the transformer's dtype: the guidance combines there (NOTE [state dtypes])
 
-        # WanPipeline: the low-noise expert's steps use guidance_scale_2 when it is given
-        scale = state.guidance_scale
-        if model is self.transformer_2 and state.guidance_scale_2 is not None:
-            scale = state.guidance_scale_2
         with torch.no_grad():
             # the passes in turn, or CFG-parallel on the two halves of the group (NOTE [CFG-parallel])
-            v, v_uncond = self.guided_predictions(state, group, spec, velocity)
-            if v_uncond is not None:
-                v = v_uncond + scale * (v - v_uncond)
-        return self.sampler.step(state, v)
+            v, v_uncond = self.guided_batch_predictions(states, group, spec, velocity)
+            result = []
+            for i, state in enumerate(states):
+                vi = v[i : i + 1]
+                if v_uncond is not None:
+                    # WanPipeline: the low-noise expert's steps use guidance_scale_2 when it is given
+                    scale = state.guidance_scale
+                    if model is self.transformer_2 and state.guidance_scale_2 is not None:
+                        scale = state.guidance_scale_2
+                    ui = v_uncond[i : i + 1]
+                    vi = ui + scale * (vi - ui)
+                result.append(self.sampler.step(state, vi))  # per state: its own sampler history
+        return result
 
     # -- decode ------------------------------------------------------------------------------------------
     def vae_latent(self, state_or_latent: DenoiseState | torch.Tensor) -> torch.Tensor:

@@ -166,7 +166,7 @@ def check_policy(policy: str | Any, num_ranks: int) -> None:
         rt.make_policy(policy)  # parses the name the way the simulator and the engine do
     except InvalidUsage as e:
         raise InvalidUsage(e.message, param=e.param) from None  # names the built-in policies
-    if policy.startswith("static:") and num_ranks % int(policy.split(":", 1)[1]) != 0:
+    if policy.startswith("static:") and num_ranks % int(policy.split(":")[1]) != 0:
         raise InvalidUsage(
             f"policy {policy!r} needs a rank count divisible by its degree; the cluster has {num_ranks}"
         )

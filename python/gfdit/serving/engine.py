@@ -332,6 +332,7 @@ class Engine:
                     start_ns=s.start_ns,
                     end_ns=s.end_ns,
                     regroup=bool(s.regroup),
+                    batch=int(s.batch),
                 )
             )
         transitions = [(t.state.name, t.step, t.t_ns) for t in rr.transitions]

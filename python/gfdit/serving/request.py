@@ -53,6 +53,7 @@ class Stage:
     end_ns: int
     cfg: int = 1  # 2: CFG-parallel (the first half of ranks ran the conditional pass, the second the other)
     regroup: bool = False  # a denoise task on other ranks than the previous one (NOTE [regroups])
+    batch: int = 1  # requests the task stepped in one batched forward, this one included (NOTE [batches])
 
 
 @dataclasses.dataclass

@@ -145,6 +145,15 @@ class Worker:
             self.encode(rid, task.request)
         elif kind == Kind.REINIT:
             self._init_world(task.epoch, list(task.workers))
+        elif kind == Kind.DENOISE and task.batch:
+            # a batch (NOTE [batches] in src/runtime/control.cpp): one batched forward per step for every member
+            ids = [rid] + [other for other, _ in task.batch]
+            group, spec = self._group(task.ranks), ParallelSpec.of(task.layout)
+            for _ in range(task.num_steps):
+                states = self.model.denoise_batch([self.states[i] for i in ids], group=group, spec=spec)
+                for i, state in zip(ids, states, strict=True):
+                    self.states[i] = state  # a later failure leaves every member's last completed step here
+                    self.loop.progress(i, int(state.step_idx))
         elif kind == Kind.DENOISE:
             state = self.states[rid]  # the loop checked that this worker holds it at step_begin
             group, spec = self._group(task.ranks), ParallelSpec.of(task.layout)  # cfg 2: two passes split

@@ -5,9 +5,14 @@ layout being measured (``PinnedPolicy``). Requests go one at a time, so every ta
 task's duration is read from the request's timeline (the workers' own start and end times). For every
 shape and every layout the model allows on the world, ``--repeats`` requests of ``--steps`` steps give the
 encode, step and decode times (the decode split over the whole group); requests that start on rank 0 and move to a group of degree d give the
-migration times (one holder, d - 1 new members). Control-plane latencies come from ``Engine.ping``. When the
-ranks outnumber the cores, two-rank groups running at once give the collective efficiency (how much of its
-share of the cores a collective task gets done), which the simulator's core sharing uses.
+migration times (one holder, d - 1 new members). For every shape and every batch size b of ``--batches``
+(default 2 and 4; batch 1 is every other measurement), b requests submitted at once run their steps together on
+rank 0 (one batched forward per step: NOTE [batches] in src/runtime/control.cpp, guidance as the model's
+default), which gives the step time of a batch (``ProfileEntry.batch``): with it a profiled cost model prices
+batches up to the largest measured one, and the built-in policies batch on it. Control-plane latencies come from
+``Engine.ping``. When the ranks outnumber the cores, two-rank groups running at once give the collective
+efficiency (how much of its share of the cores a collective task gets done), which the simulator's core sharing
+uses.
 
 The profile (a ``gfdit.planning.cost.Profile``: a C++ ``ProfileEntry`` per stage, layout and shape) holds the
 median of each stage's samples. ``gfdit.planning.cost`` writes the file (``PROFILE_FORMAT`` there), and
@@ -24,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from gfdit._C import InvalidUsage
@@ -68,10 +74,11 @@ class _Key(NamedTuple):
     mode: str = "usp"
     cfg: int = 1
     num_new: int = 0
+    batch: int = 1
 
     @staticmethod
-    def of(stage: str, tokens: int, lay: LayoutSpec, num_new: int = 0) -> _Key:
-        return _Key(stage, tokens, lay.degree, lay.ulysses, lay.ring, lay.mode, lay.cfg, num_new)
+    def of(stage: str, tokens: int, lay: LayoutSpec, num_new: int = 0, batch: int = 1) -> _Key:
+        return _Key(stage, tokens, lay.degree, lay.ulysses, lay.ring, lay.mode, lay.cfg, num_new, batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +108,23 @@ def layouts_for(world_size: int, heads: int, guidance: bool = False) -> list[Lay
     if guidance:
         out += [dataclasses.replace(p, cfg=2) for p in passes if 2 * p.degree <= world_size]
     return out
+
+
+def parse_batches(text: str) -> tuple[int, ...]:
+    """``"2,4"`` as batch sizes, sorted and without repeats; ``""`` as none (batch 1 is always measured)."""
+    batches = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            b = int(part)
+        except ValueError:
+            b = 0
+        if b < 2:
+            raise InvalidUsage(f"--batches: {part!r} is not an integer >= 2 (batch 1 is always measured)")
+        batches.add(b)
+    return tuple(sorted(batches))
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -160,7 +184,8 @@ class PinnedPolicy:
     """Runs every ready request by ``plan``: phase after phase, each on its ranks with its layout.
 
     Made a ``gfdit.Policy`` subclass on first use (``make``), so that importing this module needs no engine.
-    The plan is set before each submit; the profile runs one request at a time.
+    The plan is set before each submit; the profile runs one request at a time, except with ``batch`` set: then
+    it waits until that many requests are ready and runs them as one batch on rank 0 (``_run_batch``).
     """
 
     @staticmethod
@@ -170,6 +195,7 @@ class PinnedPolicy:
                 super().__init__()
                 self.plan: list[Phase] = []
                 self.spread = 0  # > 0: see _collective_efficiency
+                self.batch = 0  # > 0: see _run_batch
 
             def name(self) -> str:
                 return "profile-pinned"
@@ -177,6 +203,13 @@ class PinnedPolicy:
             def schedule(self, view: Any) -> list[Any]:
                 free = set(view.free_ranks)
                 out = []
+                if self.batch:  # all of them, once `batch` are ready, in one batched decision on rank 0
+                    ready = list(view.ready)[: self.batch]
+                    if len(ready) < self.batch or 0 not in free:
+                        return []  # the others are still being submitted, or rank 0 still decodes
+                    head, others = ready[0], [r.id for r in ready[1:]]
+                    steps = max(1, min(r.num_steps - r.step for r in ready))
+                    return [rt.Decision(head.id, [0], rt.Layout(), steps, 1, batch=others)]
                 if self.spread:  # every request on a group of its own of `spread` ranks, all its steps
                     d = self.spread
                     for r in view.ready:
@@ -218,6 +251,26 @@ def _run(
     steps = sum(p.num_steps for p in plan)
     prompt = "profile {}x{}x{}".format(*shape)
     return engine.submit(_request(shape, steps, seed, prompt)).result(timeout=timeout_s).timeline
+
+
+def _run_batch(
+    engine: Any, policy: Any, batch: int, shape: tuple[int, int, int], steps: int, seed: int, timeout_s: float
+) -> list[Any]:
+    """``batch`` requests of ``shape`` submitted at once, run as one batch of ``steps`` steps on rank 0; the
+    denoise stages the batch ran (each once: every member's timeline holds the same batched stage)."""
+    policy.batch = batch
+    try:
+        prompt = "profile batch {}x{}x{}".format(*shape)
+        handles = [engine.submit(_request(shape, steps, seed + k, prompt)) for k in range(batch)]
+        timelines = [h.result(timeout=timeout_s).timeline for h in handles]
+    finally:
+        policy.batch = 0
+    seen: dict[tuple, Any] = {}
+    for tl in timelines:
+        for s in tl:
+            if s.kind == "denoise" and s.batch == batch:
+                seen.setdefault((s.start_ns, s.end_ns, tuple(s.ranks), s.step_begin), s)
+    return list(seen.values())
 
 
 def _collective_efficiency(
@@ -266,13 +319,20 @@ def measure(
     pings: int = 50,
     timeout_s: float = 120.0,
     log: Any = None,
+    batches: Sequence[int] = (2, 4),
 ) -> Any:
-    """Measures every stage of ``model`` on this machine at ``world_size`` ranks; returns the profile (a
-    ``gfdit.planning.cost.Profile``: ``cost.write_profile`` writes the file ``gfdit profile`` writes)."""
+    """Measures every stage of ``model`` on this machine at ``world_size`` ranks, and the step of each batch size
+    in ``batches`` (at degree 1); returns the profile (a ``gfdit.planning.cost.Profile``: ``cost.write_profile``
+    writes the file ``gfdit profile`` writes)."""
     if world_size < 1:
         raise InvalidUsage(f"--world-size must be positive, got {world_size}")
     if steps < 1 or repeats < 1:
         raise InvalidUsage("--steps and --repeats must be positive")
+    if any(b < 2 for b in batches):
+        raise InvalidUsage(
+            f"--batches must be integers >= 2 (batch 1 is always measured), got {list(batches)}"
+        )
+    batches = sorted(set(batches))
     facts = _ModelFacts(model)
     shapes = shapes or facts.default_shapes()
     for h, w, f in shapes:
@@ -291,6 +351,7 @@ def measure(
             log(
                 f"engine up in {time.perf_counter() - t0:.1f} s; {len(shapes)} shapes x {len(layouts)} layouts "
                 f"({', '.join(map(str, layouts))}), {repeats} repeats of {steps} steps"
+                + (f"; batches {', '.join(map(str, batches))} on one rank" if batches else "")
             )
         seed = 0
         for shape in shapes:
@@ -321,6 +382,18 @@ def measure(
                         if s.kind == "migrate":
                             key = _Key.of("migrate", tokens, lay, num_new=len(s.ranks) - 1)
                             samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
+            one = LayoutSpec(1, 1)
+            for b in batches:
+                seed += b
+                # warm-up (the first forward of a new batch size): not counted
+                _run_batch(eng, policy, b, shape, 1, seed, timeout_s)
+                key = _Key.of("denoise", tokens, one, batch=b)
+                for _ in range(repeats):
+                    seed += b
+                    for s in _run_batch(eng, policy, b, shape, steps, seed, timeout_s):
+                        samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
+                if key not in samples:  # the control plane ran them apart: a bug, not a measurement
+                    raise RuntimeError(f"gfdit profile: {b} requests of {shape} never stepped as one batch")
             if log:
                 log(
                     f"  {shape[0]}x{shape[1]}x{shape[2]} ({tokens} tokens) done at {time.perf_counter() - t0:.1f} s"
@@ -351,7 +424,9 @@ def measure(
 
 def format_table(profile: Any) -> str:
     """The entries of a profile (a ``gfdit.planning.cost.Profile``) as a table a person can read."""
-    head = f"{'stage':<8} {'tokens':>7} {'degree':>6} {'layout':<17} {'new':>3} {'ms':>9} {'n':>3}"
+    head = (
+        f"{'stage':<8} {'tokens':>7} {'degree':>6} {'layout':<17} {'new':>3} {'batch':>5} {'ms':>9} {'n':>3}"
+    )
     title = (
         f"{profile.model} on {profile.hardware}: world {profile.world_size}, {profile.num_cores} cores; "
         f"dispatch {profile.dispatch_s * 1e6:.1f} us, completion {profile.completion_s * 1e6:.1f} us"
@@ -360,7 +435,7 @@ def format_table(profile: Any) -> str:
     for e in profile.entries:
         layout = layout_name(cost.layout_mode_name(e.mode), e.ulysses, e.ring, e.cfg)
         lines.append(
-            f"{cost.stage_name(e.stage):<8} {e.tokens:>7} {e.degree:>6} {layout:<17} {e.num_new:>3} "
+            f"{cost.stage_name(e.stage):<8} {e.tokens:>7} {e.degree:>6} {layout:<17} {e.num_new:>3} {e.batch:>5} "
             f"{e.seconds * 1e3:>9.3f} {e.samples:>3}"
         )
     return "\n".join(lines)
@@ -386,6 +461,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--steps", type=int, default=3, help="denoising steps per measured request (default 3)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="requests per shape and layout (default 3)")
+    parser.add_argument(
+        "--batches",
+        default="2,4",
+        help="batch sizes whose step to measure on one rank, B,B,... (default 2,4; empty: none, and the profile "
+        "prices no batch)",
+    )
 
 
 def profile_collectives(device: int = 0) -> dict:
@@ -427,6 +508,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         return 2
     try:
         shapes = parse_shapes(args.shapes) if args.shapes else None
+        batches = parse_batches(args.batches)
         profile = measure(
             args.model,
             args.world_size,
@@ -434,6 +516,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             steps=args.steps,
             repeats=args.repeats,
             log=lambda s: print(s, flush=True),
+            batches=batches,
         )
     except InvalidUsage as e:
         print(f"gfdit {command}: {e.message}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """The live page of ``gfdit serve``: what ran on which rank in the last minutes, and a prompt box.
 
 ``ActivityRecorder`` keeps the stages of requests that finished in the last ``window_s`` seconds as spans
-(one per stage; consecutive denoise steps on the same ranks with the same layout become one span) and knows
-the requests still running. ``router`` serves ``GET /`` (the page: plain HTML and JavaScript from
+(one per stage; consecutive denoise steps on the same ranks with the same layout and batch become one span) and
+knows the requests still running. A batched denoise task (NOTE [batches] in src/runtime/control.cpp) is in the
+timeline of each request it stepped, so each of them has its span, with the batch size. ``router`` serves ``GET /`` (the page: plain HTML and JavaScript from
 ``live.html``, nothing to build, nothing fetched from elsewhere) and ``GET /v1/timeline`` (its JSON).
 
 Times: the runtime stamps stages with CLOCK_MONOTONIC nanoseconds (``gfdit._C.runtime.now_ns``, the clock of
@@ -52,6 +53,7 @@ class Span:
     end_ns: int
     regroup: bool  # a denoise span on other ranks than the request's previous denoise span
     cfg: int = 1  # 2: CFG-parallel
+    batch: int = 1  # requests its denoise steps ran together in one batched forward, this one included
 
 
 @dataclasses.dataclass
@@ -149,6 +151,7 @@ class ActivityRecorder:
                 and last.kind == "denoise"
                 and last.ranks == list(st.ranks)
                 and (last.ulysses, last.ring, last.mode, last.cfg) == (st.ulysses, st.ring, st.mode, st.cfg)
+                and last.batch == max(1, st.batch)
                 and last.step_begin + last.num_steps == st.step_begin
                 and st.start_ns - last.end_ns <= MERGE_GAP_NS
             ):
@@ -170,6 +173,7 @@ class ActivityRecorder:
                 end_ns=st.end_ns,
                 regroup=regroup,
                 cfg=st.cfg,
+                batch=max(1, st.batch),
             )
             spans.append(span)
         times = [t for _, _, t in result.transitions]
@@ -260,6 +264,7 @@ class ActivityRecorder:
             "start_s": (s.start_ns - now) / 1e9,
             "end_s": (s.end_ns - now) / 1e9,
             "regroup": s.regroup,
+            "batch": s.batch,
         }
 
     def _prune(self, now: int) -> None:
@@ -299,7 +304,8 @@ def timeline(request: Request) -> dict:
     ``wall_time``, ``window_s``, ``model``, ``is_video``, ``defaults``, ``policy``, ``world_size``, ``alive``
     (per rank), ``queued`` and ``running`` (engine requests), ``latency`` (count, mean_s, p50_s, p95_s of the
     requests that finished in the window, submit to done), ``spans`` (request_id, kind, ranks, ulysses, ring,
-    mode, cfg, layout, step_begin, num_steps, start_s, end_s, regroup), ``live`` (requests running now:
+    mode, cfg, layout, step_begin, num_steps, start_s, end_s, regroup, batch: the requests a denoise span's steps
+    ran together, this one included; a decode's ranks are its group, NOTE [parallel decode]), ``live`` (requests running now:
     request_id, state, ranks, step, num_steps, since_s: since when it runs on these ranks, earlier: the rank
     sets it held before, each with start_s and end_s) and ``requests`` (one line per finished request:
     request_id, end_s, latency_s, num_steps, max_degree, regroups).

@@ -13,8 +13,8 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 
 
 class Metrics:
-    """Requests by kind and outcome, latencies, stage times, decodes by degree, SLO results, busy seconds per
-    rank, and gauges read from the engine when scraped."""
+    """Requests by kind and outcome, latencies, stage times, decodes by degree, request steps by batch, SLO
+    results, busy seconds per rank, and gauges read from the engine when scraped."""
 
     def __init__(self, engine: Any, admission: Admission) -> None:
         self.registry = r = CollectorRegistry()
@@ -40,7 +40,7 @@ class Metrics:
         )
         self.stage = Histogram(
             "gfdit_stage_seconds",
-            "time of one stage task on its ranks (denoise: per step)",
+            "time of one stage task on its ranks (denoise: per step; a batched step once for each of its requests)",
             ["stage"],
             buckets=_BUCKETS,
             registry=r,
@@ -57,8 +57,19 @@ class Metrics:
             ["degree"],
             registry=r,
         )
+        self.request_steps = Counter(
+            "gfdit_request_steps",
+            "denoising steps of finished requests by batch: how many requests stepped together in one batched "
+            "forward (NOTE [batches] in src/runtime/control.cpp). Each request counts its own steps, so a step of a "
+            'batch of b adds b to batch="b"; divided by b, the batched forwards',
+            ["batch"],
+            registry=r,
+        )
         self.busy = Counter(
-            "gfdit_rank_busy_seconds", "seconds each rank spent running tasks", ["rank"], registry=r
+            "gfdit_rank_busy_seconds",
+            "seconds each rank spent running tasks (a batched step shared out among its requests)",
+            ["rank"],
+            registry=r,
         )
         for w in range(len(engine.alive_workers())):
             self.busy.labels(str(w))
@@ -66,6 +77,18 @@ class Metrics:
             "gfdit_regroups", "regroupings by the control plane so far (use rate())", registry=r
         )
         self.regroups.set_function(lambda: engine.stats().get("regroups", 0))
+        self.batched_steps = Gauge(
+            "gfdit_batched_steps",
+            "denoise tasks that stepped two or more requests together so far (NOTE [batches]; use rate())",
+            registry=r,
+        )
+        self.batched_steps.set_function(lambda: engine.stats().get("batched_steps", 0))
+        self.refused_decisions = Gauge(
+            "gfdit_refused_decisions",
+            "policy decisions the control plane refused as invalid so far (NOTE [refused decisions]; use rate())",
+            registry=r,
+        )
+        self.refused_decisions.set_function(lambda: engine.stats().get("refused_decisions", 0))
 
     def _count(self, state: str) -> int:
         states = self._engine.requests().values()
@@ -74,13 +97,19 @@ class Metrics:
         return sum(1 for s in states if s != "QUEUED")
 
     def observe(self, result: Any, slo_s: float | None, kind: str) -> None:
-        """Stage times, busy seconds and the SLO result of a finished request."""
+        """Stage times, steps by batch, busy seconds and the SLO result of a finished request."""
         for st in result.timeline:
-            if st.start_ns and st.end_ns > st.start_ns:
+            if not st.start_ns or st.end_ns < st.start_ns:
+                continue  # dispatched, never ran
+            batch = max(1, st.batch)
+            if st.kind == "denoise":
+                self.request_steps.labels(str(batch)).inc(st.num_steps)
+            if st.end_ns > st.start_ns:
                 dt = (st.end_ns - st.start_ns) / 1e9
                 self.stage.labels(st.kind).observe(dt / max(1, st.num_steps))
+                # every member's timeline holds a batched task: each counts its share, the task once in all
                 for rank in st.ranks:
-                    self.busy.labels(str(rank)).inc(dt)
+                    self.busy.labels(str(rank)).inc(dt / batch)
         decodes = [st for st in result.timeline if st.kind == "decode"]
         if result.state == "DONE" and decodes:  # the last one gave the output
             self.decode_degree.labels(str(len(decodes[-1].ranks))).inc()

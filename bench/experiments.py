@@ -55,7 +55,9 @@ SLO_SCALE = 3.0  # deadline = arrival + 3 x the alone latency at the best static
 SLO_TARGET = 0.9  # throughput at SLO: the highest rate at which >= 90% of requests meet their deadline
 LOADS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9, 1.1)  # arrival rate / the cluster's capacity
 BISECT_STEPS = 4  # refinements of the throughput at SLO between two grid loads
-STATIC = ("static:1", "static:2", "static:4", "static:8")
+# fixed groups of D ranks served in fcfs, srtf and edf order (the GF-DiT artifact's srtf_sp lanes); "best static"
+# is the best of all of them at each load
+STATIC = tuple(f"static:{d}{o}" for d in (1, 2, 4, 8) for o in ("", ":srtf", ":edf"))
 DYNAMIC = ("fcfs", "srtf", "edf", "priority")
 LAYOUTS = ("usp", "swift", "torus", "auto")
 REGROUP_COSTS = (  # (name, seconds or None for the cluster's own)
@@ -71,6 +73,7 @@ TITLES = {  # of each section, by key (a section left out of a run is found by i
     "priority": "(c) Mixed priority: one long video and a stream of images",
     "real": "(d) Real CPU runs: tiny-wan on this machine",
     "batching": "(e) Batching: small images, with and without batches on both sides",
+    "stages": "(f) Stages: few-step video whose decode dominates",
 }
 # Real CPU runs (real_section; see bench/real_runs.py): tiny-wan on this machine.
 REAL_WORLDS = (2, 4)
@@ -115,6 +118,22 @@ SCENARIOS = (
     # one-frame images and videos of one model, served together (gfdit.planning.workload's "mixed")
     Scenario("mixed-steady", "mixed", "wan2.2", "poisson", requests=2000),
     Scenario("mixed-bursty", "mixed", "wan2.2", "bursty", requests=2000),
+)
+
+
+# stages_section: Wan 2.2 TI2V-5B at 704x1280x121 with 4 steps (as the distilled variants are served; the model's
+# default guidance), where the VAE decode is most of a request's time on one rank
+STAGES_SCENARIOS = (
+    Scenario("stages-steady", "video", "wan2.2-5b", "poisson", requests=600, shape=(704, 1280, 121, 4)),
+    Scenario("stages-bursty", "video", "wan2.2-5b", "bursty", requests=600, shape=(704, 1280, 121, 4)),
+)
+STAGES_POLICIES = (
+    "fcfs:decode=1",
+    "fcfs",
+    "fcfs:stages=split",
+    "fcfs:stages=split=2",
+    "static:1",
+    "static:8",
 )
 
 
@@ -693,6 +712,54 @@ def batching_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     return Section("batching", TITLES["batching"], "\n".join(md), data)
 
 
+def stages_section(lab: Lab, ctx: dict[str, Any]) -> Section:
+    """A decode-heavy workload: one-rank decodes, decodes the cost model splits, and encodes and decodes kept on
+    auxiliary ranks (disaggregated stages)."""
+    loads = LOADS[::2] + LOADS[-1:] if lab.quick else LOADS
+    md, data = [], {}
+    pricer = lab.pricer("h20x8")
+    for sc in STAGES_SCENARIOS:
+        print(f"stages: {sc.name}", flush=True)
+        h, w, f, steps = sc.shape  # type: ignore[misc]
+        enc, dec = pricer._parts(sc.model, h, w, f, steps, 1)
+        sw = sweep(lab, sc, list(STAGES_POLICIES), loads)
+        tas = sw["throughput_at_slo"]
+        data[sc.name] = {"scenario": dataclasses.asdict(sc), **sw}
+        md.append(
+            f"### {sc.name}: {sc.model} {h}x{w}x{f}, {steps} steps, {sc.arrival} arrivals on {sc.cluster}\n\n"
+            f"Alone on one rank: encode and steps {fmt(enc)} s, decode {fmt(dec)} s "
+            f"({fmt(dec / (enc + dec), 'pct')} of the request). Capacity {lab.capacity(sc):.4g} requests/s.\n"
+        )
+        for metric, title, kind in (
+            ("mean_latency_s", "Mean latency (s)", "g"),
+            ("slo_attainment", "SLO attainment", "pct"),
+            ("utilization", "Utilisation", "pct"),
+        ):
+            md.append(f"{title}:\n\n{pivot(sw, list(STAGES_POLICIES), metric, kind)}\n")
+        base = tas["fcfs:decode=1"]["rate_rps"]
+        rows = [
+            [
+                n,
+                fmt(tas[n]["rate_rps"], "rate"),
+                fmt(tas[n]["load"]),
+                fmt(tas[n]["rate_rps"] / base, "x") if base else "-",
+            ]
+            for n in STAGES_POLICIES
+        ]
+        md.append(
+            "Throughput at SLO:\n\n"
+            + table(["policy", "req/s", "x capacity", "vs one-rank decodes"], rows)
+            + "\n"
+        )
+    md.append(
+        "`fcfs:decode=1` decodes every request on one rank (as the pipelines do); `fcfs` splits each decode over "
+        "as many of the request's free holders as the cost model finds fastest (NOTE [parallel decode]); "
+        "`fcfs:stages=split[=K]` keeps every encode and decode on the last K ranks and the steps on the others "
+        "(NOTE [stages]), as GF-DiT's disaggregate policy does; `static:D` decodes on its fixed group."
+    )
+    return Section("stages", TITLES["stages"], "\n".join(md), data)
+
+
 def _ge(x: float | None, target: float) -> bool:
     return x is not None and x >= target
 
@@ -1033,7 +1100,8 @@ def real_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     kinds: dict[str, list[str]] = {}
     sizes: dict[str, int] = {}
     for world in REAL_WORLDS:
-        static = [p for p in ("static:1", "static:2", "static:4") if world % int(p.split(":")[1]) == 0]
+        # fixed groups in arrival and shortest-remaining-time order (best static: the best of them)
+        static = [f"static:{d}{o}" for d in (1, 2, 4) for o in ("", ":srtf") if world % d == 0]
         policies = static + dynamic
         res = R.run_world(traces, world, policies, prof_path, repeats)
         for name, per_policy in res.items():
@@ -1326,10 +1394,11 @@ SECTIONS: list[Callable[[Lab, dict[str, Any]], Section]] = [
     priority_section,
     real_section,
     batching_section,
+    stages_section,
 ]
 # SECTIONS' keys, in order
-SECTION_KEYS = ("main", "headline", "regroup", "layouts", "priority", "real", "batching")
-REPORT_ORDER = ("headline", "main", "batching", "regroup", "layouts", "priority", "real")
+SECTION_KEYS = ("main", "headline", "regroup", "layouts", "priority", "real", "batching", "stages")
+REPORT_ORDER = ("headline", "main", "batching", "stages", "regroup", "layouts", "priority", "real")
 
 
 # ------------------------------------------------------------------------------------------------ report

@@ -167,6 +167,7 @@ class ControlPlane {
   uint64_t next_request_id_ = 1;
   uint64_t next_task_id_ = 1;
   bool dirty_ = false;
+  bool refused_waiting_ = false;  ///< the last round refused a decision while tasks were in flight
   bool recovering_ = false;
   uint64_t epoch_ = 0;
   ControlStats stats_;

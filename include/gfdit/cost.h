@@ -19,7 +19,7 @@ namespace cost {
 
 /// A stage of a request's trajectory; each is named as the task kind that runs it (taskKindName).
 enum class Stage : int32_t {
-  kEncode = 0,   ///< text encoder (and the initial latent), on every member of the group
+  kEncode = 0,   ///< text encoder (and the initial latent), once, on one rank
   kDenoise = 1,  ///< one whole denoising step (two transformer passes with guidance, in turn or CFG-parallel)
   kMigrate = 2,  ///< hand the denoise state from one holder to the group's new members
   kDecode = 3,   ///< VAE decode, on one rank or patch-parallel over the latent's height on a group

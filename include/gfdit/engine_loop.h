@@ -95,6 +95,10 @@ class EngineLoop {
   /// Checks `request` (filling its unset fields with the model's defaults: checkRequest) and queues it; returns
   /// its id. Bad fields throw InvalidUsage naming them (Error::param). Needs awaitWorkers first.
   uint64_t submit(GenerationRequest& request);
+  /// Checks every request as submit does (one that fails throws, and none is queued), then queues them all at
+  /// once as one group (RequestSpec::group: the first one's id), so that the policy first sees them together;
+  /// returns their ids.
+  std::vector<uint64_t> submitGroup(std::vector<GenerationRequest>& requests);
   /// What submit checks, alone: fills `request`'s unset fields and returns its shape, or throws as submit would
   /// (a caller that must refuse bad input before anything else, such as a server before its admission).
   RequestShape check(GenerationRequest& request) const;

@@ -47,6 +47,13 @@ struct Decision {
   /// and guidance as this one, none chosen twice; each keeps its own steps, sampler, seed and guidance. The
   /// decision's steps are capped by the member with the fewest left; at its end the members part.
   std::vector<uint64_t> batch;
+  /// What it runs (NOTE [stages] in src/runtime/control.cpp). kDenoise: the request's next `num_steps` steps, after
+  /// its encode when it has not started (once, on the first rank; the state then migrates to the others). kEncode:
+  /// its encode alone, on the first of `ranks` (the state is then copied to the others), for a QUEUED request; it
+  /// then waits there at step 0 for a decision of its steps. kDecode: its decode on `ranks` (the latent migrates
+  /// there from a holder first), for a request whose steps are done; only a policy that places decodes
+  /// (Policy::placesDecodes) sees such requests. Neither kEncode nor kDecode takes a batch.
+  cost::Stage stage = cost::Stage::kDenoise;
 };
 
 /// The ready requests (waiting for a decision) kept in a policy's own order between scheduling points
@@ -103,6 +110,9 @@ class Policy {
   /// null (the default): every view then lists all ready requests in SchedulerView::ready. A policy that makes
   /// one reads it in schedule() whenever a view carries it.
   virtual std::unique_ptr<ReadyOrder> makeReadyOrder() const { return nullptr; }
+  /// Whether it places decodes itself (Decision::stage kDecode): a request whose steps are done then waits for its
+  /// decision (ready, with no steps left) instead of decoding on its holders at once (NOTE [parallel decode]).
+  virtual bool placesDecodes() const { return false; }
 };
 
 /// How a built-in dynamic policy orders requests.
@@ -132,21 +142,30 @@ struct PolicyOptions {
   /// A request joins a batch only when that makes each step of the batch at least this much cheaper per request:
   /// step(d, b + 1) / (b + 1) <= step(d, b) / b x (1 - batch_gain).
   double batch_gain = 0.1;
+  /// Ranks the VAE decode splits over (Decision::decode_degree); 0: the cost model's fastest.
+  int32_t decode_degree = 0;
+  /// Disaggregated stages (NOTE [planning], 6): the last `aux_ranks` ranks run every encode and decode (one rank
+  /// each), the others the denoising steps; 0: every rank runs every stage.
+  int32_t aux_ranks = 0;
 };
 
 /// "static:D": ranks split into fixed groups of D (0..D-1, D..2D-1, ...); a request keeps the group it
 /// got first for its whole life; the baseline of fixed-degree serving systems. With a cost model, requests
 /// of one shape that find no free group join a batch on a group taken in the same round (its holders' batch, or
 /// a new one), up to `max_batch` and the model's memory limit, as batching serving systems do at a fixed degree.
-std::unique_ptr<Policy> makeStaticPolicy(int degree, int32_t max_batch = PolicyOptions().max_batch);
+/// `order`: the queue's order, kArrival (fcfs), kRemaining (srtf: the remaining time at D ranks) or kDeadline (edf).
+std::unique_ptr<Policy> makeStaticPolicy(int degree, int32_t max_batch = PolicyOptions().max_batch,
+                                         PolicyOrder order = PolicyOrder::kArrival);
 /// The built-in dynamic policies (NOTE [planning] in src/runtime/planning_policy.cpp): at every step
 /// boundary, requests in the policy's order get a degree from the cost model and the load, the ranks that
 /// hold their state where possible, and a layout for the topology; requests that do not fit wait (paused on
 /// their holders).
 std::unique_ptr<Policy> makePlanningPolicy(const PolicyOptions& options);
 /// Parses a policy name: "fcfs", "srtf", "edf", "priority", "static:D", the dynamic ones optionally with
-/// ":layout=auto|usp|swift|torus", any of them with ":batch=N" (N in [1, kMaxBatch]: the most requests one batch
-/// steps; 1 turns batching off); unknown names list the built-in ones.
+/// ":layout=auto|usp|swift|torus", ":decode=N" (the decode's degree; 0: the cost model's) and ":stages=split[=K]"
+/// (encodes and decodes on the last K ranks, default 1), "static:D" with ":fcfs|srtf|edf" (its queue order), any of
+/// them with ":batch=N" (N in [1, kMaxBatch]: the most requests one batch steps; 1 turns batching off); unknown
+/// names list the built-in ones.
 std::unique_ptr<Policy> makePolicy(const std::string& spec);
 /// Names of the built-in policies ("static:D" stands for any degree).
 std::vector<std::string> policyNames();

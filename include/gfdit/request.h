@@ -56,6 +56,9 @@ struct RequestSpec {
   int32_t max_degree = kMaxRanks;  ///< largest group the request may get (the engine: its world size)
   int32_t num_heads = 0;           ///< the model's attention heads (layouts without a cost model); 0: unknown
   std::string payload;             ///< opaque to the control plane: what encode tasks carry to the worker
+  /// Requests submitted together as one job (the n images of one HTTP request; EngineLoop::submitGroup): the
+  /// built-in policies run them as one batch where batching pays (NOTE [planning], 3a). 0: none.
+  uint64_t group = 0;
 };
 
 /// The cost model's predictions for one request, for every group degree 1 .. kMaxRanks, filled in by the
@@ -109,6 +112,7 @@ struct RequestRecord {
   /// src/runtime/control.cpp), and how many requests that decision steps together; 0 and 1 when not busy.
   uint64_t batch_leader = 0;
   int32_t batch_size = 1;
+  uint64_t group = 0;  ///< RequestSpec::group: submitted together with the other requests of this group (0: none)
   RequestCost cost;    ///< predictions (cost.known is false without a cost model)
   std::string reason;  ///< FAILED / CANCELLED
   std::vector<Transition> transitions;

@@ -161,6 +161,19 @@ void register_engine(py::module_& m) {
           py::arg("request"),
           "Checks the request (its unset fields take the model's defaults, in place) and queues it; its id.")
       .def(
+          "submit_group",
+          [](EngineLoop& e, std::vector<GenerationRequest> qs) {
+            std::vector<uint64_t> ids;
+            {
+              py::gil_scoped_release nogil;
+              ids = e.submitGroup(qs);
+            }
+            return py::make_tuple(ids, qs);
+          },
+          py::arg("requests"),
+          "Checks every request (none is queued if one fails), then queues them as one group (the n images of one "
+          "job; the policies batch them where that pays); (their ids, the requests with defaults filled in).")
+      .def(
           "check", [](const EngineLoop& e, GenerationRequest& q) { e.check(q); }, py::arg("request"),
           "What submit checks, alone: fills the request's unset fields, or raises as submit would.")
       .def("cancel", &EngineLoop::cancel, py::call_guard<py::gil_scoped_release>())

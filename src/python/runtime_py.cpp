@@ -285,6 +285,8 @@ void register_runtime(py::module_& m) {
       .def_readonly("batch_leader", &RequestRecord::batch_leader,
                     "busy: the request whose batch it runs in (its own id when it leads one), else 0")
       .def_readonly("batch_size", &RequestRecord::batch_size)
+      .def_readonly("group", &RequestRecord::group,
+                    "submitted together with the other requests of this group (Engine.submit_batch); 0: none")
       .def_readonly("cost", &RequestRecord::cost)
       .def_property_readonly("steps_left", &RequestRecord::stepsLeft)
       .def("remaining_s", &RequestRecord::remainingSeconds, py::arg("degree"),
@@ -296,7 +298,7 @@ void register_runtime(py::module_& m) {
 
   py::class_<Decision>(r, "Decision")
       .def(py::init([](uint64_t id, std::vector<int> ranks, Layout layout, int steps, int decode_degree,
-                       std::vector<uint64_t> batch) {
+                       std::vector<uint64_t> batch, cost::Stage stage) {
              Decision d;
              d.request_id = id;
              d.ranks = std::move(ranks);
@@ -304,10 +306,12 @@ void register_runtime(py::module_& m) {
              d.num_steps = steps;
              d.decode_degree = decode_degree;
              d.batch = std::move(batch);
+             d.stage = stage;
              return d;
            }),
            py::arg("request_id"), py::arg("ranks"), py::arg("layout") = Layout(), py::arg("num_steps") = 1,
-           py::arg("decode_degree") = 0, py::arg("batch") = std::vector<uint64_t>())
+           py::arg("decode_degree") = 0, py::arg("batch") = std::vector<uint64_t>(),
+           py::arg("stage") = cost::Stage::kDenoise)
       .def_readwrite("request_id", &Decision::request_id)
       .def_readwrite("ranks", &Decision::ranks)
       .def_readwrite("layout", &Decision::layout)
@@ -315,6 +319,9 @@ void register_runtime(py::module_& m) {
       .def_readwrite("dispatch_ahead", &Decision::dispatch_ahead)
       .def_readwrite("decode_degree", &Decision::decode_degree,
                      "Ranks the decode splits over after these steps: 0, the cost model's choice.")
+      .def_readwrite("stage", &Decision::stage,
+                     "What it runs: Stage.DENOISE (its steps, after its encode when it has not started), Stage.ENCODE "
+                     "(the encode alone) or Stage.DECODE (the decode, for a policy that places decodes); NOTE [stages]")
       .def_readwrite("batch", &Decision::batch,
                      "Other ready requests of the same shape and guidance that run these steps with it, one batched "
                      "forward per step (NOTE [batches])");
@@ -340,7 +347,11 @@ void register_runtime(py::module_& m) {
       .def(py::init<>())
       .def("name", &Policy::name)
       .def("schedule", &Policy::schedule)
-      .def("layouts", &Policy::layouts);
+      .def("layouts", &Policy::layouts)
+      .def(
+          "places_decodes", &Policy::placesDecodes,
+          "Whether it places decodes itself (Decision.stage = Stage.DECODE): a request whose steps are done then waits "
+          "for its decision instead of decoding on its holders at once.");
   r.def(
       "make_policy", [](const std::string& name) { return std::shared_ptr<Policy>(makePolicy(name)); }, py::arg("name"),
       "A built-in policy by name; unknown names raise InvalidUsage listing the built-in ones.");

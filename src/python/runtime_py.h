@@ -24,6 +24,7 @@ class PyPolicy : public runtime::Policy {
   std::string name() const override;
   std::vector<runtime::Decision> schedule(const runtime::SchedulerView& view) override;
   runtime::LayoutFamily layouts() const override;
+  bool placesDecodes() const override;
 };
 
 /// A built-in policy by name, or a Python policy object made safe to call from the control thread.

@@ -23,6 +23,8 @@ std::vector<Decision> PyPolicy::schedule(const SchedulerView& view) {
 
 LayoutFamily PyPolicy::layouts() const { PYBIND11_OVERRIDE(LayoutFamily, Policy, layouts); }
 
+bool PyPolicy::placesDecodes() const { PYBIND11_OVERRIDE_NAME(bool, Policy, "places_decodes", placesDecodes); }
+
 namespace {
 
 class HeldPolicy : public Policy {
@@ -46,6 +48,14 @@ class HeldPolicy : public Policy {
       return policy_->layouts();
     } catch (py::error_already_set& e) {
       throw Error(ErrorCode::kInvalidUsage, std::string("policy layouts() raised: ") + e.what());
+    }
+  }
+  bool placesDecodes() const override {
+    py::gil_scoped_acquire gil;
+    try {
+      return policy_->placesDecodes();
+    } catch (py::error_already_set& e) {
+      throw Error(ErrorCode::kInvalidUsage, std::string("policy places_decodes() raised: ") + e.what());
     }
   }
   std::vector<Decision> schedule(const SchedulerView& view) override {

@@ -89,8 +89,9 @@ bool allowed(RequestState from, RequestState to) {
     case RequestState::kDenoising:
       return to == RequestState::kDenoising || to == RequestState::kDecoding || to == RequestState::kQueued;
     case RequestState::kDecoding:
-      // a decode lost with its worker runs again on another holder
-      return to == RequestState::kDone || to == RequestState::kQueued || to == RequestState::kDecoding;
+      // a decode lost with its worker runs again on another holder, or waits for its policy to place it again
+      return to == RequestState::kDone || to == RequestState::kQueued || to == RequestState::kDecoding ||
+             to == RequestState::kDenoising;
     default: return false;
   }
 }
@@ -242,6 +243,7 @@ uint64_t ControlPlane::submit(RequestSpec spec) {
   rec.arrival_ns = spec.arrival_ns != 0 ? spec.arrival_ns : clock_.nowNs();
   rec.deadline_ns = spec.deadline_ns;
   rec.priority = spec.priority;
+  rec.group = spec.group;
   rec.shape = spec.shape;
   if (rec.shape.latent_rows == 0 && cost_ != nullptr) {
     rec.shape.latent_rows = cost_->model().latentRows(rec.shape.height);
@@ -433,6 +435,42 @@ void ControlPlane::validate(const Decision& d, const SchedulerView& view, const 
   }
   GFDIT_CHECK(!d.ranks.empty() && static_cast<int>(d.ranks.size()) <= config_.world_size)
       << "policy " << pname << " gave request " << d.request_id << " " << d.ranks.size() << " ranks";
+  // see NOTE [stages]
+  const bool done = r.rec.step >= r.rec.num_steps;
+  switch (d.stage) {
+    case cost::Stage::kDenoise:
+      GFDIT_CHECK(!done).param("stage") << "policy " << pname << ": steps for request " << d.request_id
+                                        << ", whose steps are done (it waits for a decode: Stage.DECODE)";
+      break;
+    case cost::Stage::kEncode:
+      GFDIT_CHECK(r.rec.state == RequestState::kQueued && d.batch.empty()).param("stage")
+          << "policy " << pname << ": an encode for request " << d.request_id << ", which is "
+          << requestStateName(r.rec.state) << (d.batch.empty() ? "" : ", with a batch (an encode takes none)");
+      break;
+    case cost::Stage::kDecode:
+      GFDIT_CHECK(done && d.batch.empty()).param("stage")
+          << "policy " << pname << ": a decode for request " << d.request_id << ", which has " << r.rec.stepsLeft()
+          << " steps left" << (d.batch.empty() ? "" : " (and a decode takes no batch)");
+      GFDIT_CHECK(static_cast<int>(d.ranks.size()) <= std::max(1, r.rec.shape.latent_rows)).param("ranks")
+          << "policy " << pname << ": a decode of request " << d.request_id << " on " << d.ranks.size()
+          << " ranks, but its latent has " << r.rec.shape.latent_rows << " rows (a decode member needs one at least)";
+      break;
+    default:
+      GFDIT_THROW(kInvalidUsage).param("stage")
+          << "policy " << pname << ": stage " << cost::stageName(d.stage) << " for request " << d.request_id
+          << " (a decision runs steps, an encode or a decode)";
+  }
+  if (d.stage != cost::Stage::kDenoise) {
+    std::vector<int> mine;
+    for (int w : d.ranks) {
+      GFDIT_CHECK(w >= 0 && w < config_.world_size && free[w] && !taken[w] &&
+                  std::find(mine.begin(), mine.end(), w) == mine.end())
+          << "policy " << pname << " gave request " << d.request_id << " rank " << w
+          << ", which is busy, dead, taken twice or out of range";
+      mine.push_back(w);
+    }
+    return;  // its layout is the plain one of its degree
+  }
   std::vector<int> mine;
   for (int w : d.ranks) {
     GFDIT_CHECK(w >= 0 && w < config_.world_size && free[w] && !taken[w] &&
@@ -463,9 +501,10 @@ void ControlPlane::validate(const Decision& d, const SchedulerView& view, const 
 // A policy's decisions are checked one by one (validate). One that is refused (an unknown or busy request, a
 // rank that is busy or dead, a layout that does not fit, a decode group larger than the latent, a batch whose
 // members differ in shape or guidance) is dropped with its reason (ControlStats::refused_decisions,
-// lastRefusal()), and the others run: its requests lose nothing and wait for the next round. Only when nothing
-// at all is in flight afterwards, so that no completion will ever start another round, do the requests it named
-// fail with the reason, rather than wait for ever. A policy that throws fails the requests it was asked about.
+// lastRefusal()), and the others run: its requests lose nothing and wait for the next round, which the next
+// completion of any task starts. Only when nothing at all is in flight, so that no completion will ever start
+// another round, do the requests it named fail with the reason, rather than wait for ever. A policy that throws
+// fails the requests it was asked about.
 void ControlPlane::schedule() {
   dirty_ = false;
   if (recovering_) return;
@@ -518,6 +557,8 @@ void ControlPlane::schedule() {
     accepted.push_back(&d);
   }
   for (size_t i = 0; i < accepted.size(); ++i) startDecision(chosen[i], *accepted[i]);
+  // refused with tasks in flight: the next completion, whatever it is, asks again (NOTE [refused decisions])
+  refused_waiting_ = !refused.empty() && !tasks_.empty();
   if (!refused.empty() && tasks_.empty()) {
     for (uint64_t id : refused) {
       auto it = requests_.find(id);
@@ -527,6 +568,18 @@ void ControlPlane::schedule() {
     }
   }
 }
+
+// NOTE [stages]
+// A decision names what it runs (Decision::stage). Steps (the default): a request that has not started encodes
+// first, once, on the first rank of the group (the text encoder runs once per request, on one rank), and its state
+// (the embeddings and the initial latent) migrates to the other members, before its steps; the group is the
+// decision's from the start. An encode alone (kEncode), on the first of its ranks (copied to the others, if any):
+// the request then waits at step 0, its state held there, for a decision of its steps on any ranks, which migrates
+// it as any paused request's. A decode alone (kDecode), for a policy that places decodes (Policy::placesDecodes):
+// a request whose steps are done then waits for its policy instead of decoding on its holders at once
+// (dispatchDecode); the decode runs on the decision's ranks, the latent migrated there from a holder first, stale
+// holders freed. A disaggregated placement (NOTE [planning], 6) keeps every encode and decode on auxiliary ranks
+// this way. A decode lost in a recovery waits for its policy again.
 
 // NOTE [batches]
 // A decision may name other ready requests of the same shape and guidance (Decision::batch): they run its steps
@@ -546,9 +599,13 @@ void ControlPlane::schedule() {
 // about the whole batch at its boundary, and only the same batch on the same ranks and layout goes on.
 void ControlPlane::place(Request& r) {
   RequestRecord& rec = r.rec;
-  if (rec.state == RequestState::kQueued) {
+  if (rec.state == RequestState::kQueued) {  // once, on the first rank, then copied (NOTE [stages])
     transition(r, RequestState::kEncoding);
-    dispatch(&r, TaskKind::kEncode, r.group, Layout(), 0, 0, -1, &r.payload);
+    dispatch(&r, TaskKind::kEncode, {r.group[0]}, Layout(), 0, 0, -1, &r.payload);
+    if (r.group.size() > 1) {
+      dispatch(&r, TaskKind::kMigrate, r.group, Layout(), 0, 0, r.group[0]);
+      ++stats_.migrations;
+    }
     return;
   }
   std::vector<int> fresh, stale;
@@ -601,6 +658,28 @@ void ControlPlane::startDecision(const std::vector<Request*>& members, const Dec
   Request& r = *members[0];
   RequestRecord& rec = r.rec;
   occupy(d.ranks);
+  if (d.stage != cost::Stage::kDenoise) {  // an encode or a decode alone (NOTE [stages])
+    rec.busy = true;
+    rec.batch_leader = 0;
+    rec.batch_size = 1;
+    r.group = d.ranks;
+    r.todo = 0;
+    r.head = nullptr;
+    r.riders.clear();
+    rec.decision_end_ns = 0;
+    track(r);
+    if (d.stage == cost::Stage::kEncode) {
+      place(r);
+    } else {
+      place(r);  // the latent to the decode's ranks from a holder, stale holders freed
+      transition(r, RequestState::kDecoding, rec.step);
+      Layout layout;
+      layout.ulysses = static_cast<int32_t>(r.group.size());
+      dispatch(&r, TaskKind::kDecode, r.group, layout, rec.step, 0);
+    }
+    notify(r);
+    return;
+  }
   int32_t todo = d.num_steps;
   for (Request* m : members) todo = std::min(todo, m->rec.num_steps - m->rec.step);
   const int32_t n = static_cast<int32_t>(members.size());
@@ -762,9 +841,9 @@ void ControlPlane::endDecision(Request& r) {
     m->rec.batch_size = 1;
   }
   for (Request* m : members) {
-    if (m->rec.step >= m->rec.num_steps) {
+    if (m->rec.step >= m->rec.num_steps && !policy_->placesDecodes()) {
       dispatchDecode(*m);
-    } else {
+    } else {  // paused, or its steps done and its decode left to the policy (NOTE [stages])
       track(*m);
       notify(*m);  // paused on its holders
     }
@@ -927,6 +1006,7 @@ void ControlPlane::taskDone(Task& done) {
   std::unique_ptr<Task> owned = std::move(tasks_[done.id]);
   tasks_.erase(done.id);
   ++stats_.tasks_completed;
+  if (refused_waiting_) dirty_ = true;
   applyDone(*owned);
   tryReinit();  // recovering: a world can be re-created once the last task in flight is done
 }
@@ -1014,7 +1094,8 @@ void ControlPlane::applyTo(Task& t, Request& r, int32_t step_begin, bool& go_on)
   }
   switch (t.kind) {
     case TaskKind::kEncode:
-      rec.ranks = t.ranks;
+      // the state is on the encode's rank, and on the rest of the decision's group once its copy lands
+      rec.ranks = rec.busy && !r.group.empty() ? r.group : t.ranks;
       transition(r, RequestState::kDenoising, 0);
       break;
     case TaskKind::kDenoise: transition(r, RequestState::kDenoising, step_begin + t.num_steps); break;
@@ -1226,7 +1307,9 @@ void ControlPlane::reinitDone() {
     r.copies.clear();
     for (int w : live) r.copies.emplace_back(w, best);
     rec.ranks = live;
-    if (rec.state == RequestState::kDecoding || best >= rec.num_steps) {
+    if ((rec.state == RequestState::kDecoding || best >= rec.num_steps) && policy_->placesDecodes()) {
+      transition(r, RequestState::kDenoising, best);  // its policy places the decode again (NOTE [stages])
+    } else if (rec.state == RequestState::kDecoding || best >= rec.num_steps) {
       rec.step = best;
       dispatchDecode(r);
     } else if (best != rec.step) {

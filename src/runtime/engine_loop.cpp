@@ -152,6 +152,35 @@ RequestShape EngineLoop::check(GenerationRequest& q) const {
   return checkRequest(q, limits_, info_.defaults);
 }
 
+std::vector<uint64_t> EngineLoop::submitGroup(std::vector<GenerationRequest>& qs) {
+  GFDIT_CHECK(!closed_) << "the engine is shut down";
+  std::vector<RequestSpec> specs;
+  for (GenerationRequest& q : qs) {
+    RequestSpec spec;
+    spec.shape = check(q);
+    spec.arrival_ns = nowNs();
+    if (q.deadline_s) spec.deadline_ns = spec.arrival_ns + static_cast<int64_t>(*q.deadline_s * kSecond);
+    spec.priority = q.priority;
+    spec.max_degree = options_.num_workers;
+    spec.num_heads = info_.heads;
+    spec.payload = q.encode();
+    specs.push_back(std::move(spec));
+  }
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);  // one swap of the inbox takes them all (NOTE [control thread])
+    const uint64_t first = next_id_;
+    for (RequestSpec& spec : specs) {
+      spec.id = next_id_++;
+      spec.group = specs.size() > 1 ? first : 0;
+      ids.push_back(spec.id);
+      inbox_.push_back(Event{Event::kSubmit, spec.id, std::move(spec)});
+    }
+  }
+  ringDoorbell(queues_->controlBell());
+  return ids;
+}
+
 uint64_t EngineLoop::submit(GenerationRequest& q) {
   RequestSpec spec;
   spec.shape = check(q);

@@ -14,6 +14,16 @@
 //     predicted remaining time, times `deadline_margin`, fits before its deadline (a request no degree can
 //     save goes last, on one rank; so does one NOTE [deadline admission] turns away). A candidate left
 //     without ranks waits; a running one yields its ranks at its next step boundary (preemption).
+//  6. Disaggregated stages (stages=split, aux_ranks > 0; the policy places decodes, NOTE [stages] in
+//     src/runtime/control.cpp): the last aux_ranks ranks run the decodes of the requests whose steps are done (in
+//     arrival order, first) and the encodes of new requests (in the policy's order), one rank each, as GF-DiT's
+//     disaggregate policy does; the other ranks are planned by 1-5 for the requests with steps left, whose state
+//     migrates from the auxiliary rank to their group and back for the decode. This walks every waiting request.
+// 3a. Groups (with a cost model, max_batch > 1): requests submitted together (RequestSpec::group, the n images of
+//     one HTTP request) run as one batch whatever the load: each joins the first ready one of its group before it
+//     in order, at that one's base degree, while joinBatch takes it (room, memory, and each request's share of a
+//     step falling by batch_gain); joined requests take no rank of their own. A batch keeps its degree (no growth
+//     in 4).
 // 3b. Batches (with a cost model, when more candidates wait than there are ranks, max_batch > 1): once the base
 //     degrees have taken every rank, each ready candidate left without ranks joins, in order, the smallest batch
 //     of its shape and guidance among the waiting candidates that got ranks (the earliest among equals), while the
@@ -263,6 +273,13 @@ class PlanningOrder : public ReadyOrder {
   }
 
   const Set& main() const { return main_; }
+  // Every request it holds, in no particular order.
+  template <typename Fn>
+  void forEach(Fn fn) const {
+    for (const Slot& s : slots_) {
+      if (s.live) fn(s.it->rec);
+    }
+  }
   // Classes in the order they are served (larger priority first).
   const std::map<int32_t, Class, std::greater<int32_t>>& classes() const { return classes_; }
   // Waiting requests holding their state on rank w.
@@ -326,6 +343,10 @@ class PlanningPolicy : public Policy {
     GFDIT_CHECK(o.max_batch >= 1 && o.max_batch <= kMaxBatch).param("max_batch")
         << "max_batch must be in [1, " << kMaxBatch << "], got " << o.max_batch;
     GFDIT_CHECK(o.batch_gain >= 0 && o.batch_gain < 1).param("batch_gain") << "batch_gain must be in [0, 1)";
+    GFDIT_CHECK(o.decode_degree >= 0 && o.decode_degree <= kMaxRanks).param("decode_degree")
+        << "decode_degree must be in [0, " << kMaxRanks << "], got " << o.decode_degree;
+    GFDIT_CHECK(o.aux_ranks >= 0 && o.aux_ranks < kMaxRanks).param("aux_ranks")
+        << "aux_ranks must be in [0, " << kMaxRanks << "), got " << o.aux_ranks;
     // growing a group from d to d' must make its step (1 - min_gain)^log2(d' / d) as long or shorter
     const double per_doubling = std::log2(1.0 - o.min_gain);
     growth_.resize((kMaxRanks + 1) * (kMaxRanks + 1), 0.0);
@@ -341,12 +362,88 @@ class PlanningPolicy : public Policy {
     std::string n = names[static_cast<int>(o_.order)];
     if (o_.layouts != LayoutFamily::kAuto) n += std::string(":layout=") + layoutFamilyName(o_.layouts);
     if (o_.max_batch != PolicyOptions().max_batch) n += ":batch=" + std::to_string(o_.max_batch);
+    if (o_.decode_degree != 0) n += ":decode=" + std::to_string(o_.decode_degree);
+    if (o_.aux_ranks != 0) n += ":stages=split" + (o_.aux_ranks != 1 ? "=" + std::to_string(o_.aux_ranks) : "");
     return n;
   }
   LayoutFamily layouts() const override { return o_.layouts; }
   std::unique_ptr<ReadyOrder> makeReadyOrder() const override { return std::make_unique<PlanningOrder>(o_); }
 
+  bool placesDecodes() const override { return o_.aux_ranks > 0; }
+
   std::vector<Decision> schedule(const SchedulerView& view) override {
+    if (o_.aux_ranks > 0) return split(view);
+    return plan(view);
+  }
+
+ private:
+  // NOTE [planning], 6: the auxiliary ranks (the last aux_ranks) take the decodes of the requests whose steps are
+  // done, in arrival order, then the encodes of new requests in the policy's order, one rank each; the other ranks
+  // are planned as usual for the requests that have steps left.
+  std::vector<Decision> split(const SchedulerView& view) {
+    const int world = view.world_size;
+    const int first_aux = std::max(1, world - o_.aux_ranks);  // the denoise side keeps one rank at least
+    std::vector<const RequestRecord*> waiting(view.ready.begin(), view.ready.end());
+    if (view.order != nullptr) {
+      auto* order = dynamic_cast<PlanningOrder*>(view.order);
+      GFDIT_CHECK(order != nullptr && order->madeFor(o_))
+          << "policy " << name() << ": the view's ready order was made by another policy";
+      order->forEach([&](const RequestRecord* r) { waiting.push_back(r); });
+    }
+    std::sort(waiting.begin(), waiting.end(), [](const RequestRecord* a, const RequestRecord* b) {
+      return a->arrival_ns != b->arrival_ns ? a->arrival_ns < b->arrival_ns : a->id < b->id;
+    });
+    std::vector<int> aux, rest;
+    for (int w : view.free_ranks) (w >= first_aux ? aux : rest).push_back(w);
+    std::vector<Decision> out;
+    std::vector<const RequestRecord*> queued, stepping;
+    for (const RequestRecord* r : waiting) {
+      if (r->state == RequestState::kQueued) {
+        queued.push_back(r);
+      } else if (r->stepsLeft() <= 0) {
+        if (aux.empty()) continue;
+        Decision d;
+        d.request_id = r->id;
+        d.stage = cost::Stage::kDecode;
+        d.ranks = {aux.front()};
+        aux.erase(aux.begin());
+        out.push_back(std::move(d));
+      } else {
+        stepping.push_back(r);
+      }
+    }
+    if (!queued.empty() && !aux.empty()) {  // encodes in the policy's order
+      cands_.clear();
+      const double now_s = view.now_ns * 1e-9;
+      for (const RequestRecord* r : queued) cands_.push_back(candidate(r, true, now_s));
+      std::sort(cands_.begin(), cands_.end(), [](const Candidate& a, const Candidate& b) {
+        return std::make_tuple(a.k0, a.k1, a.k2, a.k3, a.rec->id) < std::make_tuple(b.k0, b.k1, b.k2, b.k3, b.rec->id);
+      });
+      for (size_t i = 0; i < cands_.size() && !aux.empty(); ++i) {
+        Decision d;
+        d.request_id = cands_[i].rec->id;
+        d.stage = cost::Stage::kEncode;
+        d.ranks = {aux.front()};
+        aux.erase(aux.begin());
+        out.push_back(std::move(d));
+      }
+    }
+    // the steps, on the other ranks, of the requests that have steps left
+    SchedulerView v = view;
+    v.free_ranks = rest;
+    v.ready = stepping;
+    v.order = nullptr;
+    v.running.clear();
+    for (const RequestRecord* r : view.running) {
+      if (r->state == RequestState::kDenoising) v.running.push_back(r);  // not an encode or a decode
+    }
+    std::vector<Decision> steps = plan(v);
+    out.insert(out.end(), steps.begin(), steps.end());
+    return out;
+  }
+
+ public:
+  std::vector<Decision> plan(const SchedulerView& view) {
     const int world = view.world_size;
     world_ = world;
     const double now_s = view.now_ns * 1e-9;
@@ -372,7 +469,7 @@ class PlanningPolicy : public Policy {
     if (num_cands == 0 || capacity == 0) return {};
 
     // 2. order; only the first `capacity` can get ranks
-    const size_t top = std::min(num_cands, static_cast<size_t>(capacity));
+    size_t top = std::min(num_cands, static_cast<size_t>(capacity));
     const bool deadlines = o_.order == PolicyOrder::kDeadline || o_.order == PolicyOrder::kPriority;
     // see NOTE [deadline admission]: the first few in order, then those that fit drop the ones that do not
     size_t head =
@@ -401,6 +498,13 @@ class PlanningPolicy : public Policy {
       std::partial_sort(cands_.begin(), cands_.begin() + head, cands_.end(), before);
     }
     if (deadlines && admit(head, capacity, now_s)) std::sort(cands_.begin(), cands_.begin() + head, before);
+    head_ = std::min(head, cands_.size());
+    if (o_.max_batch > 1 && view.cost != nullptr && joinGroups(*view.cost)) {
+      // 3a: joined siblings take no rank of their own: the first `capacity` of the others can get ranks
+      size_t own = 0;
+      top = 0;
+      while (top < head_ && own < static_cast<size_t>(capacity)) own += cands_[top++].unit < 0;
+    }
 
     // 3 and 4, class by class (priority classes are strict; the other orders have one class)
     int left = capacity;
@@ -415,6 +519,7 @@ class PlanningPolicy : public Policy {
       while (end < top && (o_.order != PolicyOrder::kPriority || cands_[end].k0 == cands_[begin].k0)) ++end;
       for (size_t i = begin; i < end && left > 0; ++i) {  // base degrees
         Candidate& c = cands_[i];
+        if (c.unit >= 0) continue;  // in a sibling's batch (3a)
         c.plan = fitDegree(*c.rec, std::min({c.base, left, limit(*c.rec, world)}));
         left -= c.plan;
         busy += c.plan;
@@ -452,7 +557,6 @@ class PlanningPolicy : public Policy {
       begin = end;
     }
 
-    head_ = std::min(head, cands_.size());
     if (batching && left == 0) formBatches(head_, top, *view.cost);
 
     // 5. placement
@@ -483,7 +587,7 @@ class PlanningPolicy : public Policy {
       const int degree = fitDegree(*c.rec, std::min(c.plan, num_pool - reserved));
       Decision d;
       d.request_id = c.rec->id;
-      if (c.members > 1 && degree == c.plan) {  // its batch (3b), on the degree it was priced for
+      if (c.members > 1 && degree == batches_[i].degree) {  // its batch (3a, 3b), on the degree it was priced for
         for (size_t j = 0; j < head_; ++j) {
           if (cands_[j].unit == static_cast<int>(i)) d.batch.push_back(cands_[j].rec->id);
         }
@@ -499,6 +603,7 @@ class PlanningPolicy : public Policy {
       const bool lent = degree > c.base && step_s >= kLentStepS;
       d.dispatch_ahead = !lent;
       d.num_steps = lent || step_s >= view.long_step_s ? 1 : o_.steps_per_decision;
+      d.decode_degree = o_.decode_degree;
       out.push_back(std::move(d));
     }
     return out;
@@ -519,10 +624,10 @@ class PlanningPolicy : public Policy {
   // members join at its boundary), while the batch has room (max_batch, the cost model's memory limit) and each
   // request's share of the step falls by batch_gain: step(d, b + 1) / (b + 1) <= step(d, b) / b x (1 - gain).
   void formBatches(size_t head, size_t top, const cost::CostModel& cost) {
-    batches_.assign(top, BatchPlan());
+    if (batches_.size() < top) batches_.resize(top);
     for (size_t j = 0; j < head; ++j) {
       Candidate& c = cands_[j];
-      if (c.plan > 0 || !c.ready || c.rec->state == RequestState::kDecoding) continue;
+      if (c.plan > 0 || c.unit >= 0 || !c.ready || c.rec->state == RequestState::kDecoding) continue;
       while (true) {  // the smallest batch of its shape with room first (the earliest among equals)
         int best = -1;
         for (size_t i = 0; i < top; ++i) {
@@ -535,7 +640,7 @@ class PlanningPolicy : public Policy {
         if (best < 0) break;
         Candidate& u = cands_[best];
         BatchPlan& b = batches_[best];
-        if (b.max_members == 0) {
+        if (b.max_members == 0 && b.members == 1) {
           b.shape = u.rec->shape;
           b.degree = u.plan;
           b.layout = u.rec->cost.known ? u.rec->cost.layoutFor(u.plan) : plainLayout(u.plan, u.rec->num_heads);
@@ -548,11 +653,42 @@ class PlanningPolicy : public Policy {
     }
   }
 
+  // Step 3a (NOTE [planning]): a ready candidate joins the batch of the first ready candidate of its group (the
+  // requests submitted together, RequestSpec::group) before it in order, whatever the load, while joinBatch takes
+  // it at that candidate's base degree. Returns whether any joined.
+  bool joinGroups(const cost::CostModel& cost) {
+    batches_.assign(head_, BatchPlan());
+    bool any = false;
+    for (size_t j = 1; j < head_; ++j) {
+      Candidate& c = cands_[j];
+      if (c.rec->group == 0 || !c.ready || c.rec->state == RequestState::kDecoding) continue;
+      for (size_t i = 0; i < j; ++i) {
+        Candidate& u = cands_[i];
+        if (u.rec->group != c.rec->group || !u.ready || u.unit >= 0 || !sameBatchShape(u.rec->shape, c.rec->shape)) {
+          continue;
+        }
+        BatchPlan& b = batches_[i];
+        if (b.max_members == 0) {
+          b.shape = u.rec->shape;
+          b.degree = fitDegree(*u.rec, std::min(u.base, limit(*u.rec, world_)));
+          b.layout = u.rec->cost.known ? u.rec->cost.layoutFor(b.degree) : plainLayout(b.degree, u.rec->num_heads);
+        }
+        if (joinBatch(cost, o_.max_batch, o_.batch_gain, b)) {
+          u.members = b.members;
+          c.unit = static_cast<int>(i);
+          any = true;
+        }
+        break;  // the group's first one only
+      }
+    }
+    return any;
+  }
+
   // Step 4: the degree that c's group grows to with at most `left` more ranks, the one that saves the most
   // remaining time per added rank among those worth growing to (NOTE [planning]); false when none is. Cached
   // in c: the best of fewer spare ranks is the same while it still fits.
   bool growth(Candidate& c, int left, int world) const {
-    if (c.plan <= 0) return false;
+    if (c.plan <= 0 || c.members > 1) return false;  // a batch runs on the degree it was priced for (3a, 3b)
     if (c.grow_to > 0 && c.grow_to - c.plan <= left) return true;
     if (c.grow_to < 0 && c.grow_left >= left) return false;  // none with at least as many spare ranks
     const int top = std::min(limit(*c.rec, world), c.plan + left);

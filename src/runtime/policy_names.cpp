@@ -28,7 +28,8 @@ namespace {
   std::ostringstream os;
   os << "unknown policy '" << spec << "'" << why << "; built in:";
   for (const auto& n : policyNames()) os << " " << n;
-  os << " (the dynamic ones take :layout=auto|usp|swift|torus, every one :batch=N)";
+  os << " (the dynamic ones take :layout=auto|usp|swift|torus, :decode=N and :stages=split[=K], static:D takes "
+        ":fcfs|srtf|edf, every one :batch=N)";
   throw Error(ErrorCode::kInvalidUsage, os.str());
 }
 
@@ -86,10 +87,19 @@ std::unique_ptr<Policy> makePolicy(const std::string& spec) {
     GFDIT_CHECK(d >= 1 && d <= kMaxRanks)
         << "policy '" << spec << "': the degree must be an integer in [1, " << kMaxRanks << "]";
     int32_t max_batch = PolicyOptions().max_batch;
+    PolicyOrder order = PolicyOrder::kArrival;
     for (size_t i = 1; i < opts.size(); ++i) {
-      if (!batchOption(spec, opts[i], &max_batch)) unknownPolicy(spec, ": option '" + opts[i] + "' is not batch=N");
+      if (opts[i] == "fcfs") {
+        order = PolicyOrder::kArrival;
+      } else if (opts[i] == "srtf") {
+        order = PolicyOrder::kRemaining;
+      } else if (opts[i] == "edf") {
+        order = PolicyOrder::kDeadline;
+      } else if (!batchOption(spec, opts[i], &max_batch)) {
+        unknownPolicy(spec, ": option '" + opts[i] + "' is not fcfs|srtf|edf or batch=N");
+      }
     }
-    return makeStaticPolicy(d, max_batch);
+    return makeStaticPolicy(d, max_batch, order);
   }
   PolicyOptions o;
   if (base == "fcfs") {
@@ -112,8 +122,26 @@ std::unique_ptr<Policy> makePolicy(const std::string& spec) {
       o.layouts = LayoutFamily::kSwift;
     } else if (opt == "layout=torus") {
       o.layouts = LayoutFamily::kTorus;
+    } else if (opt == "stages=split") {
+      o.aux_ranks = 1;
+    } else if (opt.rfind("stages=split=", 0) == 0 || opt.rfind("decode=", 0) == 0) {
+      const bool stages = opt[0] == 's';
+      const std::string v = opt.substr(opt.rfind('=') + 1);
+      int n = -1;
+      try {
+        size_t used = 0;
+        n = std::stoi(v, &used);
+        if (used != v.size()) n = -1;
+      } catch (...) {
+        n = -1;
+      }
+      GFDIT_CHECK(stages ? n >= 1 && n < kMaxRanks : n >= 0 && n <= kMaxRanks).param("policy")
+          << "policy '" << spec << "': " << (stages ? "stages=split=K needs K in [1, " : "decode=N needs N in [0, ")
+          << (stages ? kMaxRanks - 1 : kMaxRanks) << "]";
+      (stages ? o.aux_ranks : o.decode_degree) = n;
     } else if (!batchOption(spec, opt, &o.max_batch)) {
-      unknownPolicy(spec, ": option '" + opt + "' is not layout=auto|usp|swift|torus or batch=N");
+      unknownPolicy(spec,
+                    ": option '" + opt + "' is not layout=auto|usp|swift|torus, batch=N, decode=N or stages=split[=K]");
     }
   }
   return makePlanningPolicy(o);

@@ -51,29 +51,30 @@ TEST(ControlPlane, TrajectoryEncodeStepsDecodeDoneAndPruned) {
   Fixture f(2);
   uint64_t id = f.cp->submit(spec(3));
   f.cp->poll();
-  // the encode, and right behind it in the workers' FIFOs two steps (dispatch-ahead, across one-step fcfs
-  // decisions by lookahead)
-  ASSERT_EQ(f.exec.kinds(), (std::vector<std::string>{"encode", "denoise", "denoise"}));
+  // the encode once, on rank 0, its state copied to rank 1 (NOTE [stages]), and right behind them in the workers'
+  // FIFOs two steps (dispatch-ahead, across one-step fcfs decisions by lookahead)
+  ASSERT_EQ(f.exec.kinds(), (std::vector<std::string>{"encode", "migrate", "denoise", "denoise"}));
   const auto& enc = f.exec.sent[0];
   EXPECT_EQ(static_cast<TaskKind>(enc.d.kind), TaskKind::kEncode);
-  EXPECT_EQ(enc.workers, (std::vector<int>{0, 1}));  // alone: both ranks
+  EXPECT_EQ(enc.workers, (std::vector<int>{0}));  // once, on the first rank
   EXPECT_EQ(enc.payload, "{\"prompt\": \"p\"}");
-  EXPECT_EQ(f.exec.sent[1].d.step_begin, 0);
-  EXPECT_EQ(f.exec.sent[2].d.step_begin, 1);
-  // the encode is one task on two workers: it completes when both report
-  f.exec.completeHead(*f.cp, 0);
-  EXPECT_EQ(f.cp->status(id).state, RequestState::kEncoding);
-  f.exec.completeHead(*f.cp, 1);
+  EXPECT_EQ(f.exec.sent[1].workers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(f.exec.sent[1].d.src_rank, 0);
+  EXPECT_EQ(f.exec.sent[2].d.step_begin, 0);
+  EXPECT_EQ(f.exec.sent[3].d.step_begin, 1);
+  f.exec.completeHead(*f.cp, 0);  // the encode
   EXPECT_EQ(f.cp->status(id).state, RequestState::kDenoising);
-  EXPECT_EQ(f.exec.sent.size(), 3u);  // no more than two steps in flight
+  f.exec.completeHead(*f.cp, 0);  // the copy is one task on two workers: it completes when both report
+  f.exec.completeHead(*f.cp, 1);
+  EXPECT_EQ(f.exec.sent.size(), 4u);  // no more than two steps in flight
   f.exec.drain(*f.cp);
   ASSERT_EQ(f.results.size(), 1u);
   const RequestResult& r = f.results[0];
   EXPECT_EQ(r.state, RequestState::kDone);
-  EXPECT_STREQ(r.output.name, ("/out-" + std::to_string(f.exec.sent[4].d.task_id)).c_str());
+  EXPECT_STREQ(r.output.name, ("/out-" + std::to_string(f.exec.sent[5].d.task_id)).c_str());
   std::vector<std::string> kinds;
   for (const auto& s : r.stages) kinds.push_back(taskKindName(s.kind));
-  EXPECT_EQ(kinds, (std::vector<std::string>{"encode", "denoise", "denoise", "denoise", "decode"}));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"encode", "migrate", "denoise", "denoise", "denoise", "decode"}));
   std::vector<RequestState> states;
   for (const auto& t : r.transitions) states.push_back(t.state);
   EXPECT_EQ(states.front(), RequestState::kQueued);
@@ -88,16 +89,23 @@ TEST(ControlPlane, FcfsShrinksOntoHoldersWithoutMigration) {
   Fixture f(4);
   uint64_t a = f.cp->submit(spec(6));
   f.cp->poll();
+  f.exec.completeHead(*f.cp, 0);  // encode on rank 0
   f.exec.completeHead(*f.cp, 0);
   f.exec.completeHead(*f.cp, 1);
   f.exec.completeHead(*f.cp, 2);
-  f.exec.completeHead(*f.cp, 3);  // encode on all four
+  f.exec.completeHead(*f.cp, 3);  // its copy to all four
+  const int copies = countKind(f.exec, TaskKind::kMigrate);
+  EXPECT_EQ(copies, 1);
   uint64_t b = f.cp->submit(spec(2, 64, 64, f.clock.nowNs() + 1));
   f.cp->poll();
   f.exec.drain(*f.cp);
   ASSERT_EQ(f.results.size(), 2u);
-  // a started on four ranks; when b came it shrank onto ranks it held: no state had to move
-  EXPECT_EQ(countKind(f.exec, TaskKind::kMigrate), 0);
+  // a started on four ranks; when b came it shrank onto ranks it held: no state had to move (b's encode copy
+  // aside, if b got more than one rank)
+  int moves = 0;
+  for (const auto& s : f.exec.sent)
+    moves += static_cast<TaskKind>(s.d.kind) == TaskKind::kMigrate && s.d.request_id == a;
+  EXPECT_EQ(moves, 1);
   std::set<size_t> degrees;
   for (const auto& s : f.result(a)->stages) {
     if (s.kind == TaskKind::kDenoise) degrees.insert(s.ranks.size());
@@ -198,19 +206,21 @@ TEST(ControlPlane, FailedRequestDoesNotStopOthers) {
 }
 
 TEST(ControlPlane, AFailedEncodeFailsItsRequestEvenWhenALostStateStartedARecoveryFirst) {
-  // The encode raises on both members, and the denoise step queued behind it on member 0 reports a lost
-  // state (its worker answers that by itself, at once) before member 1's encode failure arrives. The lost
-  // state starts a recovery (member 1 may be waiting in the step's collective), but the request fails with
-  // the encode's error: an encode runs no collective, so its error is its own.
+  // The encode raises on member 0, and member 1's copy of its state and the step queued behind it fail
+  // (an abort's echo, a lost state) before the encode's failure arrives. They start a recovery, but the request
+  // fails with the encode's error: an encode runs no collective, so its error is its own.
   Fixture f(2, "static:2");
   uint64_t id = f.cp->submit(spec(2));
   f.cp->poll();
-  ASSERT_EQ(f.exec.queues[0].size(), f.exec.queues[1].size());
-  ASSERT_GE(f.exec.queues[0].size(), 2u);  // the encode, and a step dispatched behind it
-  f.exec.completeHead(*f.cp, 0, TaskError::kModelError);
-  f.exec.completeHead(*f.cp, 0, TaskError::kStateLost);
-  f.exec.completeHead(*f.cp, 1, TaskError::kModelError);
+  // the encode on member 0, its copy to member 1, and steps dispatched behind them (NOTE [stages])
+  ASSERT_EQ(f.exec.kinds(), (std::vector<std::string>{"encode", "migrate", "denoise", "denoise"}));
+  f.exec.completeHead(*f.cp, 1, TaskError::kCommError);  // the copy fails on member 1 first: a recovery
   f.exec.completeHead(*f.cp, 1, TaskError::kStateLost);
+  f.exec.completeHead(*f.cp, 1, TaskError::kStateLost);
+  f.exec.completeHead(*f.cp, 0, TaskError::kModelError);  // then the encode's own error
+  f.exec.completeHead(*f.cp, 0, TaskError::kCommError);
+  f.exec.completeHead(*f.cp, 0, TaskError::kStateLost);
+  f.exec.completeHead(*f.cp, 0, TaskError::kStateLost);
   f.exec.drain(*f.cp);
   ASSERT_NE(f.result(id), nullptr);
   EXPECT_EQ(f.result(id)->state, RequestState::kFailed);
@@ -221,7 +231,8 @@ TEST(ControlPlane, WorkerDeathRecoversFromTheMostAdvancedSurvivingCopy) {
   Fixture f(3);
   uint64_t id = f.cp->submit(spec(5));
   f.cp->poll();
-  for (int w = 0; w < 3; ++w) f.exec.completeHead(*f.cp, w);  // encode on [0,1,2]
+  f.exec.completeHead(*f.cp, 0);                              // encode on 0
+  for (int w = 0; w < 3; ++w) f.exec.completeHead(*f.cp, w);  // its copy to [0, 1, 2]
   for (int w = 0; w < 3; ++w) f.exec.completeHead(*f.cp, w);  // step 0
   EXPECT_EQ(f.cp->status(id).step, 1);
   // step 1 is in flight; worker 1 dies
@@ -503,7 +514,7 @@ TEST(ControlPlane, StaticKeepsItsGroupForLife) {
     auto g = *groups.begin();
     EXPECT_TRUE(g == std::vector<int>({0, 1}) || g == std::vector<int>({2, 3}));
   }
-  EXPECT_EQ(countKind(f.exec, TaskKind::kMigrate), 0);
+  EXPECT_EQ(countKind(f.exec, TaskKind::kMigrate), 5);  // each encode's copy to its group's second rank, no more
 }
 
 TEST(ControlPlane, MemoryStaysFlatOverManyRequests) {
@@ -810,7 +821,9 @@ TEST(ControlPlane, AMemberLostDuringAParallelDecodeIsRecovered) {
   uint64_t id = cp.submit(spec(2));
   cp.poll();
   for (int round = 0; round < 10 && decodeOf(exec, id) == nullptr; ++round) {
-    for (int w : {0, 1, 2}) exec.completeHead(cp, w);
+    for (int w : {0, 1, 2}) {
+      if (decodeOf(exec, id) == nullptr) exec.completeHead(cp, w);  // up to the decode, on no member yet
+    }
     cp.poll();
   }
   ASSERT_NE(decodeOf(exec, id), nullptr);
@@ -976,4 +989,118 @@ TEST(ControlPlane, ABatchedStepThatLosesAWorkerRecoversEveryMember) {
   EXPECT_EQ(f.cp->stats().recoveries, 1u);
   // both went on from step 1, not from scratch
   EXPECT_EQ(countKind(f.exec, TaskKind::kEncode), 2);
+}
+
+namespace {
+
+// Encodes and decodes on rank 1, steps on rank 0 (see NOTE [stages]).
+class Split : public Policy {
+ public:
+  std::string name() const override { return "split"; }
+  bool placesDecodes() const override { return true; }
+  std::vector<Decision> schedule(const SchedulerView& v) override {
+    std::vector<Decision> out;
+    std::set<int> free(v.free_ranks.begin(), v.free_ranks.end());
+    for (const auto* r : v.ready) {
+      Decision d;
+      d.request_id = r->id;
+      if (r->state == RequestState::kQueued) {
+        d.stage = encode_stage;
+        d.ranks = {1};
+      } else if (r->stepsLeft() == 0) {
+        d.stage = cost::Stage::kDecode;
+        d.ranks = decode_ranks;
+      } else {
+        d.ranks = {0};
+        d.num_steps = r->stepsLeft();
+      }
+      bool ok = true;
+      for (int w : d.ranks) ok = ok && (free.count(w) || d.stage == cost::Stage::kDecode);  // decodes: as told
+      if (!ok) continue;
+      for (int w : d.ranks) free.erase(w);
+      out.push_back(d);
+    }
+    return out;
+  }
+  cost::Stage encode_stage = cost::Stage::kEncode;
+  std::vector<int> decode_ranks = {1};
+};
+
+}  // namespace
+
+TEST(ControlPlane, StagesRunWhereThePolicyPlacesThem) {
+  Fixture f(2, std::make_shared<Split>());
+  uint64_t id = f.cp->submit(spec(2));
+  f.cp->poll();
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 1u) << ::testing::PrintToString(f.exec.kinds());
+  EXPECT_EQ(f.results[0].state, RequestState::kDone) << f.results[0].reason;
+  // the encode on 1, the state to 0 for the steps, the latent back to 1 for the decode; stale copies freed
+  std::vector<std::pair<std::string, std::vector<int>>> got;
+  for (const auto& s : f.exec.sent) got.emplace_back(taskKindName(static_cast<TaskKind>(s.d.kind)), s.workers);
+  using P = std::pair<std::string, std::vector<int>>;
+  EXPECT_EQ(
+      got, (std::vector<P>{P{"encode", {1}}, P{"migrate", {1, 0}}, P{"free", {1}}, P{"denoise", {0}}, P{"denoise", {0}},
+                           P{"migrate", {0, 1}}, P{"free", {0}}, P{"decode", {1}}, P{"free", {1}}}));
+  EXPECT_FALSE(f.cp->status(id).known);
+}
+
+TEST(ControlPlane, AStageForTheWrongRequestIsRefused) {
+  // steps done but the decode asked on three ranks of a 64-row latent is fine; one on a dead rank is not
+  auto policy = std::make_shared<Split>();
+  policy->decode_ranks = {1, 2};
+  Fixture f(3, policy);
+  f.cp->onWorkerDeath(2);
+  f.cp->poll();
+  f.exec.drain(*f.cp);  // the reinit
+  uint64_t id = f.cp->submit(spec(1));
+  f.cp->poll();
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 1u) << ::testing::PrintToString(f.exec.kinds()) << " "
+                                  << requestStateName(f.cp->status(id).state) << " " << f.cp->lastRefusal() << " "
+                                  << f.cp->numTasksInFlight();
+  EXPECT_EQ(f.results[0].state, RequestState::kFailed);  // nothing else in flight: NOTE [refused decisions]
+  EXPECT_NE(f.results[0].reason.find("rank 2"), std::string::npos) << f.results[0].reason;
+  // a decode for a request with steps left, an encode for one that has started
+  class Wrong : public Policy {
+   public:
+    std::string name() const override { return "wrong"; }
+    std::vector<Decision> schedule(const SchedulerView& v) override {
+      Decision d;
+      d.request_id = v.ready[0]->id;
+      d.ranks = {0};
+      d.stage = v.ready[0]->state == RequestState::kQueued ? cost::Stage::kDecode : cost::Stage::kEncode;
+      return {d};
+    }
+  };
+  Fixture g(1, std::make_shared<Wrong>());
+  g.cp->submit(spec(1));
+  g.cp->poll();
+  ASSERT_EQ(g.results.size(), 1u);
+  EXPECT_NE(g.results[0].reason.find("a decode for request"), std::string::npos) << g.results[0].reason;
+  EXPECT_EQ(g.cp->stats().refused_decisions, 1u);
+}
+
+TEST(ControlPlane, SplitStagesKeepEncodesAndDecodesOnTheAuxiliaryRank) {
+  Fixture f(3, "fcfs:stages=split");
+  for (int i = 0; i < 4; ++i) f.cp->submit(spec(3, 64, 64, 10 + i));
+  f.cp->poll();
+  f.exec.drain(*f.cp);
+  ASSERT_EQ(f.results.size(), 4u);
+  for (const auto& r : f.results) {
+    EXPECT_EQ(r.state, RequestState::kDone) << r.reason;
+    for (const auto& s : r.stages) {
+      if (s.kind == TaskKind::kEncode || s.kind == TaskKind::kDecode) {
+        EXPECT_EQ(s.ranks, (std::vector<int>{2}));
+      }
+      if (s.kind == TaskKind::kDenoise) {
+        for (int w : s.ranks) EXPECT_NE(w, 2);
+      }
+    }
+  }
+  EXPECT_EQ(makePolicy("fcfs:stages=split=2")->name(), "fcfs:stages=split=2");
+  EXPECT_EQ(makePolicy("srtf:decode=1:batch=2")->name(), "srtf:batch=2:decode=1");
+  EXPECT_THROW(makePolicy("fcfs:stages=split=0"), Error);
+  EXPECT_TRUE(makePolicy("edf:stages=split")->placesDecodes());
+  EXPECT_FALSE(makePolicy("edf")->placesDecodes());
 }

@@ -688,3 +688,52 @@ TEST(Policies, StaticBatchesRequestsThatFindNoFreeGroup) {
   b = batchesOf(makePolicy("static:1:batch=1")->schedule(v.view.build()));
   EXPECT_EQ(b, (std::map<uint64_t, std::vector<uint64_t>>{{1, {}}, {2, {}}}));
 }
+
+TEST(Policies, StaticQueuesInItsOrder) {
+  // static:1 on one rank, three new requests: fcfs takes the first to arrive, srtf the shortest, edf the earliest
+  // deadline (one without a deadline goes after those with one)
+  View v(1, {0});
+  RequestRecord a = scalingRecord(1, 0.1, 30, kMaxRanks, 0.0);  // first, longest, no deadline
+  RequestRecord b = scalingRecord(2, 0.1, 5, kMaxRanks, 1.0);   // shortest, late deadline
+  RequestRecord c = scalingRecord(3, 0.1, 10, kMaxRanks, 2.0);  // earliest deadline
+  b.deadline_ns = 100 * kSec;
+  c.deadline_ns = 50 * kSec;
+  for (RequestRecord* r : {&a, &b, &c}) {
+    r->state = RequestState::kQueued;
+    r->step = 0;
+    r->num_steps = r->shape.num_steps = 50 - (r == &a ? 20 : r == &b ? 45 : 40);
+    v.add(*r);
+  }
+  const SchedulerView& view = v.build();
+  auto first = [&](const char* name) {
+    auto ds = makePolicy(name)->schedule(view);
+    return ds.empty() ? uint64_t{0} : ds[0].request_id;
+  };
+  EXPECT_EQ(first("static:1"), 1u);
+  EXPECT_EQ(first("static:1:fcfs"), 1u);
+  EXPECT_EQ(first("static:1:srtf"), 2u);
+  EXPECT_EQ(first("static:1:edf"), 3u);
+  EXPECT_EQ(makePolicy("static:2:srtf:batch=2")->name(), "static:2:srtf:batch=2");
+  EXPECT_THROW(makePolicy("static:2:lifo"), Error);
+}
+
+TEST(Policies, RequestsSubmittedTogetherRunAsOneBatchWhateverTheLoad) {
+  // NOTE [planning], 3a: four ranks free, three requests of one group and one of another: the group's run as one
+  // batch on one rank, the other alone; without a group every request gets ranks of its own
+  for (const char* name : {"fcfs", "srtf", "edf", "priority", "static:1"}) {
+    BatchView v(4, 4);
+    for (int i = 0; i < 3; ++i) v.view.recs[i].group = 1;
+    auto b = batchesOf(makePolicy(name)->schedule(v.view.build()));
+    EXPECT_EQ(b.at(1), (std::vector<uint64_t>{2, 3})) << name;
+    EXPECT_TRUE(b.at(4).empty()) << name;
+    EXPECT_EQ(b.size(), 2u) << name;
+    BatchView alone(4, 4);
+    for (const auto& [id, batch] : batchesOf(makePolicy(name)->schedule(alone.view.build()))) {
+      EXPECT_TRUE(batch.empty()) << name << " " << id;
+    }
+  }
+  // a group whose batch does not pay (a step that grows as fast as its requests) runs as separate requests
+  BatchView bound(4, 3, 4, 1.0);
+  for (auto& r : bound.view.recs) r.group = 1;
+  EXPECT_EQ(makePolicy("fcfs")->schedule(bound.view.build()).size(), 3u);
+}

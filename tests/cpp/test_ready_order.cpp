@@ -31,6 +31,7 @@ class FullList : public Policy {
   explicit FullList(std::unique_ptr<Policy> p) : p_(std::move(p)) {}
   std::string name() const override { return p_->name(); }
   LayoutFamily layouts() const override { return p_->layouts(); }
+  bool placesDecodes() const override { return p_->placesDecodes(); }
   std::vector<Decision> schedule(const SchedulerView& view) override {
     EXPECT_EQ(view.order, nullptr);
     return p_->schedule(view);
@@ -41,8 +42,9 @@ class FullList : public Policy {
 };
 
 // Every built-in policy, the layout restrictions of the dynamic ones included.
-const char* kPolicies[] = {"fcfs",     "srtf",     "edf",      "priority",          "static:1",
-                           "static:2", "static:4", "static:8", "srtf:layout=torus", "edf:layout=usp"};
+const char* kPolicies[] = {"fcfs",         "srtf",          "edf",          "priority",          "static:1",
+                           "static:2",     "static:4",      "static:8",     "srtf:layout=torus", "edf:layout=usp",
+                           "fcfs:batch=1", "static:2:srtf", "static:2:edf", "fcfs:stages=split", "static:4:batch=2"};
 
 // A trace well past capacity: Qwen-Image images of mixed sizes and steps, nearly a third arriving at the same
 // instant as the one before, deadlines for most (some too tight to meet from the start, some only once they waited),

@@ -179,10 +179,11 @@ TEST(Simulator, AParallelDecodeHoldsItsMembersForItsDegreesTime) {
   ASSERT_EQ(res.requests.size(), 1u);
   const SimOutcome& o = res.requests[0];
   EXPECT_EQ(o.state, RequestState::kDone);
-  // encode on both (each alone, 10 ms), 4 steps of 0.5 ms on two ranks, then the decode on both
-  double expect = 0.5 + 0.0001 + 0.010 + 4 * 0.0005 + 0.0002 + (0.0001 + 0.010 + 0.0002);
+  // the encode once on rank 0 (10 ms), its copy to both (1 ms), 4 steps of 0.5 ms on two ranks, then the decode on
+  // both
+  double expect = 0.5 + 0.0001 + 0.010 + 0.001 + 4 * 0.0005 + 0.0002 + (0.0001 + 0.010 + 0.0002);
   EXPECT_NEAR(o.finish_s, expect, 1e-6);
-  EXPECT_NEAR(res.busy_rank_s, 2 * (0.010 + 4 * 0.0005 + 0.010), 1e-6);
+  EXPECT_NEAR(res.busy_rank_s, 0.010 + 2 * (0.001 + 4 * 0.0005 + 0.010), 1e-6);
 }
 
 TEST(Simulator, ABatchRunsItsStepsTogetherAndDecodesInTurn) {

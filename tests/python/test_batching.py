@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from gfdit import Decision, Engine, Layout, Policy, Request
+from gfdit._C import InvalidUsage as gfdit_InvalidUsage
 from gfdit.planning import cost
 from gfdit.serving.request import RequestFailed
 
@@ -97,3 +98,24 @@ def test_a_batch_of_two_shapes_is_refused_naming_the_reason():
             handles[0].result(timeout=300)
         assert handles[1].result(timeout=300).state == "DONE"
         assert eng.stats()["refused_decisions"] >= 1
+
+
+def test_requests_submitted_together_run_as_one_batch_on_a_free_cluster():
+    # NOTE [planning], 3a: two ranks free, three requests submitted as one job run as one batch of three; a bad
+    # field in any of them refuses the whole job with nothing queued
+    cm = cost.cost_model("tiny-qwen-image", "cpu")
+    reqs = _requests(3, height=64, width=64)
+    with Engine(model="tiny-qwen-image", world_size=2, policy="fcfs", cost_model=cm) as eng:
+        with pytest.raises(gfdit_InvalidUsage) as bad:
+            eng.submit_batch([reqs[0], Request(prompt="x", height=65, width=64)])
+        assert bad.value.param == "height"
+        assert eng.stats()["submitted"] == 0
+        together = [h.result(timeout=300) for h in eng.submit_batch(reqs)]
+    with Engine(model="tiny-qwen-image", world_size=1, policy="fcfs:batch=1", cost_model=cm) as eng:
+        alone = _run(eng, reqs)
+    for t in together:
+        assert [s.batch for s in t.timeline if s.kind == "denoise"] == [3] * len(
+            [s for s in t.timeline if s.kind == "denoise"]
+        )
+    for t, a in zip(together, alone, strict=True):
+        assert (t.output - a.output).abs().max().item() <= ATOL

@@ -71,6 +71,7 @@ class Decision:
         num_steps: typing.SupportsInt | typing.SupportsIndex = 1,
         decode_degree: typing.SupportsInt | typing.SupportsIndex = 0,
         batch: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = [],
+        stage: gfdit._C.cost.Stage = gfdit._C.cost.Stage.DENOISE,
     ) -> None: ...
     @property
     def batch(self) -> list[int]:
@@ -98,6 +99,13 @@ class Decision:
     def request_id(self) -> int: ...
     @request_id.setter
     def request_id(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def stage(self) -> gfdit._C.cost.Stage:
+        """
+        What it runs: Stage.DENOISE (its steps, after its encode when it has not started), Stage.ENCODE (the encode alone) or Stage.DECODE (the decode, for a policy that places decodes); NOTE [stages]
+        """
+    @stage.setter
+    def stage(self, arg0: gfdit._C.cost.Stage) -> None: ...
 
 class EngineLoop:
     def __init__(
@@ -137,6 +145,12 @@ class EngineLoop:
     def submit(self, request: GenerationRequest) -> int:
         """
         Checks the request (its unset fields take the model's defaults, in place) and queues it; its id.
+        """
+    def submit_group(
+        self, requests: collections.abc.Sequence[GenerationRequest]
+    ) -> tuple[list[int], list[GenerationRequest]]:
+        """
+        Checks every request (none is queued if one fails), then queues them as one group (the n images of one job; the policies batch them where that pays); (their ids, the requests with defaults filled in).
         """
     def wait_updates(
         self, timeout_s: typing.SupportsFloat | typing.SupportsIndex
@@ -450,6 +464,10 @@ class Policy:
     def __init__(self) -> None: ...
     def layouts(self) -> LayoutFamily: ...
     def name(self) -> str: ...
+    def places_decodes(self) -> bool:
+        """
+        Whether it places decodes itself (Decision.stage = Stage.DECODE): a request whose steps are done then waits for its decision instead of decoding on its holders at once.
+        """
     def schedule(self, arg0: SchedulerView) -> list[Decision]: ...
 
 class ProbeSample:
@@ -596,6 +614,11 @@ class RequestRecord:
     def deadline_ns(self) -> int: ...
     @property
     def decision_end_ns(self) -> int: ...
+    @property
+    def group(self) -> int:
+        """
+        submitted together with the other requests of this group (Engine.submit_batch); 0: none
+        """
     @property
     def guidance_scale(self) -> float: ...
     @property

@@ -210,6 +210,27 @@ class Engine:
             handle = self._handles[rid] = RequestHandle(self, rid, message.num_inference_steps)
         return handle
 
+    def submit_batch(self, requests: list[Request]) -> list[RequestHandle]:
+        """Checks and queues requests as one job (the n images of one HTTP request): every request is checked
+        first and a bad field of any raises gfdit.InvalidUsage with nothing queued; then all are queued at once, as
+        one group the built-in policies run as one batch where batching pays (NOTE [planning] 3a in
+        src/runtime/planning_policy.cpp: the same shape and guidance, room in memory, and a cheaper step per
+        request; with a cost model). Returns their handles, in order."""
+        if self._closed:
+            raise InvalidUsage("gfdit.Engine: submit after shutdown")
+        if not isinstance(requests, (list, tuple)) or not all(isinstance(r, Request) for r in requests):
+            raise InvalidUsage("gfdit.Engine.submit_batch takes a list of gfdit.Request")
+        messages = [r.message() for r in requests]
+        with self._lock:
+            ids, checked = self._loop.submit_group(messages)
+            handles = [
+                RequestHandle(self, rid, m.num_inference_steps or 0)
+                for rid, m in zip(ids, checked, strict=True)
+            ]
+            for h in handles:
+                self._handles[h.request_id] = h
+        return handles
+
     def check(self, request: Request) -> None:
         """What submit checks, alone (nothing is queued): raises gfdit.InvalidUsage naming a bad field."""
         if not isinstance(request, Request):

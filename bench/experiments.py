@@ -692,9 +692,10 @@ def batching_section(lab: Lab, ctx: dict[str, Any]) -> Section:
         )
     md.append(
         "Throughput at SLO (req/s; the highest rate at which >= 90% meet their deadline), each side the best of its "
-        "policies (static:1/2/4/8 and fcfs/srtf/edf/priority), with batching off (`:batch=1`) and on (the "
-        "default: requests of one shape that would otherwise wait join a batch while each request's share of a "
-        "step falls by 10% or more, within the memory; the static policies batch by the same rule on their fixed "
+        "policies (static:1/2/4/8 in fcfs, srtf and edf order, and fcfs/srtf/edf/priority), with batching off "
+        "(`:batch=1`) and on (the default: requests of one shape that would otherwise wait join a batch while each "
+        "request's share of a step stays 5% or more below a step alone, within the memory; the static policies "
+        "batch by the same rule on their fixed "
         "groups, as batching serving systems do at a fixed degree). The batched side is the main section's run.\n\n"
         + table(
             [

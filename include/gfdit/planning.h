@@ -2,6 +2,8 @@
 // layout the cost model prices (bestLayout), and a request's predictions for every degree (predictCosts).
 #pragma once
 
+#include <limits>
+
 #include "gfdit/cost.h"
 #include "gfdit/layout.h"
 #include "gfdit/policy.h"
@@ -35,12 +37,21 @@ struct BatchPlan {
   int members = 1;
   int max_members = 0;  ///< max_batch and the cost model's memory limit (0: not computed yet)
   double step_s = 0;    ///< one step of `members` requests (0: not computed yet)
+  double alone_s = 0;   ///< one step of one request (0: not computed yet)
+  /// The longest step every member that meets its deadline alone still meets it with (infinity: none has one).
+  double step_budget_s = std::numeric_limits<double>::infinity();
+
+  /// A batch of `head` alone on `degree` ranks with `layout` (its deadline counted at `now_ns`).
+  void start(const RequestRecord& head, int degree_, const Layout& layout_, int64_t now_ns);
 };
 
-/// Whether one more request joining `b` makes each request's share of a step fall by at least `gain`:
-/// step(d, b + 1) / (b + 1) <= step(d, b) / b x (1 - gain), within `max_batch` and the model's memory limit;
-/// if so `b` takes it in. A batch the model does not price is full.
-bool joinBatch(const cost::CostModel& cost, int32_t max_batch, double gain, BatchPlan& b);
+/// Whether one more request joining `b` keeps each request's share of a step at least `gain` below a step alone
+/// and no dearer than before it joined: step(d, b + 1) / (b + 1) <= min(step(d, 1) x (1 - gain), step(d, b) / b),
+/// within `max_batch` and the model's memory limit, and while every member that meets its deadline alone in the
+/// batch (the joiner included, at `now_ns`) still meets it with the longer step; if so `b` takes it in. A batch
+/// the model does not price is full.
+bool joinBatch(const cost::CostModel& cost, int32_t max_batch, double gain, const RequestRecord& joiner, int64_t now_ns,
+               BatchPlan& b);
 
 /// Whether two requests may run in one batch: the same height, width, frames and guidance.
 bool sameBatchShape(const RequestShape& a, const RequestShape& b);

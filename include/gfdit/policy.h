@@ -139,9 +139,9 @@ struct PolicyOptions {
   /// Most requests one batch steps together (NOTE [planning], 3b); 1: no batching. The cost model's memory
   /// limit (CostModel::maxBatch) caps it further.
   int32_t max_batch = 8;
-  /// A request joins a batch only when that makes each step of the batch at least this much cheaper per request:
-  /// step(d, b + 1) / (b + 1) <= step(d, b) / b x (1 - batch_gain).
-  double batch_gain = 0.1;
+  /// A request joins a batch only while each request's share of its step stays at least this much below a step
+  /// alone, and no dearer than before: step(d, b + 1) / (b + 1) <= min(step(d, 1) x (1 - batch_gain), step(d, b) / b).
+  double batch_gain = 0.05;
   /// Ranks the VAE decode splits over (Decision::decode_degree); 0: the cost model's fastest.
   int32_t decode_degree = 0;
   /// Disaggregated stages (NOTE [planning], 6): the last `aux_ranks` ranks run every encode and decode (one rank

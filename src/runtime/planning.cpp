@@ -170,7 +170,33 @@ bool sameBatchShape(const RequestShape& a, const RequestShape& b) {
   return a.height == b.height && a.width == b.width && a.num_frames == b.num_frames && a.guidance() == b.guidance();
 }
 
-bool joinBatch(const cost::CostModel& cost, int32_t max_batch, double gain, BatchPlan& b) {
+namespace {
+
+// The longest step with which `r` still meets its deadline (its steps left, then its decode, after its encode
+// when it has not started), or infinity: no deadline, no prediction, or one it misses already with `step_s`.
+double stepBudget(const RequestRecord& r, double step_s, int64_t now_ns) {
+  if (r.deadline_ns <= 0 || !r.cost.known || r.stepsLeft() <= 0) return std::numeric_limits<double>::infinity();
+  double left = (r.deadline_ns - now_ns) * 1e-9 - r.cost.decode_s;
+  if (r.state == RequestState::kQueued) left -= r.cost.encode_s;
+  const double budget = left / r.stepsLeft();
+  return budget >= step_s ? budget : std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
+
+void BatchPlan::start(const RequestRecord& head, int degree_, const Layout& layout_, int64_t now_ns) {
+  shape = head.shape;
+  degree = degree_;
+  layout = layout_;
+  members = 1;
+  max_members = 0;
+  step_s = alone_s = 0;
+  const double alone = head.cost.known ? head.cost.stepSeconds(degree_) : 0;
+  step_budget_s = stepBudget(head, alone, now_ns);
+}
+
+bool joinBatch(const cost::CostModel& cost, int32_t max_batch, double gain, const RequestRecord& joiner, int64_t now_ns,
+               BatchPlan& b) {
   cost::StageQuery q;
   q.shape = b.shape;
   q.degree = b.degree;
@@ -178,13 +204,18 @@ bool joinBatch(const cost::CostModel& cost, int32_t max_batch, double gain, Batc
   try {
     if (b.max_members == 0) b.max_members = std::max(1, std::min({max_batch, kMaxBatch, cost.maxBatch(q)}));
     if (b.step_s <= 0) b.step_s = cost.seconds(cost::Stage::kDenoise, q);
+    if (b.alone_s <= 0) b.alone_s = b.step_s / b.members;
     if (b.members >= b.max_members) return false;
     q.batch = b.members + 1;
     const double step = cost.seconds(cost::Stage::kDenoise, q);
-    if (!(step / q.batch <= b.step_s / b.members * (1 - gain))) {
+    // cheaper per request than alone by `gain`, and no dearer than the batch without it
+    if (!(step / q.batch <= b.alone_s * (1 - gain) && step / q.batch <= b.step_s / b.members)) {
       b.max_members = b.members;  // a larger batch pays less still
       return false;
     }
+    const double budget = std::min(b.step_budget_s, stepBudget(joiner, b.step_s, now_ns));
+    if (step > budget) return false;  // a member would miss its deadline; another joiner may not
+    b.step_budget_s = budget;
     b.members = q.batch;
     b.step_s = step;
     return true;

@@ -28,9 +28,10 @@
 //     degrees have taken every rank, each ready candidate left without ranks joins, in order, the smallest batch
 //     of its shape and guidance among the waiting candidates that got ranks (the earliest among equals), while the
 //     batch has room (max_batch, the cost model's memory limit, CostModel::maxBatch) and each request's share of a step
-//     falls by at least batch_gain: step(d, b + 1) / (b + 1) <= step(d, b) / b x (1 - batch_gain). So requests batch
-//     only when they would otherwise wait, small images (whose step hardly grows with the batch) batch on one rank
-//     while a long video keeps its ranks, and a request whose step is already compute-bound stays alone. A running
+//     stays batch_gain (5%) below a step alone and no dearer than before, and no member that would meet its deadline
+//     misses it for the longer step (joinBatch in gfdit/planning.h). So requests
+//     batch only when they would otherwise wait, small images (whose step hardly grows with the batch) batch on one
+//     rank while a long video keeps its ranks, and a request whose step is already compute-bound stays alone. A running
 //     batch takes no new members: they join at its boundary, where its members are candidates again (NOTE [batches] in
 //     src/runtime/control.cpp). The head of the head (max_batch x capacity candidates) is sorted for it.
 //  4. Spare ranks: a group of d ranks may grow to any d' ranks (not only powers of two: a lone request on 6
@@ -446,6 +447,7 @@ class PlanningPolicy : public Policy {
   std::vector<Decision> plan(const SchedulerView& view) {
     const int world = view.world_size;
     world_ = world;
+    now_ns_ = view.now_ns;
     const double now_s = view.now_ns * 1e-9;
     PlanningOrder* order = view.order != nullptr ? dynamic_cast<PlanningOrder*>(view.order) : nullptr;
     GFDIT_CHECK(view.order == nullptr || (order != nullptr && order->madeFor(o_)))
@@ -622,7 +624,7 @@ class PlanningPolicy : public Policy {
   // Step 3b (NOTE [planning]): every ready candidate of the first `head` that got no rank joins, in order, the
   // smallest batch of its shape among the first `top` that got ranks and wait for a decision (not one running: its
   // members join at its boundary), while the batch has room (max_batch, the cost model's memory limit) and each
-  // request's share of the step falls by batch_gain: step(d, b + 1) / (b + 1) <= step(d, b) / b x (1 - gain).
+  // request's share of the step stays batch_gain below a step alone (joinBatch).
   void formBatches(size_t head, size_t top, const cost::CostModel& cost) {
     if (batches_.size() < top) batches_.resize(top);
     for (size_t j = 0; j < head; ++j) {
@@ -641,11 +643,13 @@ class PlanningPolicy : public Policy {
         Candidate& u = cands_[best];
         BatchPlan& b = batches_[best];
         if (b.max_members == 0 && b.members == 1) {
-          b.shape = u.rec->shape;
-          b.degree = u.plan;
-          b.layout = u.rec->cost.known ? u.rec->cost.layoutFor(u.plan) : plainLayout(u.plan, u.rec->num_heads);
+          b.start(*u.rec, u.plan,
+                  u.rec->cost.known ? u.rec->cost.layoutFor(u.plan) : plainLayout(u.plan, u.rec->num_heads), now_ns_);
         }
-        if (!joinBatch(cost, o_.max_batch, o_.batch_gain, b)) continue;  // that one is full now: the next
+        if (!joinBatch(cost, o_.max_batch, o_.batch_gain, *c.rec, now_ns_, b)) {
+          if (b.members < b.max_members) break;  // refused for its deadline: it waits
+          continue;                              // that one is full now: the next
+        }
         u.members = b.members;
         c.unit = best;
         break;
@@ -669,11 +673,11 @@ class PlanningPolicy : public Policy {
         }
         BatchPlan& b = batches_[i];
         if (b.max_members == 0) {
-          b.shape = u.rec->shape;
-          b.degree = fitDegree(*u.rec, std::min(u.base, limit(*u.rec, world_)));
-          b.layout = u.rec->cost.known ? u.rec->cost.layoutFor(b.degree) : plainLayout(b.degree, u.rec->num_heads);
+          const int degree = fitDegree(*u.rec, std::min(u.base, limit(*u.rec, world_)));
+          b.start(*u.rec, degree,
+                  u.rec->cost.known ? u.rec->cost.layoutFor(degree) : plainLayout(degree, u.rec->num_heads), now_ns_);
         }
-        if (joinBatch(cost, o_.max_batch, o_.batch_gain, b)) {
+        if (joinBatch(cost, o_.max_batch, o_.batch_gain, *c.rec, now_ns_, b)) {
           u.members = b.members;
           c.unit = static_cast<int>(i);
           any = true;
@@ -892,6 +896,7 @@ class PlanningPolicy : public Policy {
 
   PolicyOptions o_;
   int world_ = 1;
+  int64_t now_ns_ = 0;
   size_t head_ = 0;  // candidates of this round that are sorted
   std::vector<Candidate> cands_;
   std::vector<BatchPlan> batches_;  // step 3b, by candidate

@@ -150,7 +150,7 @@ class StaticPolicy : public Policy {
           if (best < 0 || out[i].batch.size() < out[best].batch.size()) best = static_cast<int>(i);
         }
         if (best < 0) return false;
-        if (!joinBatch(*view.cost, max_batch_, PolicyOptions().batch_gain, batches_[best])) {
+        if (!joinBatch(*view.cost, max_batch_, PolicyOptions().batch_gain, *req, view.now_ns, batches_[best])) {
           full[best] = true;
           continue;
         }
@@ -164,7 +164,9 @@ class StaticPolicy : public Policy {
       if (!batching || req->group == 0) return false;
       for (size_t i = 0; i < out.size(); ++i) {
         if (groups_[i] != req->group || !sameBatchShape(batches_[i].shape, req->shape)) continue;
-        if (!joinBatch(*view.cost, max_batch_, PolicyOptions().batch_gain, batches_[i])) return false;
+        if (!joinBatch(*view.cost, max_batch_, PolicyOptions().batch_gain, *req, view.now_ns, batches_[i])) {
+          return false;
+        }
         out[i].batch.push_back(req->id);
         out[i].num_steps = std::min(out[i].num_steps, std::max(1, req->num_steps - req->step));
         return true;
@@ -203,9 +205,7 @@ class StaticPolicy : public Policy {
       d.layout = req->cost.known ? req->cost.layoutFor(degree_) : plainLayout(degree_, req->num_heads);
       d.num_steps = std::max(1, req->num_steps - req->step);  // the whole rest: the degree never changes
       BatchPlan b;
-      b.shape = req->shape;
-      b.degree = degree_;
-      b.layout = d.layout;
+      b.start(*req, degree_, d.layout, view.now_ns);
       out.push_back(std::move(d));
       batches_.push_back(b);
       groups_.push_back(req->group);

@@ -737,3 +737,17 @@ TEST(Policies, RequestsSubmittedTogetherRunAsOneBatchWhateverTheLoad) {
   for (auto& r : bound.view.recs) r.group = 1;
   EXPECT_EQ(makePolicy("fcfs")->schedule(bound.view.build()).size(), 3u);
 }
+
+TEST(Policies, ARequestJoinsNoBatchThatWouldMakeAMemberMissItsDeadline) {
+  // one rank, three waiting with 10 steps left; the cost model's step takes 64 ms alone, 76.8 ms for two, 89.6 ms
+  // for three. The head's deadline allows 700 ms of steps: a batch of two (768 ms) would make it miss, so nobody
+  // joins; with 800 ms one joins and the third would push it to 896 ms
+  for (double allowed_ms : {700.0, 800.0}) {
+    BatchView v(1, 3);
+    v.view.recs[0].deadline_ns = static_cast<int64_t>(allowed_ms * 1e6);
+    v.view.recs[0].cost.decode_s = 0;
+    v.view.recs[0].cost.step_s[1] = 0.064;
+    auto b = batchesOf(makePolicy("fcfs")->schedule(v.view.build()));
+    EXPECT_EQ(b.at(1).size(), allowed_ms < 768 ? 0u : 1u) << allowed_ms;
+  }
+}

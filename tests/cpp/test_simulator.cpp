@@ -204,3 +204,25 @@ TEST(Simulator, ABatchRunsItsStepsTogetherAndDecodesInTurn) {
   EXPECT_NEAR(one.busy_rank_s, 2 * 0.010 + 8 * 0.001 + 2 * 0.020, 1e-6);
   EXPECT_EQ(one.stats.batched_steps, 0u);
 }
+
+TEST(Simulator, SplitStagesHandTheStateToTheAuxiliaryRankAndBack) {
+  // fcfs:stages=split on two ranks (NOTE [stages] in control.cpp): the encode on rank 1 (10 ms), the state to rank
+  // 0 (1 ms), four steps there (1 ms each), the latent back to rank 1 (1 ms) and its decode there (20 ms)
+  auto cost = std::make_shared<FixedCost>(0.010, 0.016, 0.020, 0.001);
+  SimOptions opt;
+  opt.record_intervals = true;
+  Simulator sim(cost, gpus(2), makePolicy("fcfs:stages=split"), opt);
+  SimResult res = sim.run({image(1, 0.0, 4)});
+  ASSERT_EQ(res.requests.size(), 1u);
+  EXPECT_EQ(res.requests[0].state, RequestState::kDone);
+  EXPECT_NEAR(res.requests[0].finish_s, 0.010 + 0.001 + 4 * 0.001 + 0.001 + 0.020, 1e-6);
+  for (const SimInterval& iv : res.intervals) {
+    if (iv.kind == TaskKind::kEncode || iv.kind == TaskKind::kDecode) EXPECT_EQ(iv.rank, 1);
+    if (iv.kind == TaskKind::kDenoise) EXPECT_EQ(iv.rank, 0);
+  }
+  // the same request with every stage on its group: the encode on rank 0, its copy, the steps on both ranks, the
+  // decode on one (this cost model's decode takes 20 ms on any number: the smallest degree)
+  Simulator both(cost, gpus(2), makePolicy("fcfs"), SimOptions());
+  SimResult spread = both.run({image(1, 0.0, 4)});
+  EXPECT_NEAR(spread.requests[0].finish_s, 0.010 + 0.001 + 4 * 0.0005 + 0.020, 1e-6);
+}

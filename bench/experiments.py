@@ -1428,8 +1428,10 @@ build: {built}.
 - **Throughput at SLO**: the highest arrival rate at which >= {SLO_TARGET:.0%} of the requests meet their
   deadline: the last grid load before the first that fails, refined by {BISECT_STEPS} bisection steps
   toward it.
-- **Best static / best dynamic**: at each load, the best of static:1/2/4/8 and the best of the dynamic
-  policies ({", ".join(DYNAMIC)}, those built in) on each metric separately.
+- **Best static / best dynamic**: at each load, the best of static:1/2/4/8, each in fcfs, srtf and edf order
+  (`static:D:srtf`, `static:D:edf`), and the best of the dynamic policies ({", ".join(DYNAMIC)}, those built in)
+  on each metric separately. Both sides batch requests of one shape by the same rule (section (e)); the text
+  encoder runs once per request on one rank, its state copied to the group.
 """
 
 

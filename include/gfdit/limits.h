@@ -22,6 +22,7 @@ struct RequestLimits {
   int64_t max_pixels = 2048 * 2048;
   int32_t max_frames = 1;
   int64_t max_tokens = 1 << 20;  ///< image/video tokens the transformer sees
+  bool two_experts = false;      ///< a second expert's guidance (guidance_scale_2) applies
   /// Limits of a known model (its registry entry).
   static RequestLimits of(const cost::ModelArch& arch);
   /// Limits of a loaded model: its registry entry's serving limits, with the strides the model itself

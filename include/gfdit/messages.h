@@ -145,6 +145,7 @@ struct ModelInfo {
   int32_t patch_s = 2;
   int32_t vae_stride_s = 8;  ///< height and width are multiples of vae_stride_s * patch_s
   int32_t vae_stride_t = 1;  ///< video: num_frames = vae_stride_t * k + 1
+  bool two_experts = false;  ///< some steps run a second expert (Wan 2.2 A14B): takes guidance_scale_2
   ModelDefaults defaults;
 
   std::string encode() const;

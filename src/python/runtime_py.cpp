@@ -170,6 +170,7 @@ void register_runtime(py::module_& m) {
       .def_readwrite("patch_s", &ModelInfo::patch_s)
       .def_readwrite("vae_stride_s", &ModelInfo::vae_stride_s)
       .def_readwrite("vae_stride_t", &ModelInfo::vae_stride_t)
+      .def_readwrite("two_experts", &ModelInfo::two_experts)
       .def_readwrite("defaults", &ModelInfo::defaults)
       .def("__repr__", [](const ModelInfo& m) {
         return "ModelInfo(name='" + m.name + "', heads=" + std::to_string(m.heads) +

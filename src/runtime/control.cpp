@@ -1078,11 +1078,11 @@ void ControlPlane::applyTo(Task& t, Request& r, int32_t step_begin, bool& go_on)
     return;
   }
   if (t.error != TaskError::kOk) {
-    // During a recovery a failing collective task may only be the abort's echo; an encode or decode runs no
-    // collective, so its model error or bad request is its own whatever else is going on (a denoise task
-    // queued behind a failed encode reports a lost state at once, and may start a recovery first).
-    bool own = (t.kind == TaskKind::kEncode || (t.kind == TaskKind::kDecode && t.ranks.size() == 1)) &&
-               !needsRecovery(t.error);
+    // A bad request or a model error is the request's own, deterministic: it fails with that first cause, never
+    // retried, whatever else is going on (a recovery its peers' blocked collectives started, a lost state
+    // reported by a task queued behind it). Only a lost worker, a broken collective, a timeout or a lost state
+    // (the abort's echo among them) is recovered from.
+    bool own = t.error == TaskError::kInvalidRequest || t.error == TaskError::kModelError;
     if (!own && (needsRecovery(t.error) || recovering_)) {
       r.hit = true;
       r.last_error = t.message;

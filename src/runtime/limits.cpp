@@ -24,6 +24,7 @@ RequestLimits RequestLimits::of(const cost::ModelArch& arch) {
   if (arch.max_pixels > 0) l.max_pixels = arch.max_pixels;
   l.max_frames = arch.is_video ? std::max(1, arch.max_frames) : 1;
   if (arch.max_tokens > 0) l.max_tokens = arch.max_tokens;
+  l.two_experts = arch.num_experts > 1;
   return l;
 }
 
@@ -34,6 +35,7 @@ RequestLimits RequestLimits::of(const cost::ModelArch& arch, const ModelInfo& in
   l.temporal_stride = info.vae_stride_t;
   l.patch_t = info.patch_t;
   l.is_video = info.is_video;
+  l.two_experts = info.two_experts;
   if (!l.is_video) l.max_frames = 1;
   return l;
 }
@@ -94,6 +96,9 @@ RequestShape checkRequest(GenerationRequest& q, const RequestLimits& limits, con
     double g2 = *q.guidance_scale_2;
     GFDIT_CHECK(std::isfinite(g2) && g2 >= 0 && g2 <= kMaxGuidance).param("guidance_scale_2")
         << "guidance_scale_2 " << g2 << " must be a finite number in [0, " << kMaxGuidance << "]";
+    GFDIT_CHECK(limits.two_experts).param("guidance_scale_2")
+        << "guidance_scale_2 is the guidance of a second expert's steps (Wan 2.2 A14B's transformer_2); this model "
+           "has one expert";
   }
   if (q.deadline_s) {
     GFDIT_CHECK(std::isfinite(*q.deadline_s) && *q.deadline_s > 0).param("deadline_s")

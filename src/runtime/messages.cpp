@@ -38,7 +38,7 @@ namespace {
 // Message tags: a kind (high 16 bits) and a version (low 16 bits); a change of a struct's fields bumps its
 // version, so that a worker and an engine of different builds refuse each other's messages.
 constexpr uint32_t kRequestTag = 0x5251'0001;    // "RQ" v1
-constexpr uint32_t kModelInfoTag = 0x4d49'0001;  // "MI" v1
+constexpr uint32_t kModelInfoTag = 0x4d49'0002;  // "MI" v2: two_experts
 constexpr uint32_t kReinitTag = 0x5249'0001;     // "RI" v1
 constexpr uint32_t kBatchTag = 0x424d'0001;      // "BM" v1
 
@@ -94,6 +94,7 @@ std::string ModelInfo::encode() const {
   wire::Writer w(kModelInfoTag);
   w.putString(name);
   w.put(heads).put<uint8_t>(is_video ? 1 : 0).put(patch_t).put(patch_s).put(vae_stride_s).put(vae_stride_t);
+  w.put<uint8_t>(two_experts ? 1 : 0);
   w.put(defaults.height).put(defaults.width).put(defaults.num_frames).put(defaults.num_steps);
   w.put(defaults.guidance_scale);
   return w.take();
@@ -109,6 +110,7 @@ ModelInfo ModelInfo::decode(const std::string& bytes) {
   m.patch_s = r.get<int32_t>();
   m.vae_stride_s = r.get<int32_t>();
   m.vae_stride_t = r.get<int32_t>();
+  m.two_experts = r.get<uint8_t>() != 0;
   m.defaults.height = r.get<int32_t>();
   m.defaults.width = r.get<int32_t>();
   m.defaults.num_frames = r.get<int32_t>();
@@ -120,9 +122,10 @@ ModelInfo ModelInfo::decode(const std::string& bytes) {
 
 bool ModelInfo::operator==(const ModelInfo& o) const {
   return name == o.name && heads == o.heads && is_video == o.is_video && patch_t == o.patch_t && patch_s == o.patch_s &&
-         vae_stride_s == o.vae_stride_s && vae_stride_t == o.vae_stride_t && defaults.height == o.defaults.height &&
-         defaults.width == o.defaults.width && defaults.num_frames == o.defaults.num_frames &&
-         defaults.num_steps == o.defaults.num_steps && defaults.guidance_scale == o.defaults.guidance_scale;
+         vae_stride_s == o.vae_stride_s && vae_stride_t == o.vae_stride_t && two_experts == o.two_experts &&
+         defaults.height == o.defaults.height && defaults.width == o.defaults.width &&
+         defaults.num_frames == o.defaults.num_frames && defaults.num_steps == o.defaults.num_steps &&
+         defaults.guidance_scale == o.defaults.guidance_scale;
 }
 
 std::string ReinitPlan::encode() const {

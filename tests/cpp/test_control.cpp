@@ -1104,3 +1104,32 @@ TEST(ControlPlane, SplitStagesKeepEncodesAndDecodesOnTheAuxiliaryRank) {
   EXPECT_TRUE(makePolicy("edf:stages=split")->placesDecodes());
   EXPECT_FALSE(makePolicy("edf")->placesDecodes());
 }
+
+TEST(ControlPlane, ADeterministicErrorFailsItsRequestWithItsCauseAndIsNotRetried) {
+  // member 0 of a two-rank step raises (a bad request); member 1, blocked in the step's collective, is released
+  // by the recovery that starts and reports the abort's echo. The request fails with the first cause at once;
+  // the recovery re-creates the world for the others, and the request is not run again.
+  Fixture f(2, "static:2");
+  uint64_t bad = f.cp->submit(spec(3));
+  f.cp->poll();
+  f.exec.completeHead(*f.cp, 0);  // encode
+  f.exec.completeHead(*f.cp, 0);  // its copy
+  f.exec.completeHead(*f.cp, 1);
+  f.exec.completeHead(*f.cp, 0, TaskError::kInvalidRequest);  // step 0 raises on member 0
+  EXPECT_TRUE(f.cp->recovering());                            // member 1 waits in the collective
+  f.exec.completeHead(*f.cp, 1, TaskError::kCommError);
+  f.exec.drain(*f.cp);
+  ASSERT_NE(f.result(bad), nullptr);
+  EXPECT_EQ(f.result(bad)->state, RequestState::kFailed);
+  EXPECT_NE(f.result(bad)->reason.find("injected invalid_request"), std::string::npos) << f.result(bad)->reason;
+  EXPECT_EQ(countKind(f.exec, TaskKind::kEncode), 1);  // not started again
+  // a model error too
+  Fixture g(1, "static:1");
+  uint64_t id = g.cp->submit(spec(2));
+  g.cp->poll();
+  g.exec.completeHead(*g.cp, 0);
+  g.exec.completeHead(*g.cp, 0, TaskError::kModelError);
+  g.exec.drain(*g.cp);
+  EXPECT_EQ(g.result(id)->state, RequestState::kFailed);
+  EXPECT_EQ(countKind(g.exec, TaskKind::kEncode), 1);
+}

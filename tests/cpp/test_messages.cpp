@@ -203,3 +203,23 @@ TEST(Messages, BatchMembersRoundTripAndRefuseGarbage) {
   EXPECT_THROW(BatchMembers::decode(bytes.substr(0, bytes.size() - 1)), Error);
   EXPECT_THROW(BatchMembers::decode(ReinitPlan().encode()), Error);
 }
+
+TEST(RequestCheck, ASecondExpertsGuidanceIsForModelsWithTwo) {
+  // a model with one expert refuses guidance_scale_2 at the check, naming it; one with two takes it
+  ModelInfo m = tinyVideo();
+  GenerationRequest q;
+  q.prompt = "p";
+  q.guidance_scale_2 = 3.0;
+  RequestLimits one = limitsOf(m);
+  Error e = errorOf([&] { checkRequest(q, one, m.defaults); });
+  EXPECT_EQ(e.param(), "guidance_scale_2") << e.what();
+  EXPECT_NE(std::string(e.what()).find("one expert"), std::string::npos) << e.what();
+  m.two_experts = true;
+  RequestLimits two = RequestLimits::of(cost::modelArch("tiny-wan"), m);  // the hello's word decides
+  EXPECT_TRUE(two.two_experts);
+  EXPECT_NO_THROW(checkRequest(q, two, m.defaults));
+  EXPECT_TRUE(RequestLimits::of(cost::modelArch("wan2.2")).two_experts);
+  EXPECT_FALSE(RequestLimits::of(cost::modelArch("qwen-image")).two_experts);
+  // the hello carries it
+  EXPECT_TRUE(ModelInfo::decode(m.encode()).two_experts);
+}

@@ -223,9 +223,10 @@ def test_bad_requests_are_refused_at_submit_naming_the_field():
             eng.submit(Request(prompt="frames not 4k+1", num_frames=8))
         with pytest.raises(gfdit.InvalidUsage, match="num_frames"):
             eng.submit(Request(prompt="over the configured limit", num_frames=13))
-        # a second expert's scale on a model with one expert: the request fails, the engine serves on
-        with pytest.raises(gfdit.RequestFailed, match="two experts"):
-            eng.submit(Request(prompt="one expert", guidance_scale_2=3.0)).result(timeout=120)
+        # a second expert's scale on a model with one expert: refused at submit, naming the field
+        with pytest.raises(gfdit.InvalidUsage, match="one expert") as e:
+            eng.submit(Request(prompt="one expert", guidance_scale_2=3.0))
+        assert e.value.param == "guidance_scale_2"
         assert (
             eng.submit(Request(prompt="still serving", num_inference_steps=2)).result(timeout=120).state
             == "DONE"

@@ -386,6 +386,7 @@ class ModelInfo:
     defaults: ModelDefaults
     is_video: bool
     name: str
+    two_experts: bool
     def __init__(self) -> None: ...
     def __repr__(self) -> str: ...
     @property

@@ -111,6 +111,7 @@ class Worker:
         info.patch_t, info.patch_s = int(pt), int(ps)
         info.vae_stride_s = int(getattr(m, "scale_spatial", 0) or getattr(m, "vae_scale", 8))
         info.vae_stride_t = int(getattr(m, "scale_temporal", 1) or 1) if m.is_video else 1
+        info.two_experts = bool(getattr(m, "two_experts", False))
         info.defaults = rt.ModelDefaults(
             height=d.height,
             width=d.width,

@@ -133,6 +133,7 @@ class ControlPlane {
   void dropCopy(Request& r, int worker);
   void endDecision(Request& r);
   void dispatchDecode(Request& r);
+  void decodeOnGroup(Request& r);
   void finish(Request& r, RequestState state, const std::string& reason = "");
   void maybePrune(Request& r);
   void occupy(const std::vector<int>& ranks);

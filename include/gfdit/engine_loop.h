@@ -119,6 +119,9 @@ class EngineLoop {
   bool closed() const { return closed_; }
 
  private:
+  /// A checked request's spec (its unset fields filled in), not yet queued.
+  RequestSpec specOf(GenerationRequest& request) const;
+
   struct Event {
     enum Kind { kSubmit, kCancel, kProbe, kShutdown } kind;
     uint64_t id = 0;

@@ -460,17 +460,6 @@ void ControlPlane::validate(const Decision& d, const SchedulerView& view, const 
           << "policy " << pname << ": stage " << cost::stageName(d.stage) << " for request " << d.request_id
           << " (a decision runs steps, an encode or a decode)";
   }
-  if (d.stage != cost::Stage::kDenoise) {
-    std::vector<int> mine;
-    for (int w : d.ranks) {
-      GFDIT_CHECK(w >= 0 && w < config_.world_size && free[w] && !taken[w] &&
-                  std::find(mine.begin(), mine.end(), w) == mine.end())
-          << "policy " << pname << " gave request " << d.request_id << " rank " << w
-          << ", which is busy, dead, taken twice or out of range";
-      mine.push_back(w);
-    }
-    return;  // its layout is the plain one of its degree
-  }
   std::vector<int> mine;
   for (int w : d.ranks) {
     GFDIT_CHECK(w >= 0 && w < config_.world_size && free[w] && !taken[w] &&
@@ -479,6 +468,7 @@ void ControlPlane::validate(const Decision& d, const SchedulerView& view, const 
         << ", which is busy, dead, taken twice or out of range";
     mine.push_back(w);
   }
+  if (d.stage != cost::Stage::kDenoise) return;  // an encode or a decode: the plain layout of its degree
   GFDIT_CHECK(d.layout.cfg == 1 || d.layout.cfg == 2)
       << "policy " << pname << ": layout cfg " << d.layout.cfg << " for request " << d.request_id
       << " (1: the guidance passes in turn, 2: CFG-parallel)";
@@ -668,15 +658,8 @@ void ControlPlane::startDecision(const std::vector<Request*>& members, const Dec
     r.riders.clear();
     rec.decision_end_ns = 0;
     track(r);
-    if (d.stage == cost::Stage::kEncode) {
-      place(r);
-    } else {
-      place(r);  // the latent to the decode's ranks from a holder, stale holders freed
-      transition(r, RequestState::kDecoding, rec.step);
-      Layout layout;
-      layout.ulysses = static_cast<int32_t>(r.group.size());
-      dispatch(&r, TaskKind::kDecode, r.group, layout, rec.step, 0);
-    }
+    place(r);  // the encode; or the latent to the decode's ranks from a holder, stale holders freed
+    if (d.stage == cost::Stage::kDecode) decodeOnGroup(r);
     notify(r);
     return;
   }
@@ -918,10 +901,14 @@ void ControlPlane::dispatchDecode(Request& r) {
   occupy(r.group);
   rec.busy = true;
   track(r);
-  transition(r, RequestState::kDecoding, rec.step);
-  Layout layout;
-  layout.ulysses = static_cast<int32_t>(group.size());
-  dispatch(&r, TaskKind::kDecode, r.group, layout, rec.step, 0);
+  decodeOnGroup(r);
+}
+
+void ControlPlane::decodeOnGroup(Request& r) {
+  transition(r, RequestState::kDecoding, r.rec.step);
+  Layout layout;  // plain Ulysses of the decode's degree: only how the degree travels
+  layout.ulysses = static_cast<int32_t>(r.group.size());
+  dispatch(&r, TaskKind::kDecode, r.group, layout, r.rec.step, 0);
 }
 
 // ---- completions ----

@@ -155,17 +155,7 @@ RequestShape EngineLoop::check(GenerationRequest& q) const {
 std::vector<uint64_t> EngineLoop::submitGroup(std::vector<GenerationRequest>& qs) {
   GFDIT_CHECK(!closed_) << "the engine is shut down";
   std::vector<RequestSpec> specs;
-  for (GenerationRequest& q : qs) {
-    RequestSpec spec;
-    spec.shape = check(q);
-    spec.arrival_ns = nowNs();
-    if (q.deadline_s) spec.deadline_ns = spec.arrival_ns + static_cast<int64_t>(*q.deadline_s * kSecond);
-    spec.priority = q.priority;
-    spec.max_degree = options_.num_workers;
-    spec.num_heads = info_.heads;
-    spec.payload = q.encode();
-    specs.push_back(std::move(spec));
-  }
+  for (GenerationRequest& q : qs) specs.push_back(specOf(q));  // every one checked before any is queued
   std::vector<uint64_t> ids;
   {
     std::lock_guard<std::mutex> lock(inbox_mu_);  // one swap of the inbox takes them all (NOTE [control thread])
@@ -181,7 +171,7 @@ std::vector<uint64_t> EngineLoop::submitGroup(std::vector<GenerationRequest>& qs
   return ids;
 }
 
-uint64_t EngineLoop::submit(GenerationRequest& q) {
+RequestSpec EngineLoop::specOf(GenerationRequest& q) const {
   RequestSpec spec;
   spec.shape = check(q);
   spec.arrival_ns = nowNs();
@@ -190,8 +180,10 @@ uint64_t EngineLoop::submit(GenerationRequest& q) {
   spec.max_degree = options_.num_workers;  // Ulysses splits the heads, unevenly past their divisors
   spec.num_heads = info_.heads;
   spec.payload = q.encode();
-  return submit(std::move(spec));
+  return spec;
 }
+
+uint64_t EngineLoop::submit(GenerationRequest& q) { return submit(specOf(q)); }
 
 void EngineLoop::start() {
   GFDIT_CHECK(!started_) << "the engine loop is already started";

@@ -139,6 +139,13 @@ class StaticPolicy : public Policy {
     groups_.clear();
     const bool batching = max_batch_ > 1 && view.cost != nullptr;
     // a request of one shape joins a batch decided this round: on its own group, or (a new one) on any
+    // decision i takes req into its batch, when joinBatch lets it
+    auto take = [&](size_t i, const RequestRecord* req) {
+      if (!joinBatch(*view.cost, max_batch_, PolicyOptions().batch_gain, *req, view.now_ns, batches_[i])) return false;
+      out[i].batch.push_back(req->id);
+      out[i].num_steps = std::min(out[i].num_steps, std::max(1, req->num_steps - req->step));
+      return true;
+    };
     auto join = [&](const RequestRecord* req, int group) {
       if (!batching) return false;
       std::vector<bool> full(out.size(), false);
@@ -150,26 +157,15 @@ class StaticPolicy : public Policy {
           if (best < 0 || out[i].batch.size() < out[best].batch.size()) best = static_cast<int>(i);
         }
         if (best < 0) return false;
-        if (!joinBatch(*view.cost, max_batch_, PolicyOptions().batch_gain, *req, view.now_ns, batches_[best])) {
-          full[best] = true;
-          continue;
-        }
-        out[best].batch.push_back(req->id);
-        out[best].num_steps = std::min(out[best].num_steps, std::max(1, req->num_steps - req->step));
-        return true;
+        if (take(best, req)) return true;
+        full[best] = true;
       }
     };
     // a request of a group (RequestSpec::group) joins the batch decided this round for the first of its group
     auto joinGroup = [&](const RequestRecord* req) {
       if (!batching || req->group == 0) return false;
       for (size_t i = 0; i < out.size(); ++i) {
-        if (groups_[i] != req->group || !sameBatchShape(batches_[i].shape, req->shape)) continue;
-        if (!joinBatch(*view.cost, max_batch_, PolicyOptions().batch_gain, *req, view.now_ns, batches_[i])) {
-          return false;
-        }
-        out[i].batch.push_back(req->id);
-        out[i].num_steps = std::min(out[i].num_steps, std::max(1, req->num_steps - req->step));
-        return true;
+        if (groups_[i] == req->group && sameBatchShape(batches_[i].shape, req->shape)) return take(i, req);
       }
       return false;
     };

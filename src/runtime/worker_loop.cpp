@@ -7,7 +7,8 @@
 //   (or, failed, the reason); the engine checks requests against it (EngineLoop::awaitWorkers).
 // - Tasks it answers by itself, without the model: a probe (a FREE of request 0: an empty round trip that
 //   the engine times) completes at once; a denoise task for a state this worker does not hold at the task's
-//   first step, and a decode of a state it does not hold, fail with kStateLost (the control plane then
+//   first step (for a batch: any member's, at its own first step), and a decode of a state it does not hold, fail
+//   with kStateLost (the control plane then
 //   recovers from a holder); a denoise or migrate task while the collectives world is broken (a collective
 //   failed and no REINIT has re-created the world yet) fails with kCommError at once instead of blocking on
 //   peers that are gone.

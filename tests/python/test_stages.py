@@ -25,7 +25,7 @@ REQUESTS = [
 def _run(policy) -> list:
     with Engine(
         model="tiny-wan",
-        world_size=2 if not isinstance(policy, str) or policy != "static:1" else 1,
+        world_size=1 if policy == "static:1" else 2,
         policy=policy,
     ) as eng:
         handles = [eng.submit(r) for r in REQUESTS]

@@ -548,37 +548,19 @@ class StagedModel(abc.ABC):
                     )
 
     @staticmethod
-    def guided_predictions(
-        state: DenoiseState,
-        group: comm.Group | None,
-        spec: ParallelSpec | None,
-        velocity: Callable[[torch.Tensor, comm.Group | None, ParallelSpec | None], torch.Tensor],
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(conditional, unconditional) predictions of one step on every member of ``group`` (unconditional
-        None without guidance). ``velocity(embeds, group, spec)`` runs one transformer pass and returns its
-        whole output (in the transformer's output dtype, on the model's device; NOTE [state dtypes]).
-        spec.cfg 1: the passes in turn on the whole group; 2: one per half of the group at once, then one
-        exchange (NOTE [CFG-parallel])."""
-        return StagedModel._guided_passes(
-            state.prompt_embeds,
-            state.negative_prompt_embeds,
-            state.guidance_scale,
-            group,
-            spec,
-            velocity,
-        )
-
-    @staticmethod
     def guided_batch_predictions(
         states: list[DenoiseState],
         group: comm.Group | None,
         spec: ParallelSpec | None,
         velocity: Callable[[list[torch.Tensor], comm.Group | None, ParallelSpec | None], torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``guided_predictions`` of a batch (NOTE [batched step]): ``velocity(embeds, group, spec)`` gets
-        the pass's text embeddings of every state (a list, in the states' order) and returns the batched
-        output [B, ...], row i state i's; the predictions are [B, ...] likewise. The states were checked by
-        ``check_batch`` (all with guidance or all without)."""
+        """(conditional, unconditional) predictions of one step of a batch (NOTE [batched step]) on every member
+        of ``group`` (unconditional None without guidance), [B, ...], row i state i's. ``velocity(embeds, group,
+        spec)`` runs one transformer pass over the pass's text embeddings of every state (a list, in the states'
+        order) and returns its whole batched output (in the transformer's output dtype, on the model's device;
+        NOTE [state dtypes]). spec.cfg 1: the passes in turn on the whole group; 2: one per half of the group at
+        once, then one exchange (NOTE [CFG-parallel]). The states were checked by ``check_batch`` (all with
+        guidance or all without)."""
         first = states[0]
         negatives = [s.negative_prompt_embeds for s in states] if first.do_cfg else None
         return StagedModel._guided_passes(
@@ -599,8 +581,7 @@ class StagedModel(abc.ABC):
         spec: ParallelSpec | None,
         velocity: Callable[[Any, comm.Group | None, ParallelSpec | None], torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The passes of ``guided_predictions``; the embeddings are whatever ``velocity`` takes (one tensor,
-        or a batch's list)."""
+        """The passes of ``guided_batch_predictions``, with the embeddings ``velocity`` takes."""
         do_cfg = guidance_scale > 1.0
         if spec is None or spec.cfg == 1:
             cond = velocity(cond_embeds, group, spec)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import threading
 
 import pytest
@@ -118,11 +119,60 @@ def test_generation_returns_png_of_the_asked_size(client):
         ({"prompt": "   "}, 400, "prompt"),
         ({"prompt": "x" * 70_000}, 400, "prompt"),  # over the engine's payload limit
         ({"negative_prompt": ["a"]}, 400, "negative_prompt"),
+        ({"guidance_scale_2": 1.0}, 400, "guidance_scale_2"),  # a one-expert model
+        ({"n": 2, "extra_field": {"x": 1}, "size": "64x33"}, 400, "size"),  # unknown fields are ignored
     ],
 )
 def test_bad_input_gets_a_4xx_naming_the_field(client, body, status, param):
     _assert_error(_gen(client, **body), status, param)
     assert client.app.state.server.admission.pending == 0
+
+
+def _post_raw(client, raw: bytes, url: str = "/v1/images/generations"):
+    return client.post(url, content=raw, headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("field", ["prompt", "negative_prompt", "user"])
+def test_a_lone_surrogate_is_a_request_error(client, field):
+    """JSON's "\\ud800" escape alone reads as a Python str that is not Unicode text: the engine's C++ request
+    cannot take it (it was a 500)."""
+    body = {"prompt": "p", field: "a \ud800 b"}
+    _assert_error(_post_raw(client, json.dumps(body).encode()), 400, field)
+    paired = _post_raw(client, json.dumps({"prompt": "\U0001f98a fox", "num_inference_steps": 1}).encode())
+    assert paired.status_code == 200, paired.text
+
+
+def test_json_without_numbers_of_json(client):
+    """Python's json module reads NaN and Infinity, which JSON has not: refused as the field's type."""
+    for raw, param in (
+        (b'{"prompt": "p", "guidance_scale": NaN}', "guidance_scale"),
+        (b'{"prompt": "p", "slo_ms": Infinity}', "slo_ms"),
+    ):
+        _assert_error(_post_raw(client, raw), 400, param)
+
+
+def test_405_lists_every_method_of_the_path(client):
+    """GET and DELETE of /v1/videos/{id} are two routes; a 405 names both (and only the schema's methods)."""
+    r = client.patch("/v1/videos/video_x")
+    assert r.status_code == 405 and r.headers["Allow"] == "DELETE, GET"
+    r = client.options("/v1/images/generations")
+    assert r.status_code == 405 and r.headers["Allow"] == "POST"
+    assert "error" in r.json()
+
+
+def test_a_chunked_body_past_the_limit_gets_413(engine):
+    with TestClient(create_app(engine, model=MODEL, max_body_bytes=1000)) as c:
+
+        def chunks():
+            yield b'{"prompt": "'
+            for _ in range(20):
+                yield b"x" * 100
+            yield b'"}'
+
+        r = c.post("/v1/images/generations", content=chunks(), headers={"Content-Type": "application/json"})
+        _assert_error(r, 413, None)
+        metrics = c.get("/metrics").text
+    assert 'gfdit_http_requests_total{kind="image",outcome="bad_request"} 1.0' in metrics
 
 
 def test_malformed_and_missing_bodies(client):
@@ -232,17 +282,28 @@ def test_models_and_health(client, engine):
 
 
 class _FakeEngine:
-    """Stands in for an engine whose workers or control loop have a problem."""
+    """Stands in for an engine whose workers or control loop have a problem: stats() reports ``alive`` and the
+    healing counters given, and blocks until ``unblock`` is set (when given)."""
 
-    def __init__(self, engine, alive, wakeups):
+    def __init__(self, engine, alive, wakeups, unblock=None, **healing):
         self.model_info, self.limits = engine.model_info, engine.limits
-        self._alive, self._wakeups = alive, wakeups
+        self._alive, self._wakeups, self._unblock, self._healing = alive, wakeups, unblock, healing
+        self.closed = False
+        self.stats_calls = 0
 
     def alive_workers(self) -> list[bool]:
         return list(self._alive)
 
     def stats(self) -> dict:
-        return {"alive": list(self._alive), "loop_wakeups": next(self._wakeups), "regroups": 0}
+        self.stats_calls += 1
+        if self._unblock is not None:
+            self._unblock.wait(5.0)
+        return {
+            "alive": list(self._alive),
+            "loop_wakeups": next(self._wakeups),
+            "regroups": 0,
+            **self._healing,
+        }
 
     def requests(self) -> dict:
         return {}
@@ -251,12 +312,71 @@ class _FakeEngine:
         pass
 
 
-def test_health_reports_a_dead_worker(engine):
+def _health(engine, alive, **healing):
     import itertools
 
-    with TestClient(create_app(_FakeEngine(engine, [True, False], itertools.count()), model=MODEL)) as c:
+    with TestClient(create_app(_FakeEngine(engine, alive, itertools.count(), **healing), model=MODEL)) as c:
         r = c.get("/health")
-        assert r.status_code == 503 and "workers not alive: 1" in r.json()["reason"]
+        return r.status_code, r.json()
+
+
+def test_health_is_ok_while_every_worker_lives(engine):
+    status, body = _health(engine, [True, True])
+    assert status == 200 and body["status"] == "ok" and body["reason"] is None
+    assert (body["alive_workers"], body["world_size"], body["restarting"], body["deaths"]) == (2, 2, [], 0)
+
+
+def test_health_is_degraded_while_some_workers_live(engine):
+    """A dead worker that is being replaced: 200 "degraded" (a load balancer keeps a server that still
+    serves), saying how many are alive and which are being replaced; engines without the healing counters
+    read as none."""
+    status, body = _health(engine, [True, False, True], worker_deaths=3, replacements=2, restarting=[1])
+    assert status == 200 and body["status"] == "degraded" and "workers not alive: 1" in body["reason"]
+    assert (body["alive_workers"], body["world_size"]) == (2, 3)
+    assert (body["restarting"], body["deaths"], body["replacements"]) == ([1], 3, 2)
+    status, body = _health(engine, [False, True])
+    assert status == 200 and body["status"] == "degraded"
+    assert (body["restarting"], body["deaths"], body["replacements"]) == ([], 0, 0)
+
+
+def test_health_is_unavailable_when_no_worker_lives(engine):
+    status, body = _health(engine, [False, False], worker_deaths=2, restarting=[0, 1])
+    assert status == 503 and body["status"] == "unavailable" and body["reason"] == "no worker alive"
+    assert body["alive_workers"] == 0 and body["restarting"] == [0, 1]
+
+
+def test_health_is_unavailable_once_the_engine_is_closed(engine):
+    import itertools
+
+    fake = _FakeEngine(engine, [True, True], itertools.count())
+    with TestClient(create_app(fake, model=MODEL)) as c:
+        assert c.get("/health").status_code == 200
+        fake.closed = True
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["reason"] == "the engine is closed"
+
+
+def test_health_answers_while_stats_block(engine):
+    """stats() blocks (as when the control thread holds its lock for seconds): /health answers 503 "control loop
+    not answering" while it still blocks, probes meanwhile do not pile up threads, and once stats() answers
+    again so does /health."""
+    import itertools
+
+    unblock = threading.Event()
+    fake = _FakeEngine(engine, [True, True], itertools.count(), unblock=unblock)
+    try:
+        with TestClient(create_app(fake, model=MODEL)) as c:
+            for _ in range(3):
+                r = c.get("/health")
+                assert not unblock.is_set()  # answered while stats() still blocks
+                assert r.status_code == 503 and r.json()["reason"] == "control loop not answering", r.text
+                assert r.json()["alive"] == [] and r.json()["world_size"] == 2
+            assert fake.stats_calls == 1  # the later probes waited on the first call
+            unblock.set()
+            r = c.get("/health")
+            assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+    finally:
+        unblock.set()
 
 
 def test_health_reports_a_stalled_control_loop(engine):
@@ -271,6 +391,19 @@ def test_health_reports_a_stalled_control_loop(engine):
         assert r.status_code == 503 and "control loop" in r.json()["reason"]
 
 
+def test_metrics_count_workers_alive_dead_and_replaced(engine):
+    import itertools
+
+    fake = _FakeEngine(
+        engine, [True, False, True], itertools.count(), worker_deaths=3, replacements=2, restarting=[1]
+    )
+    with TestClient(create_app(fake, model=MODEL)) as c:
+        samples = _samples(c.get("/metrics").text)
+    assert samples[("gfdit_workers_alive", ())] == 2
+    assert samples[("gfdit_worker_deaths_total", ())] == 3
+    assert samples[("gfdit_worker_replacements_total", ())] == 2
+
+
 def _samples(text: str) -> dict:
     """The samples of a /metrics answer by (name, sorted labels)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -282,7 +415,7 @@ def _samples(text: str) -> dict:
     return samples
 
 
-def test_metrics(client):
+def test_metrics(client, engine):
     assert _gen(client, num_inference_steps=2, slo_ms=60_000).status_code == 200
     _gen(client, n=0)
     r = client.get("/metrics")
@@ -300,9 +433,9 @@ def test_metrics(client):
     assert ("gfdit_regroups", ()) in samples
     decodes = {k[1][0][1]: v for k, v in samples.items() if k[0] == "gfdit_decodes_total"}
     assert decodes and sum(decodes.values()) >= 1 and all(int(d) >= 1 for d in decodes), decodes
-    # fcfs without a cost model never batches
     assert samples[("gfdit_request_steps_total", (("batch", "1"),))] >= 2
-    assert samples[("gfdit_batched_steps", ())] == 0
+    # the engine's own count (whether fcfs batches depends on the cost model the engine plans with)
+    assert samples[("gfdit_batched_steps", ())] == engine.stats()["batched_steps"]
     assert ("gfdit_refused_decisions", ()) in samples
 
 
@@ -560,6 +693,10 @@ def test_deleting_a_running_video_job_cancels_it(vclient, video_engine):
         ({"num_frames": "9"}, "num_frames"),
         ({"seconds": "soon"}, "seconds"),
         ({"seconds": -1.0}, "seconds"),
+        ({"seconds": 1e308}, "seconds"),  # finite, but its frames are not (it was a 500)
+        ({"seconds": "1e308"}, "seconds"),
+        ({"seconds": "100"}, "seconds"),  # the frames it makes are too many: the seconds are at fault
+        ({"seconds": True}, "seconds"),
         ({"fps": 0}, "fps"),
         ({"size": "50x32"}, "size"),
         ({"num_inference_steps": 0}, "num_inference_steps"),
@@ -628,13 +765,14 @@ def test_a_worker_killed_under_load():
             deadline = time.monotonic() + 10
             while not eng.requests() and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert c.get("/health").status_code == 200
+            assert c.get("/health").json()["status"] == "ok"
             os.kill(eng.worker_pids[3], signal.SIGKILL)
             t0 = time.monotonic()
-            while c.get("/health").status_code == 200 and time.monotonic() - t0 < 10:
+            while (health := c.get("/health")).json()["status"] == "ok" and time.monotonic() - t0 < 10:
                 time.sleep(0.01)
-            health = c.get("/health")
-            assert health.status_code == 503, "/health did not notice the dead worker"
+            # the other three still serve: degraded, not unavailable
+            assert health.status_code == 200, health.text
+            assert health.json()["status"] == "degraded", "/health did not notice the dead worker"
             assert "workers not alive: 3" in health.json()["reason"]
             for t in threads:
                 t.join(90)
@@ -659,7 +797,20 @@ def test_sigterm_drains_and_leaves_nothing(tmp_path):
         port = s.getsockname()[1]
     shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gfdit", "serve", "--model", MODEL, "--world-size", "2", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "gfdit",
+            "serve",
+            "--model",
+            MODEL,
+            "--world-size",
+            "2",
+            "--port",
+            str(port),
+            "--cluster",
+            "cpu",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "serve.log", "wb"),
         start_new_session=True,

@@ -1,30 +1,93 @@
 """``create_app``: the ASGI app of ``gfdit serve``, an OpenAI-compatible HTTP front end over ``gfdit.Engine``.
 
 Endpoints: ``GET /v1/models``; ``GET /health``; ``GET /metrics``; ``POST /v1/images/generations``; video jobs
-under ``/v1/videos``; ``GET /`` the live page and ``GET /v1/timeline`` its data. Each lives in a router of its
-own (gfdit.serving.server.system, .images, .videos, .live); the shared state is a ``ServerState``.
+under ``/v1/videos``; ``GET /`` the live page and ``GET /v1/timeline`` its data; ``GET /openapi.json`` the
+OpenAPI schema of all of them and ``GET /docs`` its pages. Each lives in a router of its own
+(gfdit.serving.server.system, .images, .videos, .live); the shared state is a ``ServerState``.
 
 Bad input gets a 4xx with an OpenAI-style body, ``{"error": {"message", "type", "param", "code"}}``, whose
-``param`` names the field. The event loop never blocks on the engine: each engine request settles an asyncio
-future through ``RequestHandle.add_done_callback`` (no thread waits for results), admission keeps at most
-``max_queue`` generations outstanding, and outputs are encoded on the loop when small (under a millisecond)
-or on a small pool of threads when not.
+``param`` names the field; the schema lists every error status of each route with that body. The event loop
+never blocks on the engine: each engine request settles an asyncio future through
+``RequestHandle.add_done_callback`` (no thread waits for results), /health asks the engine on a thread with a
+timeout, admission keeps at most ``max_queue`` generations outstanding, and outputs are encoded on a small pool
+of threads unless one request's output is tiny.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gfdit.serving.server import defaults, images, live, system, videos
 from gfdit.serving.server.admission import Admission
 from gfdit.serving.server.encoding import Encoders, png_b64
-from gfdit.serving.server.errors import install_handlers
+from gfdit.serving.server.errors import error_body, install_handlers
 from gfdit.serving.server.jobs import VideoJobStore
 from gfdit.serving.server.metrics import Metrics
-from gfdit.serving.server.state import ServerState
+from gfdit.serving.server.schemas import error_response_object
+from gfdit.serving.server.state import EngineProbe, ServerState
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` is refused with 413, by its Content-Length before it
+    is read, else once the bytes read pass the limit (a chunked body)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            message = f"request body of {length} bytes exceeds the limit of {self.max_bytes}"
+            body = error_body(message, param=None, type="invalid_request_error", code=None)
+            await JSONResponse(body, status_code=413)(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    # FastAPI passes an HTTPException raised while it reads the body on to the handlers
+                    raise StarletteHTTPException(
+                        413, f"request body exceeds the limit of {self.max_bytes} bytes"
+                    )
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def _published_schema(app: FastAPI, *, max_n: int, keyed: bool) -> dict:
+    """FastAPI's schema of the routes, made true for this app: errors are 400s with the OpenAI body (FastAPI
+    would list a 422 that this server never answers), ``n`` is at most max_n, and with an API key the routes
+    under /v1 and /metrics say they need a bearer token and may answer 401."""
+    schema = FastAPI.openapi(app)
+    for path, operations in schema["paths"].items():
+        for op in operations.values():
+            op["responses"].pop("422", None)
+            if keyed and (path.startswith("/v1/") or path == "/metrics"):
+                op["security"] = [{"bearer": []}]
+                op["responses"]["401"] = error_response_object(401)
+    components = schema.setdefault("components", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.get("schemas", {}).pop(name, None)
+    n = components["schemas"]["ImageGenerationRequest"]["properties"]["n"]
+    next(s for s in n["anyOf"] if s.get("type") == "integer")["maximum"] = max_n
+    if keyed:
+        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return schema
 
 
 def create_app(
@@ -58,14 +121,15 @@ def create_app(
         engine=engine,
         model=model,
         key=api_key.encode() if api_key else None,
+        world_size=len(engine.alive_workers()),
         max_n=max_n,
-        max_body_bytes=max_body_bytes,
         loop_stall_s=loop_stall_s,
         admission=admission,
         metrics=Metrics(engine, admission),
         jobs=VideoJobStore(job_ttl_s, max_video_bytes),
         encoders=Encoders(),
         live=live.ActivityRecorder(),
+        health=EngineProbe(engine),
     )
 
     engine.add_progress_listener(server.live.on_progress)  # the live page hears where requests run
@@ -77,10 +141,27 @@ def create_app(
         png_b64(torch.zeros(3, 8, 8))  # imports and first-use costs now, not in the first answer
         yield
         server.encoders.close()
+        server.health.close()
 
-    app = FastAPI(title="gfdit", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="gfdit",
+        version=importlib.metadata.version("gfdit"),
+        description="An OpenAI-compatible server of diffusion transformers (images and video jobs).",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
     app.state.server = server
-    install_handlers(app)
-    for router in (system.router, live.router, images.router, videos.router):
+    routers = (system.router, live.router, images.router, videos.router)
+    install_handlers(app, [route for router in routers for route in router.routes])
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    for router in routers:
         app.include_router(router)
+    published: dict = {}
+
+    def openapi() -> dict:
+        if not published:
+            published.update(_published_schema(app, max_n=max_n, keyed=server.key is not None))
+        return published
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

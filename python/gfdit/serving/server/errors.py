@@ -58,9 +58,38 @@ def error_body(message: str, *, param: str | None, type: str, code: str | None) 
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def install_handlers(app: FastAPI) -> None:
+def _allowed_methods(path: str, routes: list[Any]) -> str:
+    """The methods of every route at ``path`` (Starlette names only the first matching route's, and this API
+    serves GET and DELETE of one path from two routes)."""
+    return ", ".join(sorted({m for r in routes if r.path_regex.match(path) for m in r.methods}))
+
+
+# The generation routes count every refusal in /metrics by kind, also those made before their handler runs (a
+# body too large, a field of the wrong type)
+_GENERATION_KINDS = {"/v1/images/generations": "image", "/v1/videos": "video"}
+
+
+def _count_refusal(request: Request, status: int) -> None:
+    route = request.scope.get("route")
+    kind = _GENERATION_KINDS.get(getattr(route, "path", request.url.path))
+    server = getattr(request.app.state, "server", None)
+    if kind is not None and request.method == "POST" and server is not None:
+        server.metrics.count_error(kind, APIError(status, "refused"))
+
+
+def _validation_param(loc: tuple) -> str | None:
+    """The request field of a validation error's location: ("body", "n") names n; ("body",) (the body as a
+    whole) and ("body", 12) (a position in malformed JSON) name none; deeper parts (a union's member) are
+    dropped."""
+    if len(loc) >= 2 and loc[0] in ("body", "query", "path", "header") and isinstance(loc[1], str):
+        return loc[1]
+    return None
+
+
+def install_handlers(app: FastAPI, routes: list[Any]) -> None:
     """Answers every error with an OpenAI-style body: APIError as raised, FastAPI's own 404/405/validation
-    errors with their detail, anything else as a 500 that names only the exception's type."""
+    errors (a 400 naming the field) with their detail, anything else as a 500 that names only the exception's
+    type. ``routes``: the app's routes (the Allow header of a 405 lists the methods of those at its path)."""
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
@@ -71,26 +100,30 @@ def install_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found" if e.status_code == 404 else "invalid_request_error"
+        headers = dict(getattr(e, "headers", None) or {})
+        if e.status_code == 405:
+            headers["Allow"] = _allowed_methods(request.url.path, routes)
+        _count_refusal(request, e.status_code)
         return JSONResponse(
             error_body(str(e.detail), param=None, type=kind, code=None),
             status_code=e.status_code,
-            headers=getattr(e, "headers", None),
+            headers=headers or None,
         )
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
         first: Any = e.errors()[0] if e.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = _validation_param(tuple(first.get("loc", ())))
+        msg = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            msg = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}"
+        elif param is not None:
+            msg = f"{param}: {msg}"
+        _count_refusal(request, 400)
         return JSONResponse(
-            error_body(
-                first.get("msg", "invalid request"),
-                param=".".join(loc) or None,
-                type="invalid_request_error",
-                code=None,
-            ),
-            status_code=400,
+            error_body(msg, param=param, type="invalid_request_error", code=None), status_code=400
         )
 
     @app.exception_handler(Exception)

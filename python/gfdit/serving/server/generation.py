@@ -1,19 +1,17 @@
-"""From an HTTP body to engine requests and back: reading and validating the body, the fields images and
-videos share, submitting to the engine, and awaiting results on the event loop without a waiting thread."""
+"""From an HTTP body (validated by its model in gfdit.serving.server.schemas) to engine requests and back: the
+fields images and videos share, the engine's check, submitting, and awaiting results on the event loop without
+a waiting thread."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import re
 import secrets
 import time
 from concurrent.futures import CancelledError
 from typing import Any
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
 
 from gfdit._C import InvalidUsage
 from gfdit.serving.engine import Request as EngineRequest
@@ -21,42 +19,11 @@ from gfdit.serving.server.errors import APIError, ClientDisconnected, EngineCanc
 from gfdit.serving.server.schemas import GenerationRequest
 from gfdit.serving.server.state import ServerState
 
-_SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
-
-
-async def read_json(request: Request, max_body_bytes: int) -> dict:
-    """The body as a JSON object; 413 past max_body_bytes, 400 when it is not a JSON object."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > max_body_bytes:
-        raise APIError(413, f"request body of {length} bytes exceeds the limit of {max_body_bytes}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_body_bytes:
-            raise APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    return data
-
-
-def parse(body_model: type[BaseModel], data: dict) -> Any:
-    """The body validated by its schema; the first bad field becomes a 400 naming it."""
-    try:
-        return body_model.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise APIError(400, f"{param}: {first['msg']}", param=param) from None
-
 
 def check_common(server: ServerState, b: GenerationRequest) -> tuple[int, int, int]:
     """Checks what only HTTP knows of the fields images and videos share (the model's name, a prompt that is
-    not empty, the size string); returns (width, height, seed). Every value the engine checks (sizes against
-    the model, steps, guidance, the deadline, seed and priority) is the engine's to refuse (``submit``)."""
+    not blank); returns (width, height, seed). Every value the engine checks (sizes against the model, steps,
+    guidance, the deadline, seed and priority) is the engine's to refuse (``check``)."""
     if b.model is not None and b.model != server.model:
         raise APIError(
             404,
@@ -66,12 +33,7 @@ def check_common(server: ServerState, b: GenerationRequest) -> tuple[int, int, i
         )
     if not b.prompt.strip():
         raise APIError(400, "prompt must not be empty", param="prompt")
-    width, height = server.info.defaults.width, server.info.defaults.height
-    if b.size is not None and b.size != "auto":
-        m = _SIZE.match(b.size)
-        if m is None:
-            raise APIError(400, f"size {b.size!r} is not of the form 'WIDTHxHEIGHT'", param="size")
-        width, height = int(m.group(1)), int(m.group(2))
+    width, height = b.width_height((server.info.defaults.width, server.info.defaults.height))
     return width, height, secrets.randbits(31) if b.seed is None else b.seed
 
 
@@ -93,14 +55,16 @@ def engine_request(
     )
 
 
-def check(server: ServerState, reqs: list[EngineRequest]) -> None:
+def check(server: ServerState, reqs: list[EngineRequest], derived: dict[str, str] | None = None) -> None:
     """Has the engine check the requests before anything else happens to them (admission): a refusal becomes a
-    400 naming the field the engine named."""
+    400 naming the field the engine named, or the request field an engine field was derived from (``derived``:
+    engine field -> request field)."""
     try:
         for r in reqs:
             server.engine.check(r)
     except InvalidUsage as e:
-        raise APIError(400, e.message, param=http_param(e.param)) from None
+        param = (derived or {}).get(e.param or "") or http_param(e.param)
+        raise APIError(400, e.message, param=param) from None
 
 
 def submit(server: ServerState, reqs: list[EngineRequest]) -> list[Any]:

@@ -27,6 +27,7 @@ from fastapi.responses import HTMLResponse
 
 from gfdit import stats
 from gfdit._C import runtime as rt
+from gfdit.serving.server.schemas import error_responses
 
 DEFAULT_WINDOW_S = 300.0
 DEFAULT_MAX_SPANS = 20_000
@@ -296,7 +297,7 @@ def live_page() -> HTMLResponse:
     return HTMLResponse(_PAGE, headers={"Cache-Control": "no-cache"})
 
 
-@router.get("/v1/timeline")
+@router.get("/v1/timeline", responses=error_responses())
 def timeline(request: Request) -> dict:
     """The live page's data, through the API key like all of /v1.
 

@@ -58,13 +58,20 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument(
         "--profile",
         default=None,
-        help="a profile of this model on this machine (gfdit profile): the policies' cost model",
+        help="a profile file of this model on this machine (gfdit profile): the policies' cost model instead of "
+        "the cached profile",
     )
     p.add_argument(
         "--cluster",
-        default="cpu",
-        help="without --profile, the policies' cost model is the analytic one of this cluster (cpu, h20x8, "
-        "h200x8, ...; 'none': none, and the policies cannot tell whether more ranks help)",
+        default=None,
+        help="the analytic cost model of this cluster instead of the cached profile (cpu, h20x8, h200x8, ...; "
+        "'none': none, and the policies cannot tell whether more ranks help)",
+    )
+    p.add_argument(
+        "--reprofile",
+        action="store_true",
+        help="measure the cached profile again (without --profile and --cluster the policies plan with a profile "
+        "of this model, world size and machine, measured on first use and kept in ~/.cache/gfdit/profiles)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
@@ -106,11 +113,19 @@ def run(args: argparse.Namespace, command: str) -> int:
     if not (args.job_ttl_s > 0 and args.max_video_mb >= 0):
         print("gfdit serve: --job-ttl-s must be > 0 and --max-video-mb >= 0", file=sys.stderr)
         return 2
+    if args.reprofile and (args.profile is not None or args.cluster is not None):
+        print(
+            "gfdit serve: --reprofile measures the cached profile: not with --profile or --cluster",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        cost_model = None
+        cost_model: Any = None  # the cached profile (NOTE [cached profiles] in gfdit.tools.profile_cache)
         if args.profile is not None:
             cost_model = make_cost_model(args.model, profile=args.profile)
-        elif args.cluster != "none":
+        elif args.cluster == "none":
+            cost_model = False
+        elif args.cluster is not None:
             cost_model = make_cost_model(args.model, args.cluster)
         engine = Engine(
             model=args.model,
@@ -118,6 +133,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             world_size=args.world_size,
             policy=args.policy,
             cost_model=cost_model,
+            reprofile=args.reprofile,
         )
     except (Error, RuntimeError, ValueError, OSError) as e:
         print(f"gfdit serve: {e}", file=sys.stderr)

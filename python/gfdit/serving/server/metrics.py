@@ -3,18 +3,61 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gfdit.serving.server.admission import Admission
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
+class _EngineCollector(Collector):
+    """What the engine's control plane counts, read from one ``engine.stats()`` per scrape: regroups, batched
+    steps and refused decisions (gauges of running totals, as before), workers alive, and the workers that died
+    and the replacements that joined (counters; engines that replace no worker count neither, and read 0)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.stats()
+        yield GaugeMetricFamily(
+            "gfdit_regroups",
+            "regroupings by the control plane so far (use rate())",
+            value=stats.get("regroups", 0),
+        )
+        yield GaugeMetricFamily(
+            "gfdit_batched_steps",
+            "denoise tasks that stepped two or more requests together so far (NOTE [batches]; use rate())",
+            value=stats.get("batched_steps", 0),
+        )
+        yield GaugeMetricFamily(
+            "gfdit_refused_decisions",
+            "policy decisions the control plane refused as invalid so far (NOTE [refused decisions]; use rate())",
+            value=stats.get("refused_decisions", 0),
+        )
+        yield GaugeMetricFamily(
+            "gfdit_workers_alive",
+            "workers the control plane counts as alive",
+            value=sum(map(bool, stats.get("alive", ()))),
+        )
+        yield CounterMetricFamily(
+            "gfdit_worker_deaths", "workers that died so far", value=stats.get("worker_deaths", 0)
+        )
+        yield CounterMetricFamily(
+            "gfdit_worker_replacements",
+            "replacement workers that joined so far",
+            value=stats.get("replacements", 0),
+        )
+
+
 class Metrics:
     """Requests by kind and outcome, latencies, stage times, decodes by degree, request steps by batch, SLO
-    results, busy seconds per rank, and gauges read from the engine when scraped."""
+    results, busy seconds per rank, and what the engine counts, read when scraped."""
 
     def __init__(self, engine: Any, admission: Admission) -> None:
         self.registry = r = CollectorRegistry()
@@ -73,22 +116,7 @@ class Metrics:
         )
         for w in range(len(engine.alive_workers())):
             self.busy.labels(str(w))
-        self.regroups = Gauge(
-            "gfdit_regroups", "regroupings by the control plane so far (use rate())", registry=r
-        )
-        self.regroups.set_function(lambda: engine.stats().get("regroups", 0))
-        self.batched_steps = Gauge(
-            "gfdit_batched_steps",
-            "denoise tasks that stepped two or more requests together so far (NOTE [batches]; use rate())",
-            registry=r,
-        )
-        self.batched_steps.set_function(lambda: engine.stats().get("batched_steps", 0))
-        self.refused_decisions = Gauge(
-            "gfdit_refused_decisions",
-            "policy decisions the control plane refused as invalid so far (NOTE [refused decisions]; use rate())",
-            registry=r,
-        )
-        self.refused_decisions.set_function(lambda: engine.stats().get("refused_decisions", 0))
+        r.register(_EngineCollector(engine))
 
     def _count(self, state: str) -> int:
         states = self._engine.requests().values()

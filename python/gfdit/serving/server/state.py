@@ -1,12 +1,14 @@
 """What the routes of one app share (``ServerState``, at ``app.state.server``): the engine and what the
 server knows of its model, the limits it was made with, admission, metrics, the video jobs, the encoders and
-the live page's recorder."""
+the live page's recorder, and the probe /health asks the engine through."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from fastapi import Request
@@ -18,20 +20,47 @@ from gfdit.serving.server.jobs import VideoJobStore
 from gfdit.serving.server.live import ActivityRecorder
 from gfdit.serving.server.metrics import Metrics
 
+HEALTH_TIMEOUT_S = 0.5  # /health waits this long for the engine's stats, then answers 503
+
+
+class EngineProbe:
+    """``engine.stats()`` asked on a thread of its own with a timeout, so that /health answers whatever the
+    engine is doing (its control plane may hold the lock that stats() takes). One call at a time: while one is
+    stuck, later probes wait on it rather than pile up threads."""
+
+    def __init__(self, engine: Any, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+        self._engine = engine
+        self.timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gfdit-serve-health")
+        self._pending: Future | None = None
+
+    async def stats(self) -> dict | None:
+        """The engine's stats, or None when they did not come within timeout_s (what stats() raises, raised)."""
+        if self._pending is None or self._pending.done():
+            self._pending = self._pool.submit(self._engine.stats)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._pending)), self.timeout_s)
+        except asyncio.TimeoutError:
+            return None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
 
 @dataclasses.dataclass
 class ServerState:
     engine: Any
     model: str  # the name the server answers to
     key: bytes | None  # the API key; None: /v1/* is open
+    world_size: int
     max_n: int
-    max_body_bytes: int
     loop_stall_s: float
     admission: Admission
     metrics: Metrics
     jobs: VideoJobStore
     encoders: Encoders
     live: ActivityRecorder
+    health: EngineProbe
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     # /health: the control loop's wake-up count last seen, and since when (monotonic)
     loop_wakeups: int = -1

@@ -9,8 +9,9 @@ import contextlib
 import math
 import secrets
 import time
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from gfdit.serving.engine import RequestFailed
@@ -18,12 +19,11 @@ from gfdit.serving.server import generation as gen
 from gfdit.serving.server.encoding import mp4
 from gfdit.serving.server.errors import APIError, EngineCancelled
 from gfdit.serving.server.jobs import VideoJob
-from gfdit.serving.server.schemas import ErrorResponse, VideoDeleted, VideoGenerationRequest, VideoJobObject
+from gfdit.serving.server.schemas import VideoDeleted, VideoGenerationRequest, VideoJobObject, error_responses
 from gfdit.serving.server.state import ServerState, state_of
 
 router = APIRouter()
 MAX_WAIT_S = 30.0
-MAX_FPS = 120
 
 
 async def _finish(server: ServerState, job: VideoJob, fps: int, slo_s: float | None, t0: float) -> None:
@@ -49,42 +49,47 @@ async def _finish(server: ServerState, job: VideoJob, fps: int, slo_s: float | N
         server.jobs.sweep()  # a new MP4 may push the oldest past max_bytes
 
 
-@router.post("/v1/videos", response_model=VideoJobObject, responses={400: {"model": ErrorResponse}})
-async def create_video(request: Request) -> JSONResponse:
+@router.post("/v1/videos", response_model=VideoJobObject, responses=error_responses(400, 404, 413, 429))
+async def create_video(body: VideoGenerationRequest, request: Request) -> JSONResponse:
     server = state_of(request)
     t0 = time.monotonic()
     try:
-        return await _create(server, request, t0)
+        return await _create(server, body, request, t0)
     except BaseException as e:
         server.metrics.count_error("video", e)
         raise
 
 
-async def _create(server: ServerState, request: Request, t0: float) -> JSONResponse:
+async def _create(
+    server: ServerState, b: VideoGenerationRequest, request: Request, t0: float
+) -> JSONResponse:
     server.check_key(request)
     info = server.info
     if not info.is_video:
         raise APIError(
             400, f"the model {server.model!r} makes images; use /v1/images/generations", param="model"
         )
-    b = gen.parse(VideoGenerationRequest, await gen.read_json(request, server.max_body_bytes))
     width, height, seed = gen.check_common(server, b)
-    if not 1 <= b.fps <= MAX_FPS:
-        raise APIError(400, f"fps must be in [1, {MAX_FPS}]", param="fps")
     num_frames = b.num_frames
     if num_frames is None and b.seconds is not None:
         try:
             seconds = float(b.seconds)
         except ValueError:
             raise APIError(400, f"seconds {b.seconds!r} is not a number", param="seconds") from None
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise APIError(400, "seconds must be a positive number", param="seconds")
+        # the frames must be a number too: 1e308 seconds are finite, their frames are not
+        if not (math.isfinite(seconds * b.fps) and seconds > 0):
+            raise APIError(
+                400, f"seconds {b.seconds!r} is not a positive number of frames at fps", param="seconds"
+            )
         t = int(info.vae_stride_t)
         num_frames = int(seconds * b.fps) // t * t + 1  # the VAE takes 1 + stride_t * k frames
     if num_frames is None:
         num_frames = server.info.defaults.num_frames
     req = gen.engine_request(b, width, height, num_frames, seed)
-    gen.check(server, [req])  # bad fields are refused (400) before a full queue (429)
+    # bad fields are refused (400) before a full queue (429); frames counted from seconds are the seconds' fault
+    gen.check(
+        server, [req], {"num_frames": "seconds"} if b.num_frames is None and b.seconds is not None else {}
+    )
     server.admission.admit(1)
     try:
         (handle,) = gen.submit(server, [req])
@@ -96,19 +101,21 @@ async def _create(server: ServerState, request: Request, t0: float) -> JSONRespo
     return JSONResponse(job.to_json(server.jobs.ttl_s))
 
 
-@router.get("/v1/videos/{video_id}", response_model=VideoJobObject, responses={404: {"model": ErrorResponse}})
-async def get_video(video_id: str, request: Request) -> dict:
+@router.get("/v1/videos/{video_id}", response_model=VideoJobObject, responses=error_responses(400, 404))
+async def get_video(
+    video_id: str,
+    request: Request,
+    wait_s: Annotated[
+        float,
+        Query(
+            ge=0, le=MAX_WAIT_S, allow_inf_nan=False, description="wait until the job ends, this long at most"
+        ),
+    ] = 0.0,
+) -> dict:
     """The job; with ``?wait_s=S`` (up to 30) the answer waits until the job ends or S seconds pass."""
     server = state_of(request)
     server.check_key(request)
     job = server.jobs.get(video_id)
-    raw = request.query_params.get("wait_s", "0")
-    try:
-        wait_s = float(raw)
-    except ValueError:
-        wait_s = math.nan
-    if not 0 <= wait_s <= MAX_WAIT_S:
-        raise APIError(400, f"wait_s {raw!r} is not a number of seconds in [0, 30]", param="wait_s")
     if wait_s > 0 and job.finished_monotonic is None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(job.ended.wait(), wait_s)
@@ -118,11 +125,9 @@ async def get_video(video_id: str, request: Request) -> dict:
 @router.get(
     "/v1/videos/{video_id}/content",
     response_class=Response,
-    responses={
-        200: {"content": {"video/mp4": {}}},
-        404: {"model": ErrorResponse},
-        409: {"model": ErrorResponse},
-    },
+    responses=error_responses(
+        404, 409, ok={"content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}}}
+    ),
 )
 def get_video_content(video_id: str, request: Request) -> Response:
     server = state_of(request)
@@ -138,9 +143,7 @@ def get_video_content(video_id: str, request: Request) -> Response:
     return Response(job.content, media_type="video/mp4")
 
 
-@router.delete(
-    "/v1/videos/{video_id}", response_model=VideoDeleted, responses={404: {"model": ErrorResponse}}
-)
+@router.delete("/v1/videos/{video_id}", response_model=VideoDeleted, responses=error_responses(404))
 def delete_video(video_id: str, request: Request) -> dict:
     server = state_of(request)
     server.check_key(request)

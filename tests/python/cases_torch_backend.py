@@ -347,6 +347,14 @@ def point_to_point(ctx, seed: int) -> list:
     return errors
 
 
+def _fake_cuda(*shape) -> torch.Tensor:
+    """A CUDA tensor without memory (torch's FakeTensorMode works on CPU-only builds)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return torch.empty(shape, device="cuda")
+
+
 def refused(ctx) -> list:
     """What the backend does not support is refused on every rank with a message that names it."""
     msgs = []
@@ -358,6 +366,12 @@ def refused(ctx) -> list:
         ("tag", lambda: dist.send(torch.ones(3), dst=(ctx.rank + 1) % ctx.world_size, tag=5)),
         ("monitored_barrier", lambda: dist.monitored_barrier()),
         ("AVG int", lambda: dist.all_reduce(avg_int, op=dist.ReduceOp.AVG)),
+        ("CUDA all_reduce", lambda: dist.all_reduce(_fake_cuda(3))),
+        (
+            "CUDA all_gather",
+            lambda: dist.all_gather_into_tensor(_fake_cuda(2 * ctx.world_size), _fake_cuda(2)),
+        ),
+        ("CUDA send", lambda: dist.send(_fake_cuda(3), dst=(ctx.rank + 1) % ctx.world_size)),
     ]
     avg_int = torch.arange(3, dtype=torch.int32)
     for name, fn in attempts:
@@ -401,3 +415,269 @@ def gfdit_groups(ctx) -> dict:
         "whole": whole.ranks,
         "pair_sum": t[0].item(),
     }
+
+
+def _message(seed: int, src: int, dst: int, k: int, shape, dtype) -> torch.Tensor:
+    """The k-th message from src to dst: every rank can rebuild what any rank sends."""
+    return _rand(shape, dtype, torch.Generator().manual_seed(seed * 100003 + src * 1009 + dst * 17 + k))
+
+
+# (shape, dtype) of the messages each way of one pair: a and b differ in count, size and dtype.
+_FROM_LOW = [((3,), torch.float64), ((7, 5), torch.int32), ((2, 2, 2), torch.bfloat16)]
+_FROM_HIGH = [((4, 6), torch.float32), ((5,), torch.int64)]
+
+
+def _directions(r: int, peer: int, seed: int, g, program: str) -> dict[int, torch.Tensor]:
+    """One two-rank point-to-point program between r and peer on group g; the received tensors by index.
+
+    Every program is valid on gloo except "both send first", which gloo runs only for messages small enough to
+    be sent eagerly (none here), and which gfdit runs since its sends complete at the peer's process."""
+    low = r < peer
+    out_specs, in_specs = (_FROM_LOW, _FROM_HIGH) if low else (_FROM_HIGH, _FROM_LOW)
+    outs = [_message(seed, r, peer, k, s, d) for k, (s, d) in enumerate(out_specs)]
+    ins = [torch.full(s, 3, dtype=d) for s, d in in_specs]
+    if program == "send waits first":
+        # The lower rank waits on each send before it posts the receive its peer sent first (isend).
+        if low:
+            for t in outs:
+                dist.send(t, peer, group=g)
+            for t in ins:
+                dist.recv(t, peer, group=g)
+        else:
+            works = [dist.isend(t, peer, group=g) for t in outs]
+            for t in ins:
+                dist.recv(t, peer, group=g)
+            for w in works:
+                w.wait()
+    elif program == "isend wait":
+        if low:
+            for t in outs:
+                dist.isend(t, peer, group=g).wait()
+            for t in ins:
+                dist.irecv(t, peer, group=g).wait()
+        else:
+            works = [dist.isend(t, peer, group=g) for t in outs]
+            for t in ins:
+                dist.irecv(t, peer, group=g).wait()
+            for w in works:
+                w.wait()
+    elif program == "batch, receives first on one side":
+        ops = [dist.P2POp(dist.isend, t, peer, group=g) for t in outs]
+        recvs = [dist.P2POp(dist.irecv, t, peer, group=g) for t in ins]
+        for w in dist.batch_isend_irecv(ops + recvs if low else recvs + ops):
+            w.wait()
+    elif program == "many each way":
+        # More messages than one header describes, each way, all queued before any wait.
+        n_out, n_in = (11, 9) if low else (9, 11)
+        outs = [_message(seed, r, peer, 50 + k, (k + 1,), torch.float32) for k in range(n_out)]
+        ins = [torch.empty(k + 1) for k in range(n_in)]
+        works = [dist.isend(t, peer, group=g) for t in outs] + [dist.irecv(t, peer, group=g) for t in ins]
+        for w in reversed(works):
+            w.wait()
+    elif program == "both send first":
+        # gloo: each send waits for the peer's receive, which comes after the peer's send: a hang.
+        for t in outs:
+            dist.send(t, peer, group=g)
+        ins[0] = ins[0].t() if ins[0].dim() == 2 else ins[0]  # a non-contiguous receive of a waiting message
+        for t in ins:
+            dist.recv(t, peer, group=g)
+    else:
+        raise ValueError(program)
+    return dict(enumerate(ins))
+
+
+_PROGRAMS = ("send waits first", "isend wait", "batch, receives first on one side", "many each way")
+
+
+def p2p_directions(ctx, seed: int) -> list:
+    """Messages match per direction: each program on pairs (0, 1) and (2, 3) against gloo running the same
+    program, and the one program gloo cannot run against the values sent."""
+    n, r = ctx.world_size, ctx.rank
+    errors: list = []
+    gf, gl = _pair(list(range(n)))
+    peer = r ^ 1
+    if peer >= n:
+        return errors
+    for i, program in enumerate(_PROGRAMS):
+        got = _directions(r, peer, seed + i, gf, program)
+        want = _directions(r, peer, seed + i, gl, program)
+        for k in got:
+            _cmp(f"{program}: message {k} from {peer}", got[k], want[k], errors)
+    got = _directions(r, peer, seed, gf, "both send first")
+    specs = _FROM_HIGH if r < peer else _FROM_LOW
+    for k, (s, d) in enumerate(specs):
+        want_t = _message(seed, peer, r, k, s, d)
+        _cmp(f"both send first: message {k} from {peer}", got[k].reshape(want_t.shape), want_t, errors)
+    return errors
+
+
+def p2p_pipeline(ctx, seed: int) -> list:
+    """A pipeline (each rank receives from the one before, then sends on) forward and back, and every rank
+    sending to every other before it receives: valid on gloo, on every world size."""
+    n, r = ctx.world_size, ctx.rank
+    errors: list = []
+    gf, gl = _pair(list(range(n)))
+    for name, g in (("gfdit", gf), ("gloo", gl)):
+        for direction, prv, nxt in (("forward", r - 1, r + 1), ("back", r + 1, r - 1)):
+            x = torch.zeros(6) if 0 <= prv < n else _message(seed, r, nxt, 0, (6,), torch.float32)
+            if 0 <= prv < n:
+                dist.recv(x, prv, group=g)
+                x += 1
+            if 0 <= nxt < n:
+                dist.send(x, nxt, group=g)
+            first = 0 if direction == "forward" else n - 1
+            want = _message(
+                seed, first, first + (1 if direction == "forward" else -1), 0, (6,), torch.float32
+            )
+            _cmp(f"{name} pipeline {direction}", x, want + abs(r - first), errors, exact=False)
+        works = [
+            dist.isend(_message(seed, r, p, 3, (2, p + 1), torch.float32), p, group=g)
+            for p in range(n)
+            if p != r
+        ]
+        got = {p: torch.empty(2, r + 1) for p in range(n) if p != r}
+        for p, t in got.items():
+            dist.recv(t, p, group=g)
+        for w in works:
+            w.wait()
+        for p, t in got.items():
+            _cmp(
+                f"{name} all send, then receive, from {p}",
+                t,
+                _message(seed, p, r, 3, (2, r + 1), torch.float32),
+                errors,
+            )
+    return errors
+
+
+def p2p_errors(ctx) -> dict:
+    """Sizes that do not match and two ranks waiting on each other fail on both ranks of the pair with a clear
+    InvalidUsage, and the world stays usable."""
+    import gfdit
+
+    r, n = ctx.rank, ctx.world_size
+    peer = r ^ 1
+    out: dict = {}
+
+    def attempt(name: str, fn) -> None:
+        try:
+            fn()
+            out[name] = None
+        except gfdit.InvalidUsage as exc:
+            out[name] = str(exc)
+
+    if peer < n:
+        # The message and the posted receive differ: both ranks learn it from the header.
+        if r < peer:
+            attempt("posted mismatch", lambda: dist.send(torch.ones(4), peer))
+        else:
+            attempt("posted mismatch", lambda: dist.recv(torch.empty(5), peer))
+        attempt("deadlock", lambda: dist.recv(torch.empty(2), peer))
+        # Both send first, so each message waits at the peer (no receive posted): a receive of another size is
+        # refused there, and the right one is filled.
+        dist.send(torch.arange(3.0) + r, peer)
+        attempt("waiting mismatch", lambda: dist.recv(torch.empty(4), peer))
+        t = torch.empty(3)
+        dist.recv(t, peer)
+        out["then"] = t.tolist()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["after"] = t.item()
+    return out
+
+
+# ------------------------------------------------------------------- the CUDA path with stand-in streams
+def _host_meets_device(ctx, seed: int) -> list:
+    """With float64 on the (stand-in) device: a device message lands in a host receive and a host message in a
+    device receive, each direction of one pair at once."""
+    r, n = ctx.rank, ctx.world_size
+    errors: list = []
+    peer = r ^ 1
+    if peer >= n:
+        return errors
+    if r < peer:
+        sent, got = _message(seed, r, peer, 9, (4,), torch.float64), torch.empty(3, dtype=torch.float64)
+    else:
+        sent, got = _message(seed, r, peer, 9, (6,), torch.float32), torch.empty(4, dtype=torch.int64)
+    work = dist.isend(sent, peer)
+    dist.recv(got, peer)
+    work.wait()
+    want = _message(seed, peer, r, 9, *(((6,), torch.float32) if r < peer else ((4,), torch.float64)))
+    _cmp(f"host meets device from {peer}", got.view(want.dtype), want, errors)
+    return errors
+
+
+class _StandInEvent:
+    recorded: list = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        _StandInEvent.recorded.append(self)
+        self.stream = None
+
+    def record(self, stream=None) -> None:
+        self.stream = stream
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _StandInStream:
+    cuda_stream = 0
+
+    def __init__(self) -> None:
+        self.waited: list = []
+
+    def wait_event(self, event) -> None:
+        self.waited.append(event)
+
+
+def cuda_paths_on_cpu(ctx, seed: int, device_dtypes: list | None = None) -> dict:
+    """The backend's CUDA path on CPU tensors: the tensors' placement reports a stand-in CUDA stream (for every
+    tensor, or for those of device_dtypes only, so that host and device messages meet), torch.cuda's events
+    and current stream are stand-ins, and the core gets the host path. The collectives and the messages are
+    real and compared against gloo as on the host path; the events say whether every call's Work made the
+    current stream wait."""
+    from gfdit.comm import torch_backend as tb
+
+    stream = _StandInStream()
+    kinds = None if device_dtypes is None else {getattr(torch, d) for d in device_dtypes}
+    real_placement = tb._placement
+
+    def placement(world, op, named):
+        real_placement(world, op, named)  # the checks of the host path still run
+        if kinds is None or any(t.dtype in kinds for _, t in named):
+            return stream
+        return None
+
+    saved = (tb._placement, tb._stream_handle, torch.cuda.Event, torch.cuda.current_stream)
+    tb._placement, tb._stream_handle = placement, lambda s: 0
+    torch.cuda.Event = _StandInEvent
+    torch.cuda.current_stream = lambda device=None: stream
+    _StandInEvent.recorded = []
+    try:
+        errors: list = []
+        if kinds is None:
+            errors += collectives(ctx, seed)
+            errors += functional(ctx, seed)
+            x = torch.ones(3)
+            work = dist.all_reduce(x, async_op=True)
+            if not isinstance(work, tb._StreamWork):
+                errors.append(f"all_reduce(async_op=True) gave {type(work).__name__}")
+            work.wait()
+            if not stream.waited or stream.waited[-1] is not work._event or work._event.stream is not stream:
+                errors.append("wait() did not make the current stream wait for the all_reduce's event")
+        else:
+            errors += _host_meets_device(ctx, seed)
+        errors += point_to_point(ctx, seed)
+        errors += p2p_directions(ctx, seed)
+        return {
+            "errors": errors,
+            "recorded": len(_StandInEvent.recorded),
+            "waited": len(stream.waited),
+            "unrecorded waits": sum(e.stream is not stream for e in stream.waited),
+        }
+    finally:
+        tb._placement, tb._stream_handle, torch.cuda.Event, torch.cuda.current_stream = saved

@@ -21,7 +21,10 @@ def test_torch_is_the_pinned_version():
     assert torch.__version__.split("+")[0] == pinned
 
 
-@pytest.mark.parametrize("caller", [torch_internals.CREATOR_CALLER, torch_internals.NEW_GROUP_CALLER])
+@pytest.mark.parametrize(
+    "caller",
+    [torch_internals.CREATOR_CALLER, torch_internals.CREATOR_DEVICE, torch_internals.NEW_GROUP_CALLER],
+)
 def test_the_frames_read_hold_the_locals_read(caller):
     function, local = caller
     code = getattr(c10d, function).__code__

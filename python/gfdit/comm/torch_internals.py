@@ -7,7 +7,8 @@ Checked against the pinned torch (the Makefile's TORCH_VERSION, 2.13.0):
   the subgroup fast path are not told which backend string the caller asked for ("cpu:gfdit,cuda:nccl" must
   be refused; ``new_group(backend="gloo")`` must not take gfdit's fast path), so they read it where torch
   holds it: ``backend_config`` in ``distributed_c10d._new_process_group_helper`` and ``backend`` in
-  ``distributed_c10d._new_group_with_tag`` (NOTE [torch backend] in gfdit.comm.torch_backend). A torch
+  ``distributed_c10d._new_group_with_tag`` (NOTE [torch backend] in gfdit.comm.torch_backend); the creator
+  is not told the ``device_id`` of ``init_process_group`` either, which is ``device_id`` there. A torch
   whose functions are named otherwise makes these reads return None: the check is skipped and the fast
   path not offered, which is correct, only slower.
 - ``registered``: whether a backend name is registered (``dist.Backend._plugins``).
@@ -25,6 +26,7 @@ from torch.futures import Future
 
 # The torch functions whose frames caller_local reads, and the local each holds.
 CREATOR_CALLER = ("_new_process_group_helper", "backend_config")
+CREATOR_DEVICE = ("_new_process_group_helper", "device_id")
 NEW_GROUP_CALLER = ("_new_group_with_tag", "backend")
 
 

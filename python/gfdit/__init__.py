@@ -24,12 +24,15 @@ from gfdit.comm.topology import Topology
 from gfdit.comm.torch_backend import register as _register_torch_backend
 from gfdit.comm.world import *  # noqa: F403 (the collectives: gfdit.init, gfdit.all_reduce, ...)
 from gfdit.planning import cost
+from gfdit.serving import engine as _engine
 from gfdit.serving.engine import Decision, Engine, Layout, Policy
 from gfdit.serving.request import Request, RequestFailed, RequestHandle, RequestState, Result, Stage
+from gfdit.tools import profile_cache as _profile_cache
 
 __version__ = "0.1.0"
 
 _register_torch_backend()  # dist.init_process_group("gfdit"): see gfdit.comm.torch_backend
+_engine.register_cost_model_default(_profile_cache.engine_cost_model)  # Engine() plans with a cached profile
 
 
 def build_info() -> dict:

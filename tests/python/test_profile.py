@@ -48,6 +48,19 @@ def test_layouts_cover_degrees_and_modes():
     assert str(profile.LayoutSpec(2, 1, cfg=2)) == "usp 2x1 cfg2"
 
 
+def test_default_shapes_span_what_an_image_model_serves():
+    """An image model's default size up to the largest square its limits take (tiny-qwen-image: 65536 pixels,
+    256 tokens of 16x16 pixels), so that the profile prices every size it is asked to serve."""
+    facts = profile._ModelFacts("tiny-qwen-image")
+    assert facts.default_shapes() == [(48, 80, 1), (128, 128, 1), (256, 256, 1)]
+    for shape in facts.default_shapes():
+        facts.check(*shape)
+    with pytest.raises(InvalidUsage):
+        facts.check(272, 272, 1)  # one stride larger
+    qwen = profile._ModelFacts("qwen-image").default_shapes()
+    assert qwen[0] == (1024, 1024, 1) and qwen[-1] == (2048, 2048, 1) and len(qwen) == 3
+
+
 def test_parse_shapes():
     assert profile.parse_shapes("32x48x9, 64x96") == [(32, 48, 9), (64, 96, 1)]
     for bad in ("32", "32xx48", "0x16", "axb", ","):
@@ -137,16 +150,31 @@ def test_reduced_profile_run(tmp_path, capsys):
 
 
 @pytest.mark.timeout(120)
-def test_batch_profile_prices_batches(tmp_path):
+def test_batch_profile_prices_batches(tmp_path, monkeypatch):
     """Batches of 2 and 4 step together on rank 0; the profile written loads, and its cost model prices a batch
-    up to 4 (interpolating 3), refuses 5, and a batch of 4 small images costs less than 4 requests alone."""
+    up to 4 (interpolating 3), refuses 5, and a batch of 4 small images costs less than 4 requests alone. No
+    request has one step (a one-step tiny-qwen-image schedule divides by zero: NOTE [profile requests]), and
+    the progress reaches its total."""
     model, (h, w) = "tiny-qwen-image", (64, 64)
-    prof = profile.measure(model, 1, [(h, w, 1)], steps=2, repeats=1, batches=(2, 4))
+    steps_of = []
+    request = profile._request
+
+    def recorded(shape, steps, seed, prompt):
+        steps_of.append(steps)
+        return request(shape, steps, seed, prompt)
+
+    monkeypatch.setattr(profile, "_request", recorded)
+    progress = []
+    prof = profile.measure(
+        model, 1, [(h, w, 1)], steps=1, repeats=2, batches=(2, 4), progress=lambda *p: progress.append(p)
+    )
+    assert steps_of and min(steps_of) >= 2, steps_of
+    assert progress[-1][0] == progress[-1][1] == len(progress)
     denoise = {e.batch: e for e in prof.entries if e.stage == cost.Stage.DENOISE}
     assert sorted(denoise) == [1, 2, 4]
     for b, e in denoise.items():
         assert (e.degree, e.ulysses, e.ring, e.cfg) == (1, 1, 1, 1) and e.seconds > 0
-        assert e.samples == 2, b  # --steps 2 x --repeats 1: each batched step once, not once per member
+        assert e.samples == 2, b  # --steps 1 x --repeats 2: each batched step once, not once per member
     assert all(e.batch == 1 for e in prof.entries if e.stage != cost.Stage.DENOISE)
     assert "batch" in profile.format_table(prof).splitlines()[1]
     path = tmp_path / "profile.json"

@@ -3,16 +3,16 @@
 One ``gfdit.Engine`` runs at the given world size with a policy that pins each request to the group and
 layout being measured (``PinnedPolicy``). Requests go one at a time, so every task runs alone, and each
 task's duration is read from the request's timeline (the workers' own start and end times). For every
-shape and every layout the model allows on the world, ``--repeats`` requests of ``--steps`` steps give the
-encode, step and decode times (the decode split over the whole group); requests that start on rank 0 and move to a group of degree d give the
-migration times (one holder, d - 1 new members). For every shape and every batch size b of ``--batches``
-(default 2 and 4; batch 1 is every other measurement), b requests submitted at once run their steps together on
-rank 0 (one batched forward per step: NOTE [batches] in src/runtime/control.cpp, guidance as the model's
-default), which gives the step time of a batch (``ProfileEntry.batch``): with it a profiled cost model prices
-batches up to the largest measured one, and the built-in policies batch on it. Control-plane latencies come from
-``Engine.ping``. When the ranks outnumber the cores, two-rank groups running at once give the collective
-efficiency (how much of its share of the cores a collective task gets done), which the simulator's core sharing
-uses.
+shape and every layout the model allows on the world, a request of ``--steps`` x ``--repeats`` measured steps
+gives the encode, step and decode times (the decode split over the whole group); requests that move between
+rank 0 and a group of degree d give the migration times (one holder, d - 1 new members). NOTE [profile requests]
+says which requests run and why. For every shape and every batch size b of ``--batches`` (default 2 and 4;
+batch 1 is every other measurement), b requests submitted at once run their steps together on rank 0 (one
+batched forward per step: NOTE [batches] in src/runtime/control.cpp, guidance as the model's default), which
+gives the step time of a batch (``ProfileEntry.batch``): with it a profiled cost model prices batches up to the
+largest measured one, and the built-in policies batch on it. Control-plane latencies come from ``Engine.ping``.
+When the ranks outnumber the cores, two-rank groups running at once give the collective efficiency (how much
+of its share of the cores a collective task gets done), which the simulator's core sharing uses.
 
 The profile (a ``gfdit.planning.cost.Profile``: a C++ ``ProfileEntry`` per stage, layout and shape) holds the
 median of each stage's samples. ``gfdit.planning.cost`` writes the file (``PROFILE_FORMAT`` there), and
@@ -25,17 +25,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from gfdit._C import InvalidUsage
 from gfdit._C import runtime as rt
 from gfdit.planning import cost
-from gfdit.serving.engine import Engine, Request
+from gfdit.serving.engine import Engine, Request, worker_devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,14 +171,25 @@ class _ModelFacts:
         return int(self.arch.tokens(h, w, f))
 
     def default_shapes(self) -> list[tuple[int, int, int]]:
-        """From the model's default size up to 4x its tokens (multiples of the default size, so always
-        patchable); images and short videos for a video model."""
+        """For an image model the sizes it serves: its default size, the largest square its limits allow
+        (``max_pixels``, ``max_tokens``) and the square halfway between in log-tokens, as the profiled cost
+        model refuses shapes outside the measured tokens (NOTE [profile interpolation] in
+        src/runtime/profile_model.cpp). For a video model images and short videos up to 4x the default's tokens
+        (multiples of the default size, so always patchable)."""
         h, w, f = self.default
         if self.is_video:
-            shapes = [(h, w, 1), (2 * h, 2 * w, 1), (h, w, f), (2 * h, 2 * w, f)]
-        else:
-            shapes = [(h, w, 1), (2 * h, w, 1), (2 * h, 2 * w, 1)]
-        return list(dict.fromkeys(shapes))
+            return list(dict.fromkeys([(h, w, 1), (2 * h, 2 * w, 1), (h, w, f), (2 * h, 2 * w, f)]))
+        m = int(self.arch.spatial_multiple())
+        side = m * math.isqrt(int(self.arch.max_pixels)) // m
+        while side > m and self.tokens(side, side, 1) > int(self.arch.max_tokens):
+            side -= m
+        t_min, t_max = self.tokens(h, w, 1), self.tokens(side, side, 1)
+        if t_max <= t_min:
+            return [(h, w, 1)]
+        mid = side
+        while mid > m and self.tokens(mid - m, mid - m, 1) >= math.sqrt(t_min * t_max):
+            mid -= m
+        return list(dict.fromkeys([(h, w, 1), (mid, mid, 1), (side, side, 1)]))
 
 
 class PinnedPolicy:
@@ -255,9 +267,10 @@ def _run(
 
 def _run_batch(
     engine: Any, policy: Any, batch: int, shape: tuple[int, int, int], steps: int, seed: int, timeout_s: float
-) -> list[Any]:
+) -> tuple[list[Any], list[list[Any]]]:
     """``batch`` requests of ``shape`` submitted at once, run as one batch of ``steps`` steps on rank 0; the
-    denoise stages the batch ran (each once: every member's timeline holds the same batched stage)."""
+    denoise stages the batch ran in step order (each once: every member's timeline holds the same batched
+    stage), and every member's timeline."""
     policy.batch = batch
     try:
         prompt = "profile batch {}x{}x{}".format(*shape)
@@ -270,7 +283,7 @@ def _run_batch(
         for s in tl:
             if s.kind == "denoise" and s.batch == batch:
                 seen.setdefault((s.start_ns, s.end_ns, tuple(s.ranks), s.step_begin), s)
-    return list(seen.values())
+    return sorted(seen.values(), key=lambda s: s.step_begin), timelines
 
 
 def _collective_efficiency(
@@ -310,20 +323,41 @@ def _collective_efficiency(
     return float(min(1.2, max(0.2, eff)))
 
 
+# NOTE [profile requests]
+# What the fit needs and no more. Each layout is one request of 1 + steps x repeats steps whose first step (the
+# layout's first forward) is not counted: its steps give the step time, and the encode and decode it needs anyway
+# give theirs. A decode costs more than all the steps of a tiny model's request together, so requests are few,
+# and the decode of a degree is taken from every request that ends on a group of that degree (each layout of the
+# degree, its migration requests and, at degree 1, every member of a batch). Before a shape is measured, one
+# warm-up request per degree (WARMUP_STEPS steps, not counted) runs the first encode, forward and decode of that
+# shape and group size. A migration is measured by ``repeats`` requests per degree, each a step on rank 0 and one
+# on the group (a request that goes back to rank 0 and then to the group again migrates only once: the members
+# keep what they hold). A batch size is one batch of 1 + steps x repeats steps, its first step not counted. No
+# request has one step: a one-step schedule is degenerate for a sampler that stretches its sigmas to a terminal
+# value (Qwen-Image's flow-matching Euler divides by zero there), so it measures nothing that is served.
+WARMUP_STEPS = 2
+
+
 def measure(
     model: str,
     world_size: int,
     shapes: list[tuple[int, int, int]] | None = None,
-    steps: int = 3,
-    repeats: int = 3,
+    steps: int = 2,
+    repeats: int = 2,
     pings: int = 50,
     timeout_s: float = 120.0,
     log: Any = None,
     batches: Sequence[int] = (2, 4),
+    *,
+    model_path: str | None = None,
+    device: Any = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Any:
     """Measures every stage of ``model`` on this machine at ``world_size`` ranks, and the step of each batch size
     in ``batches`` (at degree 1); returns the profile (a ``gfdit.planning.cost.Profile``: ``cost.write_profile``
-    writes the file ``gfdit profile`` writes)."""
+    writes the file ``gfdit profile`` writes). ``model_path`` and ``device`` are the engine's
+    (``gfdit.Engine``); ``progress(done, total)`` is called after each measured request or batch (NOTE
+    [profile requests])."""
     if world_size < 1:
         raise InvalidUsage(f"--world-size must be positive, got {world_size}")
     if steps < 1 or repeats < 1:
@@ -342,11 +376,43 @@ def measure(
             raise InvalidUsage(f"--shapes: {h}x{w}x{f}: {e}") from None
     policy = PinnedPolicy.make()
     samples: dict[_Key, list[float]] = {}
+    measured = 1 + steps * repeats  # NOTE [profile requests]: the first step is not counted
+    one = LayoutSpec(1, 1)
     t0 = time.perf_counter()
-    with Engine(model=model, world_size=world_size, policy=policy) as eng:
+
+    def add(key: _Key, s: Any) -> None:
+        samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
+
+    def add_decodes(timeline: list[Any], tokens: int) -> None:
+        # a decode's key is its degree alone (NOTE [parallel decode] in src/runtime/control.cpp)
+        for s in timeline:
+            if s.kind == "decode":
+                add(_Key("decode", tokens, len(s.ranks)), s)
+
+    with Engine(
+        model=model,
+        model_path=model_path,
+        world_size=world_size,
+        policy=policy,
+        cost_model=False,
+        device=device,
+    ) as eng:
         heads = int(eng.model_info.heads)
         guidance = float(eng.model_info.defaults.guidance_scale) > 1.0
         layouts = layouts_for(world_size, heads, guidance)
+        warmups = list({lay.degree: lay for lay in reversed(layouts)}.values())  # one layout per degree
+        migrations = [
+            lay for lay in layouts if lay.degree > 1 and lay.ring == 1 and lay.mode == "usp" and lay.cfg == 1
+        ]
+        total = len(shapes) * (len(warmups) + len(layouts) + repeats * len(migrations) + len(batches)) + 1
+        done = 0
+
+        def tick() -> None:
+            nonlocal done
+            done += 1
+            if progress:
+                progress(done, total)
+
         if log:
             log(
                 f"engine up in {time.perf_counter() - t0:.1f} s; {len(shapes)} shapes x {len(layouts)} layouts "
@@ -356,44 +422,45 @@ def measure(
         seed = 0
         for shape in shapes:
             tokens = facts.tokens(*shape)
+            for lay in warmups:
+                seed += 1
+                _run(
+                    eng, policy, [Phase(tuple(range(lay.degree)), lay, WARMUP_STEPS)], shape, seed, timeout_s
+                )
+                tick()
             for lay in layouts:
-                group = tuple(range(lay.degree))
-                _run(eng, policy, [Phase(group, lay, 1)], shape, seed, timeout_s)  # warm-up: not counted
+                seed += 1
+                timeline = _run(
+                    eng, policy, [Phase(tuple(range(lay.degree)), lay, measured)], shape, seed, timeout_s
+                )
+                for s in timeline:
+                    if s.kind == "encode":
+                        add(_Key.of("encode", tokens, lay), s)
+                    elif s.kind == "denoise" and s.step_begin > 0:
+                        add(_Key.of("denoise", tokens, lay), s)
+                add_decodes(timeline, tokens)
+                tick()
+            for lay in migrations:  # one layout per degree: the state it moves does not depend on the layout
                 for _ in range(repeats):
                     seed += 1
-                    for s in _run(eng, policy, [Phase(group, lay, steps)], shape, seed, timeout_s):
-                        stage = s.kind  # a task kind and its stage share one name
-                        if stage not in cost.STAGES or stage == "migrate":
-                            continue
-                        # a decode's key is its degree alone (NOTE [parallel decode] in src/runtime/control.cpp)
-                        key = (
-                            _Key(stage, tokens, len(s.ranks))
-                            if stage == "decode"
-                            else _Key.of(stage, tokens, lay)
-                        )
-                        samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
-            for lay in layouts:
-                if lay.degree == 1 or lay.ring != 1 or lay.mode != "usp" or lay.cfg != 1:
-                    continue  # one migration per degree: the state it moves does not depend on the layout
-                for _ in range(repeats):
-                    seed += 1
-                    plan = [Phase((0,), LayoutSpec(1, 1), 1), Phase(tuple(range(lay.degree)), lay, 1)]
-                    for s in _run(eng, policy, plan, shape, seed, timeout_s):
+                    plan = [Phase((0,), one, 1), Phase(tuple(range(lay.degree)), lay, 1)]
+                    timeline = _run(eng, policy, plan, shape, seed, timeout_s)
+                    for s in timeline:
                         if s.kind == "migrate":
-                            key = _Key.of("migrate", tokens, lay, num_new=len(s.ranks) - 1)
-                            samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
-            one = LayoutSpec(1, 1)
+                            add(_Key.of("migrate", tokens, lay, num_new=len(s.ranks) - 1), s)
+                    add_decodes(timeline, tokens)
+                    tick()
             for b in batches:
                 seed += b
-                # warm-up (the first forward of a new batch size): not counted
-                _run_batch(eng, policy, b, shape, 1, seed, timeout_s)
                 key = _Key.of("denoise", tokens, one, batch=b)
-                for _ in range(repeats):
-                    seed += b
-                    for s in _run_batch(eng, policy, b, shape, steps, seed, timeout_s):
-                        samples.setdefault(key, []).append((s.end_ns - s.start_ns) / 1e9)
+                stepped, timelines = _run_batch(eng, policy, b, shape, measured, seed, timeout_s)
+                for s in stepped[1:]:
+                    add(key, s)
+                for timeline in timelines:
+                    add_decodes(timeline, tokens)
                 if key not in samples:  # the control plane ran them apart: a bug, not a measurement
                     raise RuntimeError(f"gfdit profile: {b} requests of {shape} never stepped as one batch")
+                tick()
             if log:
                 log(
                     f"  {shape[0]}x{shape[1]}x{shape[2]} ({tokens} tokens) done at {time.perf_counter() - t0:.1f} s"
@@ -402,9 +469,11 @@ def measure(
         if log:
             log(f"  collective efficiency {collective:.3f} at {time.perf_counter() - t0:.1f} s")
         ping = eng.ping(0, pings)
+        tick()
+        devices = worker_devices(device, world_size)
     prof = cost.Profile()
     prof.model = model
-    prof.hardware = "cpu"
+    prof.hardware = "cpu" if devices[0] is None else "cuda"
     prof.world_size = world_size
     prof.num_cores = os.cpu_count() or 1
     prof.dispatch_s = statistics.median([(start - disp) / 1e9 for disp, start, _, _ in ping])
@@ -455,12 +524,18 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--device", type=int, default=0, help="--collectives: the CUDA device (default 0)")
     parser.add_argument(
         "--shapes",
-        help="HxWxF,... to measure (default: 3-4 sizes from the model's default up to ~4x its tokens)",
+        help="HxWxF,... to measure (default: an image model's default size up to the largest its limits allow, "
+        "3 sizes; a video model's images and short videos up to ~4x the default's tokens)",
     )
     parser.add_argument(
-        "--steps", type=int, default=3, help="denoising steps per measured request (default 3)"
+        "--steps",
+        type=int,
+        default=2,
+        help="measured denoising steps per repeat (default 2): each shape and layout measures steps x repeats",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="requests per shape and layout (default 3)")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="repeats of --steps, and migrations per degree (default 2)"
+    )
     parser.add_argument(
         "--batches",
         default="2,4",

@@ -261,12 +261,13 @@ def test_wan22_two_experts_equal_wan_pipeline(tmp_path):
 QWEN_FOLDERS = [("euler", None), ("unipc", UNIPC_DYNAMIC)]
 
 
-def _qwen_pixel_error(m, pipe) -> float:
+def _qwen_pixel_error(m, pipe, steps: int = 5) -> float:
     """Max |pixel difference| between m.generate and the pipeline for one prompt, negative prompt, size, steps,
-    true-CFG scale and seed (gfdit returns float32 pixels whatever the model's dtype)."""
+    true-CFG scale and seed (gfdit returns float32 pixels whatever the model's dtype); the output must be
+    finite and not flat."""
     pipe.prompt_template_encode_start_idx = m.prompt_template_drop  # the byte tokenizer's template prefix
     pipe.set_progress_bar_config(disable=True)
-    opts = {"num_inference_steps": 5, "height": 48, "width": 80}
+    opts = {"num_inference_steps": steps, "height": 48, "width": 80}
     want = pipe(
         PROMPT,
         negative_prompt=NEGATIVE,
@@ -277,7 +278,8 @@ def _qwen_pixel_error(m, pipe) -> float:
         **opts,
     ).images[0]
     got = m.generate(PROMPT, seed=4, negative_prompt=NEGATIVE, guidance_scale=4.0, **opts)
-    assert got.dtype == torch.float32
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    assert got.std().item() > 0.01  # an image, not a flat one
     return (got - want.float()).abs().max().item()
 
 
@@ -410,6 +412,124 @@ def test_unsupported_schedulers_refused(tmp_path):
     m = qwen_pipeline.build_tiny(scheduler_config=sh.SCHEDULERS["dpm"])
     with pytest.raises(gfdit.InvalidUsage, match="DPMSolverMultistepScheduler cannot make this schedule"):
         m.generate(PROMPT)
+
+
+# ------------------------------------------------------------------------ one step, and outputs that are not finite
+# Qwen-Image's scheduler stretches its sigmas to shift_terminal; at one step diffusers divides by zero there and
+# gives NaN (NOTE [one-step terminal stretch] in gfdit.models.samplers). The reference of the one-step schedule is
+# diffusers' scheduler with the stretch off, which at one step is the stretch that keeps sigma 1.
+QWEN_UNIPC = {
+    "_class_name": "UniPCMultistepScheduler",
+    "use_flow_sigmas": True,
+    "prediction_type": "flow_prediction",
+}
+
+
+def _qwen_schedulers():
+    from gfdit.models import qwen_pipeline
+
+    return [
+        ("euler", qwen_pipeline.QWEN_IMAGE_SCHEDULER),
+        ("unipc", {**qwen_pipeline.QWEN_IMAGE_SCHEDULER, **QWEN_UNIPC}),
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_one_step_schedule_under_shift_terminal_starts_from_noise():
+    import warnings
+
+    import numpy as np
+    from gfdit.models.samplers import sampler_from_config
+
+    for name, config in _qwen_schedulers():
+        assert config["shift_terminal"] == 0.02
+        sampler = sampler_from_config(config)
+        for steps in (1, 2, 5):
+            sigmas = np.linspace(1.0, 1 / steps, steps)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)  # no division by zero on our side
+                got_sigmas, got_timesteps = sampler.schedule(steps, sigmas=sigmas, mu=0.7)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # diffusers' own at one step
+                stretched = _reference_scheduler(config, steps, {"sigmas": True, "mu": 0.7})
+            assert torch.isfinite(got_sigmas).all() and torch.isfinite(got_timesteps.float()).all()
+            if steps == 1:
+                assert torch.isnan(stretched.sigmas[0]), (
+                    "diffusers now makes this schedule: drop the workaround"
+                )
+                plain = _reference_scheduler(
+                    {**config, "shift_terminal": None}, 1, {"sigmas": True, "mu": 0.7}
+                )
+                assert torch.equal(got_sigmas, plain.sigmas) and torch.equal(got_timesteps, plain.timesteps)
+                assert got_sigmas[0] > 0.999 and got_sigmas[1] == 0, (name, got_sigmas)
+            else:  # diffusers' schedule, stretched to end at shift_terminal
+                assert torch.equal(got_sigmas, stretched.sigmas), (name, steps)
+                assert torch.equal(got_timesteps, stretched.timesteps), (name, steps)
+                assert abs(float(got_sigmas[-2]) - 0.02) < 1e-4
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("which", ["euler", "unipc"])
+def test_qwen_image_one_step_is_finite_and_equals_the_pipeline_without_the_stretch(tmp_path, which):
+    import gfdit.models as gm
+    from diffusers import QwenImagePipeline
+    from gfdit.models import qwen_pipeline
+
+    config = dict(_qwen_schedulers())[which]
+    qwen_pipeline.build_tiny(scheduler_config=config).save_pretrained(tmp_path)
+    m = gm.load("qwen-image", path=tmp_path)
+    scheduler = m.sampler.scheduler_class.from_config({**config, "shift_terminal": None})
+    pipe = QwenImagePipeline(
+        scheduler=scheduler,
+        vae=m.vae,
+        text_encoder=m.text_encoder,
+        tokenizer=m.tokenizer,
+        transformer=m.transformer,
+    )
+    err = _qwen_pixel_error(m, pipe, steps=1)
+    print(f"qwen-image {which} one step: max |pixel difference| {err:.3g}")
+    assert err <= PIXEL_TOL
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "case", [c for c in SAMPLER_CASES if c[0] in ("euler", "unipc-wan")], ids=lambda c: c[0]
+)
+def test_a_trajectory_ending_in_nan_is_a_model_error(case):
+    # The worker reports the exception's class (NOTE [worker loop]): gfdit.Error is a model error, which fails
+    # the request with its cause instead of decoding NaN into a black image.
+    import gfdit
+    import gfdit._C.runtime as rt
+    import gfdit.models as gm
+    from gfdit.models.samplers import sampler_from_config
+
+    _, config, steps, _, shape = case
+    sampler = sampler_from_config(config)
+    sigmas, timesteps = sampler.schedule(steps)
+    g = torch.Generator().manual_seed(5)
+    state = gm.DenoiseState(
+        latent=torch.randn(shape, generator=g),
+        prompt_embeds=torch.randn(1, 3, 8, generator=g),
+        negative_prompt_embeds=None,
+        sigmas=sigmas,
+        timesteps=timesteps,
+        step_idx=0,
+        guidance_scale=1.0,
+        grid=(1, 1, 1),
+    )
+    outputs = [torch.randn(shape, generator=g) for _ in range(steps)]
+    clean = state
+    for out in outputs:
+        clean = sampler.step(clean, out)
+    assert clean.done and torch.isfinite(clean.latent).all()
+    outputs[1][0, 0, 0] = float("nan")  # one bad value mid-trajectory: checked once, at the end
+    for out in outputs[:-1]:
+        state = sampler.step(state, out)
+    assert not torch.isfinite(state.latent).all()
+    with pytest.raises(gfdit.Error, match="NaN or infinite") as info:
+        sampler.step(state, outputs[-1])
+    assert not isinstance(info.value, gfdit.InvalidUsage)
+    assert rt.task_error_of(info.value) == rt.TaskError.MODEL_ERROR
 
 
 # ------------------------------------------------------------------------ world of 2

@@ -65,6 +65,27 @@ def test_deterministic_shapes_and_dtypes(name):
     assert tuple(m.vae_latent(state).shape) == shape
 
 
+def test_a_vae_that_decodes_nan_is_a_model_error_not_a_black_image():
+    import gfdit
+    import torch
+    from gfdit._C import runtime as rt
+
+    m = sh.model("tiny-qwen-image")
+    cond = m.encode(PROMPT)
+    shape = m.latent_shape()
+    state = m.initial_state(cond, m.init_latent(7, shape), num_inference_steps=2, grid=tuple(shape[2:]))
+    for k in range(2):
+        state = m.denoise_step(state, k)
+    assert torch.isfinite(m.decode(state)).all()
+    hook = m.vae.decoder.register_forward_hook(lambda mod, args, out: torch.full_like(out, float("nan")))
+    try:
+        with pytest.raises(gfdit.Error, match="NaN or infinite pixels") as info:
+            m.decode(state)
+    finally:
+        hook.remove()
+    assert rt.task_error_of(info.value) == rt.TaskError.MODEL_ERROR
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_state_round_trip_and_bad_steps(name):
     import gfdit

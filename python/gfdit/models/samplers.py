@@ -13,6 +13,10 @@
 
 Any other scheduler class, and options whose steps draw random noise (SDE variants, stochastic sampling),
 are refused with gfdit.InvalidUsage naming them: a folder's sampler is never silently replaced.
+
+Two things differ from diffusers on purpose: a one-step schedule under ``shift_terminal`` (NOTE [one-step
+terminal stretch]), and a trajectory that ends in a non-finite latent, which is a model error (gfdit.Error)
+where diffusers returns it (and a pipeline then decodes it into a black image).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gfdit._C import InvalidUsage
+from gfdit._C import Error, InvalidUsage
 from gfdit.models.staged import DenoiseState, euler_step, flow_match_schedule
 
 EULER = "FlowMatchEulerDiscreteScheduler"
@@ -31,6 +35,9 @@ UNIPC = "UniPCMultistepScheduler"
 DPM_SOLVER = "DPMSolverMultistepScheduler"
 SUPPORTED = (EULER, UNIPC, DPM_SOLVER)
 
+
+# A sigma this close to 1 is 1 (UniPC lowers a first sigma of 1 by 1e-6, NOTE [one-step terminal stretch]).
+_SIGMA_ONE_TOL = 1e-5
 
 # What diffusers raises for a schedule its scheduler cannot make (set_timesteps' own checks).
 _SCHEDULE_ERRORS = (ValueError, AssertionError, TypeError)
@@ -56,8 +63,30 @@ class Sampler:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(sigmas [N + 1], timesteps [N]) in the scheduler's dtypes, as the pipelines set them: with custom
         ``sigmas`` (Qwen-Image) through ``set_timesteps(sigmas=..., mu=...)``, else
-        ``set_timesteps(N, mu=...)``. A fresh scheduler object per call."""
-        sched = self.scheduler_class.from_config(self.config)
+        ``set_timesteps(N, mu=...)``. A fresh scheduler object per call. A schedule that ends at sigma 1 is
+        not stretched to ``shift_terminal`` (NOTE [one-step terminal stretch])."""
+        if self.config.get("shift_terminal"):
+            plain = self._set_timesteps(
+                {**self.config, "shift_terminal": None}, num_inference_steps, sigmas=sigmas, mu=mu
+            )
+            if float(plain[0][-2]) > 1 - _SIGMA_ONE_TOL:
+                return plain
+        return self._set_timesteps(self.config, num_inference_steps, sigmas=sigmas, mu=mu)
+
+    # NOTE [one-step terminal stretch]
+    # With ``shift_terminal`` (Qwen-Image's scheduler: 0.02), diffusers' set_timesteps stretches the shifted
+    # sigmas so that sigma 1 stays and the last one becomes shift_terminal: s -> 1 - (1 - s) / c with
+    # c = (1 - s_last) / (1 - shift_terminal). A schedule whose last sigma is 1 (one step from pure noise:
+    # Qwen-Image's sigmas linspace(1, 1/N, N) at N = 1; every shift keeps 1) makes c zero, and diffusers
+    # returns NaN sigmas (QwenImagePipeline at one step gives NaN pixels, with "invalid value encountered in
+    # divide"). No stretch can keep sigma 1 and end at shift_terminal with one sigma; the one that keeps the
+    # start is the identity, so such a schedule is used unstretched: sigmas [1, 0], one step from noise to
+    # the sample. Every other schedule is diffusers' own.
+    def _set_timesteps(
+        self, config: dict, num_inference_steps: int, *, sigmas: Any, mu: float | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The schedule diffusers' scheduler of ``config`` sets (see ``schedule``)."""
+        sched = self.scheduler_class.from_config(config)
         kwargs: dict[str, Any] = {} if mu is None else {"mu": mu}
         params = inspect.signature(sched.set_timesteps).parameters
         try:
@@ -77,8 +106,19 @@ class Sampler:
 
     def step(self, state: DenoiseState, model_output: torch.Tensor) -> DenoiseState:
         """The state after step ``state.step_idx`` given the model's (guided) output there; the input state is
-        not modified."""
+        not modified. The last step raises gfdit.Error (a model error) when the latent it gives is not
+        finite: what would be decoded must be a sample."""
         raise NotImplementedError
+
+    def _checked(self, state: DenoiseState) -> DenoiseState:
+        """``state``, after refusing a finished trajectory whose latent holds NaN or infinity. Checked once
+        per trajectory (on a GPU it waits for the step), at its end: a non-finite value stays so to the end."""
+        if state.done and not bool(torch.isfinite(state.latent).all()):
+            raise Error(
+                f"gfdit.models: the {self.name} trajectory of {state.num_steps} step(s) ended in a latent "
+                "with NaN or infinite values; the model's output is not an image"
+            )
+        return state
 
 
 class EulerSampler(Sampler):
@@ -93,18 +133,18 @@ class EulerSampler(Sampler):
                 f"gfdit.models: {EULER} with stochastic_sampling draws noise at every step; not supported"
             )
 
-    def schedule(
-        self, num_inference_steps: int, *, sigmas: Any = None, mu: float | None = None
+    def _set_timesteps(
+        self, config: dict, num_inference_steps: int, *, sigmas: Any, mu: float | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         try:
-            return flow_match_schedule(self.config, num_inference_steps, sigmas=sigmas, mu=mu)
+            return flow_match_schedule(config, num_inference_steps, sigmas=sigmas, mu=mu)
         except _SCHEDULE_ERRORS as exc:
             raise self._refused(exc) from None
 
     def step(self, state: DenoiseState, model_output: torch.Tensor) -> DenoiseState:
         k = state.step_idx
         new = euler_step(state.latent, state.sigmas[k], state.sigmas[k + 1], model_output)
-        return dataclasses.replace(state, latent=new, step_idx=k + 1)
+        return self._checked(dataclasses.replace(state, latent=new, step_idx=k + 1))
 
 
 class MultistepSampler(Sampler):
@@ -157,15 +197,17 @@ class MultistepSampler(Sampler):
             sched.this_order = int(state.this_order)
         latent = sched.step(model_output, state.timesteps[k], state.latent, return_dict=False)[0]
         kept = [m for m in sched.model_outputs if m is not None]
-        return dataclasses.replace(
-            state,
-            latent=latent.contiguous(),  # in the dtype diffusers' step returns (NOTE [state dtypes])
-            step_idx=k + 1,
-            history=torch.stack(kept).contiguous() if kept else None,
-            history_timesteps=state.timesteps[k + 1 - len(kept) : k + 1].clone() if kept else None,
-            last_sample=None if self.name != UNIPC else sched.last_sample.contiguous(),
-            lower_order_nums=int(sched.lower_order_nums),
-            this_order=int(getattr(sched, "this_order", 0)),
+        return self._checked(
+            dataclasses.replace(
+                state,
+                latent=latent.contiguous(),  # in the dtype diffusers' step returns (NOTE [state dtypes])
+                step_idx=k + 1,
+                history=torch.stack(kept).contiguous() if kept else None,
+                history_timesteps=state.timesteps[k + 1 - len(kept) : k + 1].clone() if kept else None,
+                last_sample=None if self.name != UNIPC else sched.last_sample.contiguous(),
+                lower_order_nums=int(sched.lower_order_nums),
+                this_order=int(getattr(sched, "this_order", 0)),
+            )
         )
 
 

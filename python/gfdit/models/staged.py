@@ -119,7 +119,7 @@ from typing import Any, Literal, overload
 import torch
 
 from gfdit import comm
-from gfdit._C import DType, InvalidUsage
+from gfdit._C import DType, Error, InvalidUsage
 from gfdit.attention.spec import ParallelSpec
 from gfdit.comm.dtypes import DTYPE_TO_TORCH, TORCH_TO_DTYPE
 from gfdit.models import patch_decode
@@ -397,6 +397,8 @@ class StagedModel(abc.ABC):
         std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(dev, latent.dtype)
         with torch.no_grad():
             video = patch_decode.decode(vae, latent / std + mean, group)
+        if not bool(torch.isfinite(video).all()):  # a model error, never a black image
+            raise Error("gfdit.models: the VAE decoded NaN or infinite pixels; the output is not an image")
         return (video[0] * 0.5 + 0.5).clamp(0, 1).float().cpu()
 
     def initial_state(

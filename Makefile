@@ -13,13 +13,15 @@ MODEL_DEPS := diffusers==0.42.1 transformers==5.24.0
 # its flash-attn extra is not needed on CPU).
 BACKEND_TEST_DEPS := yunchang==0.6.4
 # plots of the simulator and the experiments; the linters and the type checker CI runs, and the stub generator
-# of gfdit._C (pinned: formatting and types must not drift); pytest-timeout bounds every test.
-TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3 mypy==1.20.2 pybind11-stubgen==2.5.5 pytest-timeout==2.4.0
+# of gfdit._C (pinned: formatting and types must not drift); pytest-timeout bounds every test; Schemathesis fuzzes
+# the server against its published OpenAPI schema (tests/python/test_openapi.py).
+TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3 mypy==1.20.2 pybind11-stubgen==2.5.5 pytest-timeout==2.4.0 \
+  schemathesis==4.32.5
 # gfdit serve: the HTTP front end, PNG and H.264 MP4 encoding, metrics; httpx (FastAPI's TestClient and gfdit bench's client), tqdm (gfdit bench's progress bar) and the openai client for its tests.
 SERVE_DEPS := fastapi==0.163.2 uvicorn==0.54.0 pillow==13.0.0 prometheus-client==0.26.0 av==18.1.0 httpx==0.28.1 tqdm==4.70.1 openai==3.51.0
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
-.PHONY: serve build venv system-deps python-package cpp nvshmem test test-cpp test-python bench experiments lint format stubs clean
+.PHONY: serve build venv system-deps python-package cpp nvshmem test test-cpp test-python test-fast test-cpp-fast test-python-fast bench experiments lint format stubs clean
 
 build: python-package cpp
 
@@ -65,15 +67,25 @@ nvshmem: venv
 
 test: build test-cpp test-python
 
+# The fast tier (README, "Set-up and tests"; the tiers: tests/python/conftest.py): at most 3 minutes on a 2-core
+# machine, every module still tested. C++: every test but the slow ones below (timeouts, worlds of 3 and 4 ranks,
+# simulated overloads, the oversubscribed stress, the find_package consumer's build); Python: every test not
+# marked slow. tests/python/test_tiers.py checks that each test module and C++ test source keeps a fast test.
+CTEST_SLOW := ^(Stress\.OverlappingGroupsSixRanksOversubscribed|ReadyOrder\.(SimulatedOverload|RandomEvents)DecidesAsTheFullList|Failures\.(SilentPeerTimesOutNamingEdgeAndPeer|DeadPeerIsNamedWithinASecond|HeartbeatsTellADeadPeerWherePidsCannot)|ControlPlane\.MemoryStaysFlatOverManyRequests|WorldSizes/Collectives\..*/[34]|find_package_consumer)$$
+
+test-fast: build test-cpp-fast test-python-fast
+
+test-cpp-fast:
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ctest --test-dir $(CPP_BUILD) --output-on-failure --timeout 600 -E '$(CTEST_SLOW)'
+
+test-python-fast:
+	$(PY) -m pytest tests/python -q -m "not slow"
+
 # an OpenAI-compatible server on a tiny model with 4 CPU ranks at http://127.0.0.1:8000 (README, "Serving over HTTP").
 # Its policy reads a profile of this machine, measured once (about 20 s) and kept in build/.
-SERVE_PROFILE := build/profile-tiny-qwen-image-4.json
-$(SERVE_PROFILE): | build
-	$(PY) -m gfdit profile --model tiny-qwen-image --world-size 4 --shapes 48x80x1,128x128x1,256x256x1 --out $@
-
-serve: build $(SERVE_PROFILE)
-	$(PY) -m gfdit serve --model tiny-qwen-image --world-size 4 --policy fcfs --profile $(SERVE_PROFILE) \
-	  --host 127.0.0.1 --port 8000
+# the policies plan with the cached profile of this machine, measured on the first run (gfdit serve --reprofile)
+serve: build
+	$(PY) -m gfdit serve --model tiny-qwen-image --world-size 4 --policy fcfs --host 127.0.0.1 --port 8000
 
 test-cpp:
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ctest --test-dir $(CPP_BUILD) --output-on-failure --timeout 600

@@ -40,6 +40,8 @@ struct ControlStats {
   uint64_t task_timeouts = 0;
   uint64_t refused_decisions = 0;  ///< a policy's decisions dropped as invalid (NOTE [refused decisions])
   uint64_t batched_steps = 0;      ///< denoise tasks that stepped two or more requests together (NOTE [batches])
+  uint64_t worker_deaths = 0;      ///< workers found dead (killed, crashed, or stopped for a missed deadline)
+  uint64_t replacements = 0;       ///< replacement workers that joined the world (NOTE [replacements])
   int64_t policy_ns = 0;           ///< real time spent in the policy (also when the clock is virtual)
 };
 
@@ -72,6 +74,15 @@ class ControlPlane {
   void onCompletion(const Completion& c, const std::string& message = std::string());
   /// A worker is gone: tasks pending on it fail, recovery starts.
   void onWorkerDeath(int worker);
+  /// Whether dead workers may be replaced (NOTE [replacements]): then the death of the last worker leaves the
+  /// requests waiting for a replacement instead of failing them. Turning it off with no worker alive fails them
+  /// with `reason`.
+  void setReplacing(bool on, const std::string& reason = std::string());
+  /// A replacement for dead `worker` said hello: it joins the world at the next step boundary, when the tasks in
+  /// flight are done (NOTE [replacements]).
+  void onWorkerJoin(int worker);
+  /// Whether `worker` is a replacement waiting to join.
+  bool joining(int worker) const { return joining_[worker]; }
   /// Checks task deadlines and runs the policy when something changed; returns the time (ns) of the next
   /// deadline, or INT64_MAX.
   int64_t poll();
@@ -139,6 +150,7 @@ class ControlPlane {
   void occupy(const std::vector<int>& ranks);
   void release(const std::vector<int>& ranks);
   void startRecovery();
+  bool paused() const { return recovering_ || rejoin_; }
   void tryReinit();
   void reinitDone();
   void checkDeadlines(int64_t now);
@@ -160,6 +172,7 @@ class ControlPlane {
   std::unordered_map<uint64_t, std::unique_ptr<Task>> tasks_;
   std::vector<bool> rank_busy_;
   std::vector<bool> alive_;
+  std::vector<bool> joining_;  ///< replacements that said hello and wait for the next world (NOTE [replacements])
   std::vector<int64_t> worker_free_at_;       ///< expected end of each worker's queued work
   std::vector<uint64_t> decode_waiting_;      ///< requests waiting for a free holder to decode on (NOTE [batches])
   std::string last_refusal_;                  ///< why the policy's last refused decision was refused
@@ -170,6 +183,9 @@ class ControlPlane {
   bool dirty_ = false;
   bool refused_waiting_ = false;  ///< the last round refused a decision while tasks were in flight
   bool recovering_ = false;
+  bool rejoin_ = false;      ///< a replacement waits: nothing new goes out until the world is re-created with it
+  bool replacing_ = false;   ///< setReplacing
+  int reinit_failures_ = 0;  ///< re-creations of the world that failed in a row
   uint64_t epoch_ = 0;
   ControlStats stats_;
   std::function<void(RequestResult&&)> on_finished_;

@@ -63,7 +63,8 @@ struct EngineStats {
   int64_t control_cpu_ns = 0;  ///< CPU time of the control thread so far
   int64_t loop_wakeups = 0;    ///< times the control thread woke up
   std::vector<bool> alive;
-  size_t num_requests = 0;  ///< not yet pruned
+  std::vector<bool> joining;  ///< replacements that said hello and wait for the next world (NOTE [replacements])
+  size_t num_requests = 0;    ///< not yet pruned
   size_t tasks_in_flight = 0;
   bool recovering = false;
 };
@@ -116,6 +117,20 @@ class EngineLoop {
   EngineStats stats();
   /// Cancels what is in flight, tells the workers to leave, stops the control thread.
   void shutdown();
+
+  // Replacing dead workers (NOTE [replacements] in src/runtime/control.cpp). Whoever starts the workers starts a
+  // replacement: prepareReplacement, then the process (attaching with queueFd(): the rings' name is gone), then
+  // setWorkerPid. Its hello makes it a joiner; its model must be the engine's.
+  /// Whether dead workers will be replaced: see ControlPlane::setReplacing.
+  void setReplacing(bool on, const std::string& reason = std::string());
+  /// A descriptor of the rings' region, open for as long as the loop lives (for a replacement to inherit).
+  int queueFd() const { return queue_fd_; }
+  /// Readies dead `worker`'s rings for a replacement and forgets its process. Throws unless it is dead.
+  void prepareReplacement(int worker);
+  /// The replacement's process id (its death is then noticed like any worker's).
+  void setWorkerPid(int worker, int pid);
+  /// Why `worker`'s latest replacement was refused at its hello ("" if it was not), and forgets it.
+  std::string takeReplacementError(int worker);
   bool closed() const { return closed_; }
 
  private:
@@ -132,6 +147,7 @@ class EngineLoop {
   void loop();
   void post(Event e);
   void checkWorkers();
+  void onHello(int worker, const Completion& c, const std::string& payload);
 
   EngineOptions options_;
   std::unique_ptr<QueueSet> queues_;
@@ -140,6 +156,9 @@ class EngineLoop {
   RealClock clock_;
   std::unique_ptr<ControlPlane> plane_;
   std::vector<int> pids_;
+  std::vector<bool> awaiting_hello_;       ///< a replacement is starting (prepareReplacement)
+  std::vector<std::string> hello_errors_;  ///< takeReplacementError
+  int queue_fd_ = -1;
   std::thread thread_;
   std::mutex plane_mu_;  // held by the control thread while it works (not while it waits)
   std::mutex inbox_mu_;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,8 @@ class MessageRing {
   bool pop(std::string& out, std::chrono::microseconds timeout);
   /// Whether no message waits (see size()).
   bool empty() const { return size() == 0; }
+  /// Drops every message (the producer, when the consumer is gone for good and another takes its place).
+  void clear();
   /// Largest message the ring accepts.
   size_t maxMessage() const;
 
@@ -74,8 +77,9 @@ class QueueSet {
  public:
   /// Creates the region (random name, mode 0600); the name stays until unlinkName().
   static std::unique_ptr<QueueSet> create(int num_workers, uint32_t ring_bytes = 1u << 20);
-  /// Maps a region by name (a worker).
-  static std::unique_ptr<QueueSet> attach(const std::string& name);
+  /// Maps a region by name (a worker), or, `fd` >= 0, the region open at `fd` (taken), whose name may be gone: a
+  /// replacement worker started after the name was removed (NOTE [replacements] in src/runtime/control.cpp).
+  static std::unique_ptr<QueueSet> attach(const std::string& name, int fd = -1);
   ~QueueSet();
 
   /// The region's name, for attach().
@@ -100,6 +104,10 @@ class QueueSet {
   /// completion ring; rings the control bell when `wake`.
   bool pushCompletion(int worker, const Completion& c, std::chrono::microseconds timeout, bool wake = true,
                       const std::string& payload = std::string());
+  /// Empties `worker`'s rings for a replacement (the old process is gone): its queued tasks are dropped and
+  /// the completions it left are read and discarded. Called where the control plane runs, before the
+  /// replacement starts.
+  void resetWorker(int worker);
   /// Tasks waiting in `worker`'s dispatch ring.
   uint64_t pendingTasks(int worker) const { return dispatch_[worker].size(); }
   /// Takes a completion of `worker` if there is one, and its payload into `payload` when given.
@@ -112,6 +120,34 @@ class QueueSet {
   int num_workers_ = 0;
   std::vector<MessageRing> dispatch_;
   std::vector<MessageRing> completion_;
+};
+
+/// Tasks on their way to workers, never waiting: a task whose worker's dispatch ring is full (or that has tasks
+/// waiting before it) waits in that worker's backlog, in order, until flush() finds room (NOTE [control thread] in
+/// src/runtime/engine_loop.cpp: the control plane never waits for a worker while it holds its lock).
+class Dispatcher {
+ public:
+  explicit Dispatcher(QueueSet& queues);
+  /// Into `worker`'s ring if it fits and nothing waits before it, else into its backlog.
+  void push(int worker, const TaskDescriptor& t, const std::string& payload, int64_t now_ns);
+  /// Moves backlogged tasks into the rings that have room. Returns the workers whose oldest waiting task has
+  /// waited more than `stale_ns` (their backlogs are dropped: they are wedged, and the caller stops them).
+  std::vector<int> flush(int64_t now_ns, int64_t stale_ns);
+  /// Whether some task waits in a backlog.
+  bool waiting() const;
+  /// Tasks waiting in `worker`'s backlog.
+  size_t backlog(int worker) const { return backlog_[worker].size(); }
+  /// Drops `worker`'s backlog (it is gone).
+  void clear(int worker) { backlog_[worker].clear(); }
+
+ private:
+  struct Pending {
+    TaskDescriptor task;
+    std::string payload;
+    int64_t since_ns;
+  };
+  QueueSet& queues_;
+  std::vector<std::deque<Pending>> backlog_;
 };
 
 }  // namespace runtime

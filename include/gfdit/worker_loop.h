@@ -45,8 +45,10 @@ TaskError taskErrorOf(ErrorCode code);
 /// One worker's end of the engine's rings (a QueueSet made by an EngineLoop in the parent process).
 class WorkerLoop {
  public:
-  /// Attaches worker `worker`'s rings of the queue set `queue_name`; the engine is this process's parent.
-  WorkerLoop(const std::string& queue_name, int worker);
+  /// Attaches worker `worker`'s rings of the queue set `queue_name` (or, `queue_fd` >= 0, of the set open at that
+  /// descriptor, which the loop takes: a replacement started after the name was removed); the engine is this
+  /// process's parent.
+  WorkerLoop(const std::string& queue_name, int worker, int queue_fd = -1);
   ~WorkerLoop();
 
   int worker() const { return worker_; }

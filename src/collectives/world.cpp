@@ -10,7 +10,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -39,7 +42,17 @@ std::atomic<DeviceTransportFactory> g_device_factory{nullptr};
 // Longer bounds are clamped to this: a wait's elapsed time is compared in nanoseconds, which a bound of
 // millions of years (or "infinity" from Python) would overflow.
 constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24 * 365 * 100);
-std::atomic<uint64_t> g_world_generation{0};
+// Worlds this process created under each key prefix: a prefix used again (a world created twice in a row by the
+// same ranks) gets fresh keys, and a process's first world under a prefix agrees with every other process's
+// first, whatever other worlds each created before (a replacement worker joining an engine's world: NOTE
+// [replacements] in src/runtime/control.cpp).
+std::mutex g_generations_mu;
+std::map<std::string, uint64_t> g_generations;
+
+uint64_t nextGeneration(const std::string& key_prefix) {
+  std::lock_guard<std::mutex> lock(g_generations_mu);
+  return g_generations[key_prefix]++;
+}
 
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -220,7 +233,7 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   impl->heartbeat = std::make_unique<core::Heartbeat>(&h->heartbeat);
 
   // Rendezvous: publish the name, map every peer, then unlink our name once every peer has mapped it.
-  std::string prefix = options.key_prefix + "/" + std::to_string(g_world_generation.fetch_add(1)) + "/";
+  std::string prefix = options.key_prefix + "/" + std::to_string(nextGeneration(options.key_prefix)) + "/";
   store.set(prefix + "region/" + std::to_string(rank),
             impl->regions[rank].name() + " " + std::to_string(total) + " " + std::to_string(slot_bytes));
   for (int p = 0; p < world_size; ++p) {

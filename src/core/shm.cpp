@@ -76,6 +76,10 @@ SharedMemory SharedMemory::createUnique(const std::string& prefix, size_t bytes)
 SharedMemory SharedMemory::open(const std::string& name, size_t bytes) {
   int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) GFDIT_THROW(kSystemError) << "gfdit: shm_open(" << name << "): " << std::strerror(errno);
+  return openFd(fd, name, bytes);
+}
+
+SharedMemory SharedMemory::openFd(int fd, const std::string& name, size_t bytes) {
   if (bytes == 0) {
     struct stat st;
     if (::fstat(fd, &st) != 0) {

@@ -24,6 +24,9 @@ class SharedMemory {
   static SharedMemory createNamed(const std::string& name, size_t bytes);
   /// Maps an existing object; `bytes` 0 maps its whole size.
   static SharedMemory open(const std::string& name, size_t bytes = 0);
+  /// Maps the object open at `fd` (taken: closed here), whose name may be gone already (a process that got the
+  /// descriptor from the object's creator); `name` is for messages.
+  static SharedMemory openFd(int fd, const std::string& name, size_t bytes = 0);
 
   SharedMemory(SharedMemory&& other) noexcept;
   SharedMemory& operator=(SharedMemory&& other) noexcept;

@@ -51,7 +51,7 @@ void register_engine(py::module_& m) {
           "REINIT: the workers of the new world, in rank order");
 
   py::class_<WorkerLoop>(r, "WorkerLoop", "A worker's end of the engine's rings (include/gfdit/worker_loop.h).")
-      .def(py::init<const std::string&, int>(), py::arg("queue_name"), py::arg("worker"))
+      .def(py::init<const std::string&, int, int>(), py::arg("queue_name"), py::arg("worker"), py::arg("queue_fd") = -1)
       .def_property_readonly("worker", &WorkerLoop::worker)
       .def_property_readonly("world_shm_prefix", &WorkerLoop::worldShmPrefix)
       .def_property_readonly("abort_address", [](WorkerLoop& l) { return reinterpret_cast<uintptr_t>(l.abortWord()); })
@@ -200,7 +200,19 @@ void register_engine(py::module_& m) {
              return statsDict(s);
            })
       .def("shutdown", &EngineLoop::shutdown, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("closed", &EngineLoop::closed);
+      .def_property_readonly("closed", &EngineLoop::closed)
+      .def("set_replacing", &EngineLoop::setReplacing, py::arg("on"), py::arg("reason") = std::string(),
+           py::call_guard<py::gil_scoped_release>(),
+           "Whether dead workers will be replaced (then the last one's death keeps the requests waiting).")
+      .def_property_readonly("queue_fd", &EngineLoop::queueFd,
+                             "A descriptor of the rings' region, for a replacement worker to inherit.")
+      .def("prepare_replacement", &EngineLoop::prepareReplacement, py::arg("worker"),
+           py::call_guard<py::gil_scoped_release>(), "Readies a dead worker's rings for its replacement.")
+      .def("set_worker_pid", &EngineLoop::setWorkerPid, py::arg("worker"), py::arg("pid"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("take_replacement_error", &EngineLoop::takeReplacementError, py::arg("worker"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Why the worker's latest replacement was refused at its hello ('' if it was not).");
 }
 
 }  // namespace python

@@ -39,7 +39,12 @@ bool isNumber(const py::handle& v) { return isInt(v) || PyFloat_Check(v.ptr()); 
 
 std::string stringField(const py::handle& v, const char* name) {
   GFDIT_CHECK(PyUnicode_Check(v.ptr())).param(name) << name << " must be a string, got " << typeName(v);
-  return v.cast<std::string>();
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(v.ptr(), &size);
+  if (utf8 == nullptr) PyErr_Clear();  // a lone surrogate ("\ud800", which JSON allows) has no UTF-8
+  GFDIT_CHECK(utf8 != nullptr).param(name)
+      << name << " must be Unicode text: a \\uD800-\\uDFFF escape stands only in a surrogate pair";
+  return std::string(utf8, static_cast<size_t>(size));
 }
 
 // lo <= v < hi for a Python int v, the bounds in decimal (the value may not fit a C++ integer at all)

@@ -125,10 +125,13 @@ py::dict statsDict(const EngineStats& s) {
   d["task_timeouts"] = s.control.task_timeouts;
   d["refused_decisions"] = s.control.refused_decisions;
   d["batched_steps"] = s.control.batched_steps;
+  d["worker_deaths"] = s.control.worker_deaths;
+  d["replacements"] = s.control.replacements;
   d["policy_ns"] = s.control.policy_ns;
   d["control_cpu_ns"] = s.control_cpu_ns;
   d["loop_wakeups"] = s.loop_wakeups;
   d["alive"] = s.alive;
+  d["joining"] = s.joining;
   d["num_requests"] = s.num_requests;
   d["tasks_in_flight"] = s.tasks_in_flight;
   d["recovering"] = s.recovering;

@@ -111,6 +111,7 @@ std::string ranksText(const std::vector<int>& ranks) {
 
 constexpr int64_t kSecond = 1000000000;
 constexpr int64_t kKillGraceNs = 2 * kSecond;  // after an abort, how long a wedged task gets before a kill
+constexpr int kMaxReinitFailures = 3;          // re-creations of the world that may fail in a row (NOTE [replacements])
 // However short its steps, at most this many steps of a request go ahead of completions (NOTE [lookahead]):
 // enough to hide the round trip of a completion, few enough that a decision changes course soon.
 constexpr int kMaxStepsAhead = 8;
@@ -188,6 +189,7 @@ ControlPlane::ControlPlane(ControlConfig config, Clock& clock, Executor& executo
       << "node_of has " << config_.node_of.size() << " entries for " << config_.world_size << " ranks";
   rank_busy_.assign(config_.world_size, false);
   alive_.assign(config_.world_size, true);
+  joining_.assign(config_.world_size, false);
   worker_free_at_.assign(config_.world_size, 0);
   for (int n : config_.node_of) ranks_per_node_ += n == config_.node_of[0];
   ready_order_ = policy_->makeReadyOrder();
@@ -309,7 +311,8 @@ uint64_t ControlPlane::dispatch(Request* r, TaskKind kind, const std::vector<int
   t->members = ranks;  // a migration's group starts with its source
   int64_t start = t->dispatch_ns;
   for (int w : t->members) {
-    GFDIT_CHECK_CODE(kInternal, w >= 0 && w < config_.world_size && alive_[w])
+    GFDIT_CHECK_CODE(kInternal,
+                     w >= 0 && w < config_.world_size && (alive_[w] || (joining_[w] && kind == TaskKind::kReinit)))
         << "task for worker " << w << ", which is dead or out of range";
     GFDIT_CHECK_CODE(kInternal, (t->pending & (uint64_t{1} << w)) == 0) << "worker " << w << " twice in a task";
     t->pending |= uint64_t{1} << w;
@@ -497,7 +500,7 @@ void ControlPlane::validate(const Decision& d, const SchedulerView& view, const 
 // fails the requests it was asked about.
 void ControlPlane::schedule() {
   dirty_ = false;
-  if (recovering_) return;
+  if (paused()) return;
   if (!decode_waiting_.empty()) drainDecodes();  // before the policy: their holders are theirs
   bool any_free = false;
   for (int w = 0; w < config_.world_size && !any_free; ++w) any_free = alive_[w] && !rank_busy_[w];
@@ -759,7 +762,7 @@ int ControlPlane::inflightLimit(const Request& r) const {
 }
 
 bool ControlPlane::lookahead(Request& r) {
-  if (!config_.lookahead || recovering_) return false;
+  if (!config_.lookahead || paused()) return false;
   SchedulerView view;
   buildView(view, &r);
   // the batch as it will be at its boundary: ready at its next steps on its group
@@ -1009,10 +1012,13 @@ void ControlPlane::applyDone(Task& t) {
   }
   if (t.kind == TaskKind::kReinit) {
     if (t.error == TaskError::kOk) {
+      reinit_failures_ = 0;
       reinitDone();
-    } else if (t.error != TaskError::kWorkerDied) {  // another death: taskDone tries again among survivors
-      recovering_ = false;
+    } else if (t.error != TaskError::kWorkerDied && ++reinit_failures_ >= kMaxReinitFailures) {
+      recovering_ = rejoin_ = false;
       finishAll("could not re-create the collectives world: " + t.message, true);
+    } else {
+      recovering_ = true;  // another death, or a member that left the rendezvous: taskDone tries again
     }
     return;
   }
@@ -1028,7 +1034,7 @@ void ControlPlane::applyDone(Task& t) {
     auto m = requests_.find(rider.first);
     if (m != requests_.end()) applyTo(t, *m->second, rider.second, go_on);
   }
-  if (go_on && !recovering_) continueBatch(t);  // nothing new goes out before the world is re-created
+  if (go_on && !paused()) continueBatch(t);  // nothing new goes out before the world is re-created
 }
 
 void ControlPlane::applyTo(Task& t, Request& r, int32_t step_begin, bool& go_on) {
@@ -1184,14 +1190,20 @@ void ControlPlane::finishAll(const std::string& reason, bool failed) {
 
 void ControlPlane::onWorkerDeath(int worker) {
   GFDIT_CHECK(worker >= 0 && worker < config_.world_size) << "worker " << worker;
-  if (!alive_[worker]) return;
+  if (!alive_[worker] && !joining_[worker]) return;
+  ++stats_.worker_deaths;
+  const bool was_alive = alive_[worker];
   alive_[worker] = false;
-  rank_busy_[worker] = true;  // never scheduled again
+  joining_[worker] = false;
+  rank_busy_[worker] = true;  // not scheduled again unless a replacement joins (NOTE [replacements])
+  for (Request* r : order_) dropCopy(*r, worker);  // its states died with it, whoever takes its place
   std::vector<uint64_t> hit;
+  bool had_tasks = false;
   for (auto& kv : tasks_) {
     Task& t = *kv.second;
     uint64_t bit = uint64_t{1} << worker;
     if (t.pending & bit) {
+      had_tasks = true;
       t.pending &= ~bit;
       if (t.error == TaskError::kOk) {
         t.error = TaskError::kWorkerDied;
@@ -1199,6 +1211,12 @@ void ControlPlane::onWorkerDeath(int worker) {
       }
       if (t.pending == 0) hit.push_back(t.id);
     }
+  }
+  if (!was_alive && !had_tasks) {  // a joiner that died before its REINIT: nothing of the world was its
+    rejoin_ = std::find(joining_.begin(), joining_.end(), true) != joining_.end();
+    dirty_ = true;
+    tryReinit();
+    return;
   }
   startRecovery();
   for (uint64_t id : hit) {
@@ -1217,23 +1235,57 @@ void ControlPlane::startRecovery() {
   }
 }
 
+// NOTE [replacements]
+// An engine that replaces dead workers (setReplacing: gfdit.Engine does, NOTE [healing] in
+// gfdit.serving.engine) starts a new process for a dead worker's id; its hello makes it a joiner (onWorkerJoin).
+// A joiner is not scheduled: first nothing new goes out (paused()), the tasks in flight finish (a step
+// boundary for every request), and then one REINIT re-creates the world among the survivors and the joiners,
+// exactly as after a death. The joiners are alive from its completion on; the requests keep their states and
+// their places, so a joining worker costs them the drain and the re-creation, and no step. With no worker left
+// alive, a replacing plane keeps the requests (to start again from their beginning, as any request whose every
+// copy died) and waits for a joiner, where a plane that does not replace fails them. A REINIT that fails
+// (a joiner that died during the rendezvous leaves its peers to time out) is retried, kMaxReinitFailures times
+// in a row at most.
+void ControlPlane::setReplacing(bool on, const std::string& reason) {
+  replacing_ = on;
+  if (on) return;
+  bool any = false;
+  for (int w = 0; w < config_.world_size; ++w) any = any || alive_[w];
+  if (!any && tasks_.empty()) {
+    recovering_ = rejoin_ = false;
+    finishAll(reason.empty() ? std::string("every worker died") : reason, true);
+  }
+}
+
+void ControlPlane::onWorkerJoin(int worker) {
+  GFDIT_CHECK(worker >= 0 && worker < config_.world_size && !alive_[worker] && !joining_[worker])
+      << "worker " << worker << " joins, but it is alive or already joining";
+  joining_[worker] = true;
+  rejoin_ = true;
+  tryReinit();
+}
+
 void ControlPlane::tryReinit() {
-  if (!recovering_) return;
+  if (!paused()) return;
   for (const auto& kv : tasks_) {
     if (kv.second->kind != TaskKind::kReinit) return;  // survivors still finishing (or failing) tasks
   }
   if (!tasks_.empty()) return;  // a reinit is under way
-  std::vector<int> survivors;
+  std::vector<int> members;
+  bool any_alive = false;
   for (int w = 0; w < config_.world_size; ++w) {
-    if (alive_[w]) survivors.push_back(w);
+    if (alive_[w] || joining_[w]) members.push_back(w);
+    any_alive = any_alive || alive_[w];
   }
-  if (survivors.empty()) {
-    recovering_ = false;
+  if (members.empty()) {
+    if (replacing_) return;  // the requests wait for a replacement (NOTE [replacements])
+    recovering_ = rejoin_ = false;
     finishAll("every worker died", true);
     return;
   }
   ++epoch_;
-  ++stats_.recoveries;
+  if (recovering_ || !any_alive) ++stats_.recoveries;
+  std::vector<int>& survivors = members;
   ReinitPlan plan;
   plan.epoch = epoch_;
   plan.workers.assign(survivors.begin(), survivors.end());
@@ -1243,6 +1295,15 @@ void ControlPlane::tryReinit() {
 
 void ControlPlane::reinitDone() {
   recovering_ = false;
+  rejoin_ = false;
+  for (int w = 0; w < config_.world_size; ++w) {
+    if (!joining_[w]) continue;
+    joining_[w] = false;
+    alive_[w] = true;
+    rank_busy_[w] = false;
+    worker_free_at_[w] = 0;
+    ++stats_.replacements;
+  }
   dirty_ = true;
   std::vector<Request*> reqs(order_.begin(), order_.end());
   for (Request* rp : reqs) {

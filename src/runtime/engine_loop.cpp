@@ -8,17 +8,25 @@
 // next deadline or liveness check: an idle engine sleeps. Only when the control plane expects a completion
 // within spin_window_s (an empty task, a probe) does it spin instead, since waking a sleeping thread costs
 // tens of microseconds on a virtual machine; steps dispatched ahead make that latency irrelevant otherwise.
+// The thread never waits while it holds the plane's lock: a task for a worker whose dispatch ring is full
+// waits in that worker's backlog (RingExecutor), which every round pushes on, so that stats() and status()
+// answer whatever the workers do.
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "doorbell.h"
 #include "gfdit/engine_loop.h"
@@ -30,7 +38,9 @@ namespace {
 
 constexpr int64_t kSecond = 1000000000;
 // A worker whose dispatch ring stays full this long is wedged: it is killed, and its death starts recovery.
-constexpr auto kDispatchTimeout = std::chrono::seconds(5);
+constexpr int64_t kDispatchTimeoutNs = 5 * kSecond;
+// How often the control thread looks at a backlog while a worker's ring is full.
+constexpr int64_t kBacklogPollNs = 1000000;
 // At shutdown, how long the loop waits to tell each live worker to leave (its ring may be full).
 constexpr auto kShutdownTimeout = std::chrono::seconds(1);
 
@@ -46,15 +56,20 @@ bool processGone(int pid) {
 
 class EngineLoop::RingExecutor : public Executor {
  public:
-  RingExecutor(QueueSet& q, std::vector<int>& pids) : q_(q), pids_(pids) {}
+  RingExecutor(QueueSet& q, std::vector<int>& pids) : q_(q), pids_(pids), out_(q) {}
 
+  // Never waits (NOTE [control thread]): what does not fit now waits in the worker's backlog, in order.
   void dispatch(const TaskDescriptor& task, const std::vector<int>& workers, const std::string& payload) override {
-    for (int w : workers) {
-      if (!q_.pushTask(w, task, payload, kDispatchTimeout)) {
-        killWorker(w);  // a ring full for kDispatchTimeout: the worker is wedged; its death starts recovery
-      }
-    }
+    const int64_t now = nowNs();
+    for (int w : workers) out_.push(w, task, payload, now);
   }
+  // Pushes what the backlogs hold; returns whether some still wait. A ring full for kDispatchTimeoutNs: the
+  // worker is wedged; it is killed, and its death starts recovery.
+  bool flush() {
+    for (int w : out_.flush(nowNs(), kDispatchTimeoutNs)) killWorker(w);
+    return out_.waiting();
+  }
+  void forget(int worker) { out_.clear(worker); }
   void abortCollectives() override { q_.requestAbort(); }
   void killWorker(int worker) override {
     if (worker >= 0 && worker < static_cast<int>(pids_.size()) && pids_[worker] > 0) ::kill(pids_[worker], SIGKILL);
@@ -64,6 +79,7 @@ class EngineLoop::RingExecutor : public Executor {
  private:
   QueueSet& q_;
   std::vector<int>& pids_;
+  Dispatcher out_;
 };
 
 EngineLoop::EngineLoop(EngineOptions options, std::shared_ptr<Policy> policy,
@@ -95,6 +111,7 @@ EngineLoop::EngineLoop(EngineOptions options, std::shared_ptr<Policy> policy,
 
 EngineLoop::~EngineLoop() {
   shutdown();
+  if (queue_fd_ >= 0) ::close(queue_fd_);
   unlinkOutputs(output_prefix_);
   unlinkOutputs("/" + worldShmPrefix() + "-");
 }
@@ -104,6 +121,8 @@ ModelInfo EngineLoop::awaitWorkers(const std::vector<int>& pids, double timeout_
   GFDIT_CHECK(static_cast<int>(pids.size()) == options_.num_workers)
       << pids.size() << " worker pids for " << options_.num_workers << " workers";
   pids_ = pids;
+  awaiting_hello_.assign(options_.num_workers, false);
+  hello_errors_.assign(options_.num_workers, std::string());
   std::vector<ModelInfo> hello(options_.num_workers);
   std::vector<bool> seen(options_.num_workers, false);
   std::string payload;
@@ -188,6 +207,9 @@ uint64_t EngineLoop::submit(GenerationRequest& q) { return submit(specOf(q)); }
 void EngineLoop::start() {
   GFDIT_CHECK(!started_) << "the engine loop is already started";
   GFDIT_CHECK(static_cast<int>(pids_.size()) == options_.num_workers) << "awaitWorkers first";
+  // kept open for replacements (NOTE [replacements] in control.cpp), whose processes inherit it
+  queue_fd_ = ::shm_open(queues_->name().c_str(), O_RDWR | O_CLOEXEC, 0600);
+  GFDIT_CHECK_CODE(kSystemError, queue_fd_ >= 0) << "shm_open(" << queues_->name() << "): " << std::strerror(errno);
   queues_->unlinkName();  // every worker mapped it: nothing remains in /dev/shm
   started_ = true;
   thread_ = std::thread([this] { loop(); });
@@ -293,7 +315,10 @@ EngineStats EngineLoop::stats() {
     std::lock_guard<std::mutex> lock(plane_mu_);
     s.control = plane_->stats();
     s.loop_wakeups = loop_wakeups_;
-    for (int w = 0; w < options_.num_workers; ++w) s.alive.push_back(plane_->alive(w));
+    for (int w = 0; w < options_.num_workers; ++w) {
+      s.alive.push_back(plane_->alive(w));
+      s.joining.push_back(plane_->joining(w));
+    }
     s.num_requests = plane_->numRequests();
     s.tasks_in_flight = plane_->numTasksInFlight();
     s.recovering = plane_->recovering();
@@ -324,8 +349,53 @@ void EngineLoop::shutdown() {
 
 void EngineLoop::checkWorkers() {
   for (int w = 0; w < options_.num_workers; ++w) {
-    if (plane_->alive(w) && processGone(pids_[w])) plane_->onWorkerDeath(w);
+    if ((plane_->alive(w) || plane_->joining(w)) && pids_[w] > 0 && processGone(pids_[w])) plane_->onWorkerDeath(w);
   }
+}
+
+void EngineLoop::setReplacing(bool on, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(plane_mu_);
+  plane_->setReplacing(on, reason);
+}
+
+void EngineLoop::prepareReplacement(int worker) {
+  GFDIT_CHECK(started_ && !closed_) << "the engine is not running";
+  GFDIT_CHECK(worker >= 0 && worker < options_.num_workers).param("worker") << "worker " << worker;
+  std::lock_guard<std::mutex> lock(plane_mu_);  // the control thread uses the rings only while it holds it
+  GFDIT_CHECK(!plane_->alive(worker) && !plane_->joining(worker))
+      << "worker " << worker << " is alive or joining: there is nothing to replace";
+  executor_->forget(worker);
+  queues_->resetWorker(worker);
+  pids_[worker] = 0;
+  awaiting_hello_[worker] = true;
+  hello_errors_[worker].clear();
+}
+
+void EngineLoop::setWorkerPid(int worker, int pid) {
+  GFDIT_CHECK(worker >= 0 && worker < options_.num_workers).param("worker") << "worker " << worker;
+  std::lock_guard<std::mutex> lock(plane_mu_);
+  pids_[worker] = pid;
+}
+
+std::string EngineLoop::takeReplacementError(int worker) {
+  GFDIT_CHECK(worker >= 0 && worker < options_.num_workers).param("worker") << "worker " << worker;
+  std::lock_guard<std::mutex> lock(plane_mu_);
+  return std::exchange(hello_errors_[worker], std::string());
+}
+
+void EngineLoop::onHello(int worker, const Completion& c, const std::string& payload) {
+  awaiting_hello_[worker] = false;
+  if (!c.ok()) {
+    hello_errors_[worker] = "failed to start: " + payload;
+    return;  // the process ends by itself
+  }
+  ModelInfo info = ModelInfo::decode(payload);
+  if (!(info == info_)) {
+    hello_errors_[worker] = "loaded another model than the engine's (" + info.name + ")";
+    executor_->killWorker(worker);
+    return;
+  }
+  plane_->onWorkerJoin(worker);
 }
 
 void EngineLoop::loop() {
@@ -365,7 +435,11 @@ void EngineLoop::loop() {
         for (int w = 0; w < options_.num_workers; ++w) {
           while (queues_->tryPopCompletion(w, c, &message)) {
             worked = true;
-            plane_->onCompletion(c, message);
+            if (c.task_id == 0 && awaiting_hello_[w]) {
+              onHello(w, c, message);
+            } else {
+              plane_->onCompletion(c, message);
+            }
           }
         }
         int64_t now = nowNs();
@@ -378,11 +452,14 @@ void EngineLoop::loop() {
           TaskDescriptor t;
           t.kind = static_cast<uint32_t>(TaskKind::kShutdown);
           for (int w = 0; w < options_.num_workers; ++w) {
-            if (plane_->alive(w)) queues_->pushTask(w, t, std::string(), kShutdownTimeout);
+            if (plane_->alive(w) || plane_->joining(w) || awaiting_hello_[w]) {
+              queues_->pushTask(w, t, std::string(), kShutdownTimeout);
+            }
           }
           return;
         }
         next_timer = plane_->poll();
+        if (executor_->flush()) next_timer = std::min(next_timer, nowNs() + kBacklogPollNs);
       } catch (const std::exception& e) {
         // A bug in the control plane must not leave callers waiting for ever.
         plane_->finishAll(std::string("engine control plane failed: ") + e.what(), true);

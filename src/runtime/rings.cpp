@@ -151,6 +151,13 @@ bool MessageRing::tryPop(std::string& out) {
   return false;
 }
 
+void MessageRing::clear() {
+  Header* h = header_;
+  // the consumer is gone: its position is the producer's to move (NOTE [message ring])
+  __atomic_store_n(&h->head, __atomic_load_n(&h->tail, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+  __atomic_store_n(&h->popped, __atomic_load_n(&h->pushed, __ATOMIC_RELAXED), __ATOMIC_RELEASE);
+}
+
 namespace {
 
 // How a ring waits (waitFor): spin this long, then yield the core until kYieldNs have passed, then block
@@ -241,9 +248,10 @@ std::unique_ptr<QueueSet> QueueSet::create(int num_workers, uint32_t ring_bytes)
   return set;
 }
 
-std::unique_ptr<QueueSet> QueueSet::attach(const std::string& name) {
+std::unique_ptr<QueueSet> QueueSet::attach(const std::string& name, int fd) {
   std::unique_ptr<QueueSet> set(new QueueSet());
-  set->shm_ = std::make_unique<core::SharedMemory>(core::SharedMemory::open(name));
+  set->shm_ = std::make_unique<core::SharedMemory>(fd >= 0 ? core::SharedMemory::openFd(fd, name)
+                                                           : core::SharedMemory::open(name));
   auto* h = reinterpret_cast<SetHeader*>(set->base());
   GFDIT_CHECK(set->shm_->size() >= headerBytes() && __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kSetMagic)
       << "'" << name << "' is not a queue set";
@@ -299,7 +307,48 @@ bool QueueSet::tryPopCompletion(int worker, Completion& c, std::string* payload)
   return true;
 }
 
+void QueueSet::resetWorker(int worker) {
+  GFDIT_CHECK(worker >= 0 && worker < num_workers_) << "worker " << worker;
+  dispatch_[worker].clear();
+  std::string scratch;
+  while (completion_[worker].tryPop(scratch)) {
+  }
+}
+
 void QueueSet::unlinkName() { shm_->unlink(); }
+
+// ---- Dispatcher ----
+
+Dispatcher::Dispatcher(QueueSet& queues) : queues_(queues), backlog_(queues.numWorkers()) {}
+
+void Dispatcher::push(int worker, const TaskDescriptor& t, const std::string& payload, int64_t now_ns) {
+  GFDIT_CHECK(worker >= 0 && worker < queues_.numWorkers()) << "worker " << worker;
+  std::deque<Pending>& b = backlog_[worker];
+  if (b.empty() && queues_.pushTask(worker, t, payload, std::chrono::microseconds(0))) return;
+  b.push_back(Pending{t, payload, now_ns});
+}
+
+std::vector<int> Dispatcher::flush(int64_t now_ns, int64_t stale_ns) {
+  std::vector<int> wedged;
+  for (int w = 0; w < static_cast<int>(backlog_.size()); ++w) {
+    std::deque<Pending>& b = backlog_[w];
+    while (!b.empty() && queues_.pushTask(w, b.front().task, b.front().payload, std::chrono::microseconds(0))) {
+      b.pop_front();
+    }
+    if (!b.empty() && now_ns - b.front().since_ns > stale_ns) {
+      wedged.push_back(w);
+      b.clear();
+    }
+  }
+  return wedged;
+}
+
+bool Dispatcher::waiting() const {
+  for (const auto& b : backlog_) {
+    if (!b.empty()) return true;
+  }
+  return false;
+}
 
 }  // namespace runtime
 }  // namespace gfdit

@@ -69,8 +69,8 @@ TaskError taskErrorOf(ErrorCode code) {
   return TaskError::kModelError;
 }
 
-WorkerLoop::WorkerLoop(const std::string& queue_name, int worker)
-    : queues_(QueueSet::attach(queue_name)),
+WorkerLoop::WorkerLoop(const std::string& queue_name, int worker, int queue_fd)
+    : queues_(QueueSet::attach(queue_name, queue_fd)),
       worker_(worker),
       parent_(static_cast<int>(::getppid())),
       output_prefix_(outputPrefix(queue_name)),

@@ -277,6 +277,147 @@ TEST(ControlPlane, WorkerDeathRecoversFromTheMostAdvancedSurvivingCopy) {
   EXPECT_EQ(steps_after, 5);
 }
 
+// Fails worker w's queued tasks (a lost peer's echo) up to the REINIT the recovery sends.
+void failUpToReinit(Fixture& f, int w) {
+  while (!f.exec.queues[w].empty() &&
+         static_cast<TaskKind>(f.exec.sent[f.exec.queues[w].front()].d.kind) != TaskKind::kReinit) {
+    f.exec.completeHead(*f.cp, w, TaskError::kCommError);
+  }
+}
+
+// see NOTE [replacements]
+TEST(ControlPlane, AReplacementJoinsAtAStepBoundaryAndIsScheduledAgain) {
+  Fixture f(2, "fcfs");
+  f.cp->setReplacing(true);
+  uint64_t id = f.cp->submit(spec(12));
+  f.cp->poll();
+  f.exec.queues[1].clear();
+  f.cp->onWorkerDeath(1);  // during the encode: the request starts again on worker 0 alone
+  EXPECT_EQ(f.cp->stats().worker_deaths, 1u);
+  failUpToReinit(f, 0);
+  f.cp->poll();
+  ASSERT_EQ(static_cast<TaskKind>(f.exec.sent.back().d.kind), TaskKind::kReinit);
+  EXPECT_EQ(f.exec.sent.back().workers, (std::vector<int>{0}));
+  f.exec.completeHead(*f.cp, 0);  // the world of one
+  f.cp->poll();
+  for (int i = 0; i < 3; ++i) {  // its encode and two steps on worker 0 alone
+    f.exec.completeHead(*f.cp, 0);
+    f.cp->poll();
+  }
+  // the replacement says hello while steps are in flight
+  ASSERT_FALSE(f.exec.queues[0].empty());
+  const size_t before = f.exec.sent.size();
+  f.cp->onWorkerJoin(1);
+  EXPECT_TRUE(f.cp->joining(1));
+  EXPECT_FALSE(f.cp->alive(1));
+  EXPECT_EQ(f.exec.sent.size(), before);  // nothing goes out, not even the REINIT, before they are done
+  while (!f.exec.queues[0].empty() &&
+         static_cast<TaskKind>(f.exec.sent[f.exec.queues[0].front()].d.kind) != TaskKind::kReinit) {
+    f.exec.completeHead(*f.cp, 0);
+    f.cp->poll();
+  }
+  // then one REINIT of both, and nothing else was sent meanwhile
+  ASSERT_EQ(f.exec.sent.size(), before + 1);
+  const auto& reinit = f.exec.sent.back();
+  ASSERT_EQ(static_cast<TaskKind>(reinit.d.kind), TaskKind::kReinit);
+  EXPECT_EQ(reinit.workers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(ReinitPlan::decode(reinit.payload).workers, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(f.cp->status(id).state, RequestState::kDenoising);  // it kept its state and its step
+  const int32_t step = f.cp->status(id).step;
+  EXPECT_GE(step, 2);
+  f.exec.completeHead(*f.cp, 0);
+  f.exec.completeHead(*f.cp, 1);
+  f.cp->poll();
+  EXPECT_TRUE(f.cp->alive(1));
+  EXPECT_FALSE(f.cp->joining(1));
+  EXPECT_EQ(f.cp->stats().replacements, 1u);
+  EXPECT_EQ(f.cp->stats().recoveries, 1u);  // a join is no recovery
+  const size_t joined_at = f.exec.sent.size();
+  f.exec.drain(*f.cp);
+  ASSERT_NE(f.result(id), nullptr);
+  EXPECT_EQ(f.result(id)->state, RequestState::kDone) << f.result(id)->reason;
+  // the replacement works: fcfs gives the request both ranks again, from the step it had reached
+  bool on_replacement = false;
+  for (size_t i = joined_at; i < f.exec.sent.size(); ++i) {
+    const auto& s = f.exec.sent[i];
+    if (static_cast<TaskKind>(s.d.kind) == TaskKind::kEncode) ADD_FAILURE() << "the request started again";
+    on_replacement = on_replacement || std::find(s.workers.begin(), s.workers.end(), 1) != s.workers.end();
+  }
+  EXPECT_TRUE(on_replacement);
+}
+
+TEST(ControlPlane, TheOnlyWorkerDiesAndItsReplacementRunsTheRequestsFromTheirBeginning) {
+  for (bool replacing : {false, true}) {
+    Fixture f(1, "fcfs");
+    f.cp->setReplacing(replacing);
+    uint64_t a = f.cp->submit(spec(4));
+    uint64_t b = f.cp->submit(spec(4));
+    f.cp->poll();
+    f.exec.completeHead(*f.cp, 0);  // a's encode
+    f.exec.completeHead(*f.cp, 0);  // a step
+    f.exec.queues[0].clear();
+    f.cp->onWorkerDeath(0);
+    f.cp->poll();
+    if (!replacing) {  // nobody will come: every request fails, as before replacements existed
+      ASSERT_NE(f.result(a), nullptr);
+      EXPECT_EQ(f.result(a)->state, RequestState::kFailed);
+      EXPECT_EQ(f.result(b)->state, RequestState::kFailed);
+      continue;
+    }
+    EXPECT_TRUE(f.results.empty());  // they wait for a replacement
+    f.cp->onWorkerJoin(0);
+    f.cp->poll();
+    ASSERT_EQ(static_cast<TaskKind>(f.exec.sent.back().d.kind), TaskKind::kReinit);
+    f.exec.drain(*f.cp);
+    ASSERT_EQ(f.results.size(), 2u);
+    for (const auto& r : f.results) EXPECT_EQ(r.state, RequestState::kDone) << r.reason;
+    // a started again from its encode: two encodes of a were sent
+    int encodes = 0;
+    for (const auto& s : f.exec.sent) {
+      encodes += static_cast<TaskKind>(s.d.kind) == TaskKind::kEncode && s.d.request_id == a;
+    }
+    EXPECT_EQ(encodes, 2);
+    EXPECT_EQ(f.cp->stats().replacements, 1u);
+  }
+}
+
+TEST(ControlPlane, AReplacementThatDiesBeforeJoiningOrWhileJoiningIsNotTheWorldsEnd) {
+  Fixture f(2, "static:1");
+  f.cp->setReplacing(true);
+  uint64_t id = f.cp->submit(spec(3));
+  f.cp->poll();
+  f.exec.queues[1].clear();
+  f.cp->onWorkerDeath(1);
+  failUpToReinit(f, 0);
+  f.exec.drain(*f.cp);  // recovery among worker 0, and the request runs there
+  f.cp->onWorkerJoin(1);
+  f.cp->poll();
+  // the REINIT of both is out; the joiner dies in it: a retry among the survivors
+  ASSERT_EQ(static_cast<TaskKind>(f.exec.sent.back().d.kind), TaskKind::kReinit);
+  f.exec.queues[1].clear();
+  f.cp->onWorkerDeath(1);
+  f.exec.drain(*f.cp);
+  EXPECT_FALSE(f.cp->alive(1));
+  EXPECT_TRUE(f.cp->alive(0));
+  EXPECT_EQ(f.cp->stats().worker_deaths, 2u);
+  // then a joiner whose REINIT fails on the survivor (the rendezvous timed out) is tried again
+  f.cp->onWorkerJoin(1);
+  f.cp->poll();
+  f.exec.completeHead(*f.cp, 0, TaskError::kCommError);
+  f.exec.completeHead(*f.cp, 1);
+  f.cp->poll();
+  f.exec.drain(*f.cp);
+  EXPECT_TRUE(f.cp->alive(1));
+  EXPECT_EQ(f.cp->stats().replacements, 1u);
+  uint64_t later = f.cp->submit(spec(2));
+  f.cp->poll();
+  f.exec.drain(*f.cp);
+  ASSERT_NE(f.result(id), nullptr);
+  EXPECT_EQ(f.result(id)->state, RequestState::kDone);
+  ASSERT_NE(f.result(later), nullptr);
+  EXPECT_EQ(f.result(later)->state, RequestState::kDone);
+}
+
 TEST(ControlPlane, ABadConfigurationIsRefusedNamingItsField) {
   struct Case {
     const char* param;

@@ -1,6 +1,8 @@
 // The data path between control plane and workers: message rings, queue sets across processes, outputs.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -178,6 +180,76 @@ TEST(QueueSet, ProducerKilledMidPushDoesNotWedgeTheRings) {
   ASSERT_TRUE(set->pushCompletion(0, d, std::chrono::seconds(1)));
   ASSERT_TRUE(set->tryPopCompletion(0, c));
   EXPECT_EQ(c.task_id, 42u);
+}
+
+TEST(Dispatcher, AFullRingNeverBlocksAndKeepsTheOrder) {
+  // A worker that reads nothing: pushes return at once, and what does not fit waits in order
+  auto set = QueueSet::create(2);
+  Dispatcher out(*set);
+  const std::string payload(16 * 1024, 'p');
+  const int kTasks = 200;  // ~3 MB for a ring of about 1 MB
+  const int64_t t0 = nowNs();
+  for (int i = 0; i < kTasks; ++i) {
+    TaskDescriptor t;
+    t.task_id = static_cast<uint64_t>(i + 1);
+    t.payload_bytes = static_cast<uint32_t>(payload.size());
+    out.push(0, t, payload, t0);
+  }
+  EXPECT_GT(out.backlog(0), 0u);
+  EXPECT_EQ(out.backlog(1), 0u);
+  EXPECT_TRUE(out.waiting());
+  // the worker takes its tasks slowly: each flush moves what fits, and every task arrives once, in order
+  TaskDescriptor t;
+  std::string got;
+  uint64_t next = 1;
+  for (int round = 0; round < 10000 && next <= static_cast<uint64_t>(kTasks); ++round) {
+    while (set->popTask(0, t, got, std::chrono::microseconds(0))) {
+      ASSERT_EQ(t.task_id, next);
+      ASSERT_EQ(got, payload);
+      ++next;
+    }
+    EXPECT_TRUE(out.flush(t0, int64_t{5} * 1000000000).empty());
+  }
+  EXPECT_EQ(next, static_cast<uint64_t>(kTasks) + 1);
+  EXPECT_FALSE(out.waiting());
+  // a backlog older than its bound names its worker (wedged) and is dropped
+  for (int i = 0; i < kTasks; ++i) {
+    TaskDescriptor u;
+    u.task_id = static_cast<uint64_t>(i + 1);
+    u.payload_bytes = static_cast<uint32_t>(payload.size());
+    out.push(1, u, payload, t0);
+  }
+  EXPECT_TRUE(out.flush(t0 + 1000, 5000).empty());
+  EXPECT_EQ(out.flush(t0 + 6000, 5000), (std::vector<int>{1}));
+  EXPECT_EQ(out.backlog(1), 0u);
+}
+
+TEST(QueueSet, AReplacementAttachesThroughAnInheritedDescriptorToEmptiedRings) {
+  // see NOTE [replacements]: the name is gone; the worker's old tasks and completions are dropped
+  auto set = QueueSet::create(1);
+  int fd = ::shm_open(set->name().c_str(), O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  set->unlinkName();
+  TaskDescriptor t;
+  t.task_id = 7;
+  ASSERT_TRUE(set->pushTask(0, t, std::string(), std::chrono::seconds(1)));
+  {
+    auto old = QueueSet::attach(set->name(), ::dup(fd));
+    Completion c;
+    c.task_id = 6;
+    ASSERT_TRUE(old->pushCompletion(0, c, std::chrono::seconds(1)));
+  }
+  set->resetWorker(0);
+  EXPECT_EQ(set->pendingTasks(0), 0u);
+  Completion c;
+  EXPECT_FALSE(set->tryPopCompletion(0, c));
+  t.task_id = 8;
+  ASSERT_TRUE(set->pushTask(0, t, std::string(), std::chrono::seconds(1)));
+  auto fresh = QueueSet::attach(set->name(), fd);
+  std::string payload;
+  ASSERT_TRUE(fresh->popTask(0, t, payload, std::chrono::seconds(1)));
+  EXPECT_EQ(t.task_id, 8u);
+  EXPECT_FALSE(fresh->popTask(0, t, payload, std::chrono::microseconds(0)));
 }
 
 TEST(Outputs, WrittenMappedUnlinkedAndSwept) {

@@ -137,7 +137,8 @@ def test_worker_killed_mid_trajectory_requests_continue():
     with Engine(model="tiny-wan", world_size=2, policy="fcfs", timeout_s=20.0) as ref_eng:
         refs = [ref_eng.submit(Request(**r)) for r in req]
         ref_out = [h.result(timeout=180).output for h in refs]
-    with Engine(model="tiny-wan", world_size=3, policy="fcfs", timeout_s=20.0) as eng:
+    # the survivors alone (a replacement would join them again: test_healing.py)
+    with Engine(model="tiny-wan", world_size=3, policy="fcfs", timeout_s=20.0, replace_workers=False) as eng:
         hs = [eng.submit(Request(**r)) for r in req]
         # wait until some denoising happened, then kill worker 1
         deadline = time.monotonic() + 60
@@ -424,3 +425,41 @@ def test_cfg_parallel_decisions_give_the_one_rank_output():
     assert steps == [([0, 1], 2, 1), ([1, 0, 3, 2], 2, 2), ([2], 1, 1), ([3, 2], 2, 1)]
     assert any(s.kind == "migrate" for s in out.timeline)
     assert _rel(out.output, ref.output) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "kwargs,param",
+    [
+        (dict(limits={"bad": 1}), "limits"),
+        (dict(limits={"max_steps": 0}), "limits"),
+        (dict(limits={"max_pixels": "many"}), "limits"),
+        (dict(world_size=True), "world_size"),
+        (dict(world_size=0), "world_size"),
+        (dict(max_inflight_steps=0), "max_inflight_steps"),
+        (dict(task_timeout_s=-1.0), "task_timeout_s"),
+        (dict(policy="no-such-policy"), None),
+        (dict(device=["cpu"]), None),  # one device for two workers
+    ],
+)
+def test_a_bad_argument_leaves_no_worker_running(kwargs, param):
+    # refused before any worker starts, or every worker started is stopped: no child process, no region left
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    args = dict(model="tiny-qwen-image", world_size=2, policy="fcfs") | kwargs
+    with pytest.raises(gfdit.InvalidUsage) as err:
+        Engine(**args)
+    if param is not None:
+        assert err.value.param == param
+    left = [p for p in multiprocessing.active_children() if p.pid not in before]
+    assert not left, f"workers left running: {left}"
+
+
+@pytest.mark.parametrize("field", ["prompt", "negative_prompt"])
+def test_text_that_is_not_unicode_is_refused_naming_its_field(field):
+    # a lone surrogate has no UTF-8: it was a pybind RuntimeError, not a request error
+    fields = {"prompt": "p", field: "a \ud800 b"}
+    with pytest.raises(gfdit.InvalidUsage) as err:
+        Request(**fields).message()
+    assert err.value.param == field
+    assert Request(prompt="\U0001f98a fox").message().prompt == "\U0001f98a fox"

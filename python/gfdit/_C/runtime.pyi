@@ -139,6 +139,19 @@ class EngineLoop:
         count: typing.SupportsInt | typing.SupportsIndex,
         timeout_s: typing.SupportsFloat | typing.SupportsIndex,
     ) -> list[ProbeSample]: ...
+    def prepare_replacement(self, worker: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Readies a dead worker's rings for its replacement.
+        """
+    def set_replacing(self, on: bool, reason: str = "") -> None:
+        """
+        Whether dead workers will be replaced (then the last one's death keeps the requests waiting).
+        """
+    def set_worker_pid(
+        self,
+        worker: typing.SupportsInt | typing.SupportsIndex,
+        pid: typing.SupportsInt | typing.SupportsIndex,
+    ) -> None: ...
     def shutdown(self) -> None: ...
     def start(self) -> None: ...
     def stats(self) -> dict: ...
@@ -151,6 +164,10 @@ class EngineLoop:
     ) -> tuple[list[int], list[GenerationRequest]]:
         """
         Checks every request (none is queued if one fails), then queues them as one group (the n images of one job; the policies batch them where that pays); (their ids, the requests with defaults filled in).
+        """
+    def take_replacement_error(self, worker: typing.SupportsInt | typing.SupportsIndex) -> str:
+        """
+        Why the worker's latest replacement was refused at its hello ('' if it was not).
         """
     def wait_updates(
         self, timeout_s: typing.SupportsFloat | typing.SupportsIndex
@@ -167,6 +184,11 @@ class EngineLoop:
         """
     @limits.setter
     def limits(self, arg1: RequestLimits) -> None: ...
+    @property
+    def queue_fd(self) -> int:
+        """
+        A descriptor of the rings' region, for a replacement worker to inherit.
+        """
     @property
     def queue_name(self) -> str: ...
 
@@ -954,7 +976,12 @@ class WorkerLoop:
     """
     A worker's end of the engine's rings (include/gfdit/worker_loop.h).
     """
-    def __init__(self, queue_name: str, worker: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def __init__(
+        self,
+        queue_name: str,
+        worker: typing.SupportsInt | typing.SupportsIndex,
+        queue_fd: typing.SupportsInt | typing.SupportsIndex = -1,
+    ) -> None: ...
     def complete(self, task: WorkerTask, output: typing.Any = None) -> None:
         """
         The task ran; a DECODE task's output (a contiguous array) goes into shared memory.

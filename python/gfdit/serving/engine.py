@@ -6,12 +6,25 @@ a policy written in Python. ``submit`` hands it a typed request, which it checks
 field raises gfdit.InvalidUsage whose ``param`` names it). This module starts one worker process per rank
 (``gfdit.serving.worker``), and one thread that waits in C++ for the engine's updates: each request's
 progress, pushed to its ``RequestHandle`` and to the engine's progress listeners, and its result, whose
-decoded output it maps from shared memory without copying.
+decoded output it maps from shared memory without copying. A third thread replaces workers that die
+(NOTE [healing]).
+
+NOTE [healing]
+A worker that dies (killed, crashed, or stopped for a missed task deadline) is reaped and replaced by a new
+process for the same worker id and device. The control plane notices the death (its liveness check) and
+recovers as always; the supervisor thread sees the worker dead, readies its rings (``prepare_replacement``) and
+starts the new process, which inherits the rings' descriptor (their name is gone once the engine runs), loads
+the model and says hello. The control plane then takes it into the world at the next step boundary (NOTE
+[replacements] in src/runtime/control.cpp). A replacement that exits before it joins, or is refused at its hello,
+is started again after a delay that doubles each time (REPLACE_BACKOFF_S to REPLACE_BACKOFF_MAX_S), and its
+reason is kept (``stats()["restart_error"]``); when REPLACE_GIVE_UP replacements in a row failed and no worker is
+left, the requests waiting for one fail with that reason, and later ones wait for a replacement that works.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import multiprocessing as mp
 import threading
 import time
@@ -37,6 +50,25 @@ Layout = rt.Layout
 # Limits an engine enforces besides the model's strides; defaults from the model's registry entry.
 LIMIT_FIELDS = ("max_steps", "max_pixels", "max_frames", "max_tokens")
 UPDATE_WAIT_S = 0.5  # how long the result thread waits in C++ at a time (then it checks for shutdown)
+SUPERVISE_S = 0.1  # how often the supervisor looks for dead workers (the control plane's liveness period)
+REPLACE_BACKOFF_S = 0.5  # NOTE [healing]: the delay after a replacement's first failure, doubled each time
+REPLACE_BACKOFF_MAX_S = 30.0
+REPLACE_GIVE_UP = 5
+
+log = logging.getLogger("gfdit.engine")
+
+# What Engine(cost_model=None) plans with: the cached profile of this model, world and machine (NOTE [cached
+# profiles] in gfdit.tools.profile_cache). The function that resolves it measures profiles with engines, so it
+# lives a layer above this one; `import gfdit` registers it (register_cost_model_default).
+_cost_model_default: Callable[..., Any] | None = None
+
+
+def register_cost_model_default(fn: Callable[..., Any]) -> None:
+    """Sets how an engine resolves its ``cost_model`` argument: ``fn(cost_model, model, world_size, *,
+    model_path, device, policy, reprofile)`` returns the cost model it plans with (or None)."""
+    global _cost_model_default
+    _cost_model_default = fn
+
 
 __all__ = [
     "Decision",
@@ -105,8 +137,11 @@ class Engine:
     steps of one request dispatched ahead of completions. timeout_s: the workers' collective timeout.
     task_timeout_s: a task not done this long past its expected end fails, its workers are stopped and its
     request retried (max_attempts times) or failed. limits: overrides of max_steps, max_pixels, max_frames,
-    max_tokens. cost_model: a gfdit._C.cost.CostModel the control plane and policies may consult.
-    heap_bytes: each worker's symmetric heap (None: the GFDIT_HEAP_BYTES setting).
+    max_tokens. cost_model: a gfdit._C.cost.CostModel the control plane and policies consult; None: the profile
+    of this model, world and machine, measured on first use and cached (NOTE [cached profiles] in
+    gfdit.tools.profile_cache); False: none. reprofile: measure that cached profile again.
+    heap_bytes: each worker's symmetric heap (None: the GFDIT_HEAP_BYTES setting). replace_workers: start a new
+    process for a worker that dies (NOTE [healing]); False: the engine goes on with the survivors.
     device: where the workers run (default: the ``GFDIT_DEVICE`` environment variable, else the CPU): None or
     "cpu"; "cuda" (worker w on ``gfdit.comm.default_device(w)``: w modulo the visible devices); "cuda:N" or N
     (every worker on device N); or a list with one device per worker. Each worker then joins the world with
@@ -130,14 +165,27 @@ class Engine:
         limits: dict | None = None,
         cost_model: Any = None,
         device: Any = None,
+        replace_workers: bool = True,
+        reprofile: bool = False,
     ) -> None:
         import torch.distributed as dist
 
         if isinstance(world_size, bool):  # the rest of what the arguments must be, the engine loop checks
             raise InvalidUsage(f"gfdit.Engine: world_size {world_size!r} is not a number", param="world_size")
         overrides = _check_limits(limits or {})  # refused here, before any worker starts
+        devices = worker_devices(device, world_size) if isinstance(world_size, int) else []
         self.world_size = world_size
         self.model_name = model
+        assert _cost_model_default is not None, "import gfdit registers it"
+        cost_model = _cost_model_default(
+            cost_model,
+            model,
+            world_size,
+            model_path=model_path,
+            device=device,
+            policy=policy,
+            reprofile=reprofile,
+        )
         self.cost_model = cost_model
         self._closed = False
         try:
@@ -153,13 +201,13 @@ class Engine:
             if e.param is None:  # the policy's own message
                 raise
             raise InvalidUsage(f"gfdit.Engine: {e.message}", param=e.param) from None
-        devices = worker_devices(device, world_size)
         self.policy_name = policy if isinstance(policy, str) else policy.name()
         self._store = dist.TCPStore(
             "127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
         )
-        ctx = mp.get_context("spawn")
-        config = worker.WorkerConfig(
+        self._ctx = ctx = mp.get_context("spawn")
+        self._devices = devices
+        self._config = config = worker.WorkerConfig(
             world_size,
             "127.0.0.1",
             self._store.port,
@@ -183,9 +231,11 @@ class Engine:
             self._apply_limits(overrides)
         except Error as e:
             self._kill_all()
+            self._loop.shutdown()  # the rings' name goes now, not when the loop is collected
             raise RuntimeError(f"gfdit.Engine: {e.message}") from None
         except BaseException:
             self._kill_all()
+            self._loop.shutdown()
             raise
         self._handles: dict[int, RequestHandle] = {}
         self._listeners: list[Callable[[Any], None]] = []
@@ -193,6 +243,17 @@ class Engine:
         self._loop.start()
         self._thread = threading.Thread(target=self._collect, name="gfdit-results", daemon=True)
         self._thread.start()
+        # see NOTE [healing]
+        self._stopping = threading.Event()
+        self._pending: dict[int, bool] = {}  # workers whose replacement started and has not joined yet
+        self._next_try: dict[int, float] = {}  # when a worker's next replacement may start (monotonic)
+        self._failures = [0] * world_size  # replacements in a row that exited before joining
+        self._restart_error = ""
+        self._supervisor: threading.Thread | None = None
+        if replace_workers:
+            self._loop.set_replacing(True)
+            self._supervisor = threading.Thread(target=self._supervise, name="gfdit-supervisor", daemon=True)
+            self._supervisor.start()
 
     # ---- public ----
 
@@ -249,6 +310,9 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(10.0)
         self._loop.shutdown()
         deadline = time.monotonic() + timeout
         for p in self._procs:
@@ -279,6 +343,11 @@ class Engine:
         return {h.request_id: h.status()["state"] for h in handles if not h.done()}
 
     @property
+    def closed(self) -> bool:
+        """Whether shutdown() ran."""
+        return self._closed
+
+    @property
     def worker_pids(self) -> list[int]:
         """Process id of each worker."""
         return [int(p.pid or 0) for p in self._procs]  # every worker is started
@@ -289,8 +358,14 @@ class Engine:
 
     def stats(self) -> dict:
         """Control-plane counters: tasks, policy calls, lookahead hits, regroups, migrations, recoveries, task
-        timeouts, control_cpu_ns (CPU time of the control thread), requests not yet pruned."""
-        return dict(self._loop.stats())
+        timeouts, control_cpu_ns (CPU time of the control thread), requests not yet pruned; the workers: alive,
+        joining, worker_deaths, replacements, restarting (workers whose replacement is under way: NOTE
+        [healing]) and restart_error (why the latest replacement failed, "" if none did)."""
+        out = dict(self._loop.stats())
+        with self._lock:
+            out["restarting"] = sorted(w for w in range(self.world_size) if not out["alive"][w])
+            out["restart_error"] = self._restart_error
+        return out
 
     @property
     def limits(self) -> dict:
@@ -365,6 +440,57 @@ class Engine:
             timeline=timeline,
             transitions=transitions,
         )
+
+    def _supervise(self) -> None:
+        """Replaces dead workers (NOTE [healing])."""
+        while not self._stopping.wait(SUPERVISE_S):
+            try:
+                st = self._loop.stats()
+                for w in range(self.world_size):
+                    self._look_after(w, st["alive"][w] or st["joining"][w])
+            except Exception:  # the engine is shutting down under us, or a start failed: try again later
+                if self._stopping.is_set():
+                    return
+                log.exception("gfdit.Engine: replacing a worker failed")
+
+    def _look_after(self, w: int, live: bool) -> None:
+        p = self._procs[w]
+        if live:
+            if self._pending.pop(w, False):  # joined
+                self._failures[w] = 0
+                log.warning("gfdit.Engine: worker %d replaced (pid %d)", w, p.pid)
+            return
+        if p.exitcode is None:  # a replacement loading its model (exitcode reaps a process that ended)
+            return
+        now = time.monotonic()
+        if self._pending.pop(w, False):  # the replacement exited before it joined
+            reason = self._loop.take_replacement_error(w) or f"exited with code {p.exitcode} before joining"
+            self._failures[w] += 1
+            delay = min(REPLACE_BACKOFF_MAX_S, REPLACE_BACKOFF_S * 2 ** (self._failures[w] - 1))
+            with self._lock:
+                self._restart_error = f"worker {w}: {reason}"
+            log.warning(
+                "gfdit.Engine: replacement of worker %d failed (%s); next try in %.1f s", w, reason, delay
+            )
+            self._next_try[w] = now + delay
+            if self._failures[w] >= REPLACE_GIVE_UP and not any(self._loop.stats()["alive"]):
+                # nobody can serve: the waiting requests learn why; later ones wait for a replacement that works
+                self._loop.set_replacing(False, f"no worker left: replacing worker {w} failed: {reason}")
+                self._loop.set_replacing(True)
+            return
+        if self._next_try.get(w, 0.0) > now:
+            return
+        self._loop.prepare_replacement(w)
+        q = self._ctx.Process(
+            target=worker.main,
+            name=f"gfdit-worker-{w}",
+            daemon=True,
+            args=(w, self._config, self._devices[w], worker.InheritedFd(self._loop.queue_fd)),
+        )
+        q.start()
+        self._loop.set_worker_pid(w, int(q.pid or 0))
+        self._procs[w] = q
+        self._pending[w] = True
 
     def _kill_all(self) -> None:
         for p in self._procs:

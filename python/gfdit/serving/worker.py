@@ -7,7 +7,9 @@ tasks while the world is down), the error code an exception maps to, quiet compl
 idling, the output in shared memory. This module calls the model and nothing else.
 
 Task ranks are worker ids; the collectives world may be re-created among the survivors after a worker dies
-(a REINIT task, epoch e), so each worker maps worker ids to its current world's ranks.
+(a REINIT task, epoch e), so each worker maps worker ids to its current world's ranks. A replacement for a dead
+worker (NOTE [healing] in gfdit.serving.engine) attaches the rings through the descriptor it inherited, and joins
+no world until its first REINIT.
 
 On a GPU (``Engine(device=...)``) a worker joins the world with its device, loads the model there and holds
 its states there (NOTE [state placement] in gfdit.models.staged). Work is enqueued on the device's current
@@ -53,14 +55,16 @@ class WorkerConfig:
 
 
 class Worker:
-    def __init__(self, worker_id: int, config: WorkerConfig, device: Any = None) -> None:
+    def __init__(
+        self, worker_id: int, config: WorkerConfig, device: Any = None, queue_fd: int | None = None
+    ) -> None:
         import torch.distributed as dist
 
         self.id = worker_id
         # this worker's GPU (None: CPU); "cuda" picks comm.default_device(worker_id)
         self.device = comm.resolve_device(device, worker_id, "gfdit.Engine device")
         self.config = c = config
-        self.loop = rt.WorkerLoop(c.queue_name, worker_id)
+        self.loop = rt.WorkerLoop(c.queue_name, worker_id, -1 if queue_fd is None else queue_fd)
         self.store = dist.TCPStore(
             c.store_host,
             c.store_port,
@@ -74,7 +78,8 @@ class Worker:
         self.world: Any = None
         self.faults = settings.get_bool("GFDIT_FAULT_INJECTION")
         self.tracebacks = settings.get_bool("GFDIT_WORKER_TRACEBACK")
-        self._init_world(0, list(range(c.num_workers)))
+        if queue_fd is None:  # a replacement waits for the REINIT that takes it in
+            self._init_world(0, list(range(c.num_workers)))
 
     def _init_world(self, epoch: int, workers: list[int]) -> None:
         if comm.is_initialized():
@@ -204,9 +209,28 @@ class Worker:
         )
 
 
-def main(worker_id: int, config: WorkerConfig, device: Any = None) -> None:
+class InheritedFd:
+    """A file descriptor that a spawned process inherits: pickled for the child by multiprocessing, which passes
+    the descriptor itself to it (the rings' region, whose name is gone once the engine started)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> Any:
+        from multiprocessing import reduction
+
+        return (_inherited, (reduction.DupFd(self.fd),))
+
+
+def _inherited(dup: Any) -> InheritedFd:
+    return InheritedFd(dup.detach())
+
+
+def main(
+    worker_id: int, config: WorkerConfig, device: Any = None, queue_fd: InheritedFd | None = None
+) -> None:
     torch.set_num_threads(config.threads)
     try:
-        Worker(worker_id, config, device).run()
+        Worker(worker_id, config, device, None if queue_fd is None else queue_fd.fd).run()
     except KeyboardInterrupt:
         pass

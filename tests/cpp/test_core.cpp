@@ -1,11 +1,13 @@
 // src/core: shared-memory objects, doorbells, heartbeats, the heap allocator.
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <limits>
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -65,13 +67,128 @@ TEST(Core, DoorbellWakesABlockedWaiterAcrossProcesses) {
   }
   auto start = std::chrono::steady_clock::now();
   while (core::readBell(&words[0]) == seen) {
-    core::waitBell(&words[0], &words[16], seen, core::Backoff{}, std::chrono::seconds(5));
+    core::SpinPolicy fixed(core::Backoff{});
+    core::waitBell(&words[0], &words[16], seen, fixed, std::chrono::seconds(5));
   }
   double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(waited, 4.0);
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_EQ(words[16], 0u);  // the waiter count is back to zero
+}
+
+TEST(Core, AdaptiveSpinDropsToTheFloorWhenPreemptedAndDoublesBackEachPeriod) {
+  using std::chrono::microseconds;
+  const auto period = core::SpinPolicy::kRegrowPeriod;
+  core::SpinPolicy p(core::Backoff{microseconds(1000), microseconds(0)}, microseconds(2));
+  ASSERT_TRUE(p.adaptive());
+  auto t = core::SpinPolicy::Clock::time_point{} + std::chrono::hours(1);
+  EXPECT_EQ(p.current().spin, microseconds(1000));  // an idle host's budget at first
+  p.observe(false, t);
+  EXPECT_EQ(p.current().spin, microseconds(1000));  // never above the ceiling
+  p.observe(true, t);
+  EXPECT_EQ(p.current().spin, microseconds(2));
+  EXPECT_EQ(p.current().yield, microseconds(0));
+  p.observe(false, t + period / 2);
+  EXPECT_EQ(p.current().spin, microseconds(2));  // no growth within a period
+  // One doubling per clean period, whatever the number of looks within it: 2, 4, ..., 512, then the ceiling.
+  int64_t expected = 2;
+  for (int k = 1; k <= 12; ++k) {
+    for (int look = 0; look < 5; ++look) p.observe(false, t + k * period + look * period / 8);
+    expected = std::min<int64_t>(1000, 2 * expected);
+    EXPECT_EQ(p.current().spin.count(), expected) << "after " << k << " clean periods";
+  }
+  // A preemption drops it again at once, and a busy host (preempted every period) keeps it at the floor.
+  for (int k = 13; k < 20; ++k) {
+    p.observe(true, t + k * period);
+    EXPECT_EQ(p.current().spin, microseconds(2));
+    p.observe(false, t + k * period + period / 2);
+    EXPECT_EQ(p.current().spin, microseconds(2));
+  }
+}
+
+TEST(Core, FixedSpinNeverAdapts) {
+  using std::chrono::microseconds;
+  auto t = core::SpinPolicy::Clock::time_point{} + std::chrono::hours(1);
+  core::SpinPolicy fixed(core::Backoff{microseconds(7), microseconds(9)});
+  core::SpinPolicy floor_above(core::Backoff{microseconds(7), microseconds(9)}, microseconds(50));
+  for (core::SpinPolicy* p : {&fixed, &floor_above}) {
+    EXPECT_FALSE(p->adaptive());
+    p->observe(true, t);
+    p->observe(false, t + std::chrono::seconds(1));
+    EXPECT_EQ(p->current().spin, microseconds(7));
+    EXPECT_EQ(p->current().yield, microseconds(9));
+  }
+}
+
+TEST(Core, APreemptedThreadSeesItsPreemption) {
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &mine)) ++cpu;
+  // The looking thread and a spinning one share one CPU: the scheduler has to take it from the looker.
+  auto pin = [cpu] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof(one), &one) == 0;
+  };
+  std::atomic<bool> stop{false};
+  std::atomic<bool> hog_pinned{false};
+  std::thread hog([&] {
+    hog_pinned = pin();
+    while (!stop.load(std::memory_order_relaxed)) core::cpuRelax();
+  });
+  bool first = true, seen = false, pinned = false;
+  std::thread looker([&] {
+    pinned = pin();
+    first = core::preemptedSinceLastLook();
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!seen && std::chrono::steady_clock::now() < until) {
+      auto next = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+      while (std::chrono::steady_clock::now() < next) core::cpuRelax();
+      seen = core::preemptedSinceLastLook();
+    }
+  });
+  looker.join();
+  stop = true;
+  hog.join();
+  ASSERT_TRUE(pinned && hog_pinned);
+  EXPECT_FALSE(first);  // a thread's first look has nothing to compare with
+  EXPECT_TRUE(seen);
+}
+
+TEST(Core, UsableCoresFollowTheAffinity) {
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  int all = core::usableCores();
+  EXPECT_GE(all, 1);
+  EXPECT_LE(all, CPU_COUNT(&mine));
+  int on_one = 0;
+  std::thread t([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &mine)) {
+        CPU_SET(cpu, &one);
+        break;
+      }
+    }
+    if (sched_setaffinity(0, sizeof(one), &one) == 0) on_one = core::usableCores();
+  });
+  t.join();
+  EXPECT_EQ(on_one, 1);
+}
+
+TEST(Core, QuotaCoresFromCgroupFiles) {
+  EXPECT_EQ(core::quotaCores("max 100000", "", ""), 0);
+  EXPECT_EQ(core::quotaCores("150000 100000", "", ""), 2);  // 1.5 cores: rounded up
+  EXPECT_EQ(core::quotaCores("50000 100000", "", ""), 1);
+  EXPECT_EQ(core::quotaCores("400000 100000", "100000", "100000"), 4);  // v2 wins where both exist
+  EXPECT_EQ(core::quotaCores("", "-1", "100000"), 0);
+  EXPECT_EQ(core::quotaCores("", "300000", "100000"), 3);
+  EXPECT_EQ(core::quotaCores("", "", ""), 0);
+  EXPECT_EQ(core::quotaCores("lots", "x", "y"), 0);
 }
 
 TEST(Core, HeartbeatTicksAndAStoppedOneGoesStale) {

@@ -63,44 +63,56 @@ SpinPolicy::SpinPolicy(Backoff ceiling, std::chrono::microseconds floor)
       ceiling_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(ceiling.spin).count()),
       yield_(ceiling.yield),
       spin_ns_(ceiling_ns_),
-      changed_ns_(0) {}
+      window_ns_(0),
+      preemptions_(0) {}
 
 SpinPolicy::SpinPolicy(const SpinPolicy& other)
     : floor_ns_(other.floor_ns_),
       ceiling_ns_(other.ceiling_ns_),
       yield_(other.yield_),
       spin_ns_(other.spin_ns_.load(std::memory_order_relaxed)),
-      changed_ns_(other.changed_ns_.load(std::memory_order_relaxed)) {}
+      window_ns_(other.window_ns_.load(std::memory_order_relaxed)),
+      preemptions_(other.preemptions_.load(std::memory_order_relaxed)) {}
 
 Backoff SpinPolicy::current() const {
   auto spin = std::chrono::nanoseconds(spin_ns_.load(std::memory_order_relaxed));
   return Backoff{std::chrono::duration_cast<std::chrono::microseconds>(spin), yield_};
 }
 
-void SpinPolicy::observe(bool preempted, Clock::time_point now) {
+void SpinPolicy::observe(int64_t preemptions, Clock::time_point now) {
   if (!adaptive()) return;
+  // Racing observers may count a window twice or lose a look: either is one wait's worth.
+  const int64_t period = std::chrono::nanoseconds(kRegrowPeriod).count();
   int64_t t = sinceEpochNs(now);
-  if (preempted) {
-    spin_ns_.store(floor_ns_, std::memory_order_relaxed);
-    changed_ns_.store(t, std::memory_order_relaxed);
-    return;
+  int64_t begun = window_ns_.load(std::memory_order_relaxed);
+  if (begun == 0) {
+    window_ns_.store(t, std::memory_order_relaxed);
+    begun = t;
   }
-  int64_t spin = spin_ns_.load(std::memory_order_relaxed);
-  int64_t changed = changed_ns_.load(std::memory_order_relaxed);
-  if (spin >= ceiling_ns_ || t - changed < std::chrono::nanoseconds(kRegrowPeriod).count()) return;
-  // Racing observers may both double, or one may undo a drop to the floor: either is one wait's worth. From a
-  // floor of 0 the budget grows to 1 us first.
-  spin_ns_.store(std::min(ceiling_ns_, std::max<int64_t>(2 * spin, 1000)), std::memory_order_relaxed);
-  changed_ns_.store(t, std::memory_order_relaxed);
+  int64_t count = preemptions_.fetch_add(preemptions, std::memory_order_relaxed) + preemptions;
+  int64_t elapsed = t - begun;
+  if (count >= kBusyPreemptions && count * period >= kBusyPreemptions * std::max(elapsed, period)) {
+    spin_ns_.store(floor_ns_, std::memory_order_relaxed);
+  } else if (elapsed >= period) {
+    if (count * period < elapsed) {  // fewer than one per period: the host has a core to spare
+      int64_t spin = spin_ns_.load(std::memory_order_relaxed);
+      // From a floor of 0 the budget grows to 1 us first.
+      spin_ns_.store(std::min(ceiling_ns_, std::max<int64_t>(2 * spin, 1000)), std::memory_order_relaxed);
+    }
+  } else {
+    return;  // the window goes on
+  }
+  window_ns_.store(t, std::memory_order_relaxed);
+  preemptions_.store(0, std::memory_order_relaxed);
 }
 
-bool preemptedSinceLastLook() {
+int64_t preemptionsSinceLastLook() {
   thread_local long last = -1;
   rusage ru{};
-  if (getrusage(RUSAGE_THREAD, &ru) != 0) return false;
-  bool preempted = last >= 0 && ru.ru_nivcsw != last;
+  if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
+  int64_t preemptions = last >= 0 ? ru.ru_nivcsw - last : 0;
   last = ru.ru_nivcsw;
-  return preempted;
+  return preemptions;
 }
 
 bool waitBell(uint32_t* value, uint32_t* waiters, uint32_t seen, SpinPolicy& policy, std::chrono::nanoseconds slice) {
@@ -113,7 +125,7 @@ bool waitBell(uint32_t* value, uint32_t* waiters, uint32_t seen, SpinPolicy& pol
     if ((i & 63) != 63) continue;
     auto now = Clock::now();
     if (i == 63 && policy.adaptive()) {  // not over at once: see NOTE [adaptive spin]
-      policy.observe(preemptedSinceLastLook(), now);
+      policy.observe(preemptionsSinceLastLook(), now);
       backoff = policy.current();
       spin_end = start + backoff.spin;
     }

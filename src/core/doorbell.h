@@ -48,29 +48,33 @@ struct Backoff {
 // core that its peer or another process needs, and a two-rank step takes several times as long. So the spin
 // budget follows the evidence of each waiting thread: at the start of every wait that is not over at once,
 // the thread reads its count of involuntary context switches (getrusage RUSAGE_THREAD, ru_nivcsw; one
-// system call, about 0.4 us). A count that moved since the thread's previous look means that some other
-// task was given this thread's core while it ran, computed or spun, i.e. the host is oversubscribed now:
-// the budget drops to the floor (2 us, what a rank that shares its core spins), and the wait blocks on its
-// doorbell almost at once. Each kRegrowPeriod without a preemption doubles the budget back towards its
-// ceiling (2 us to 1 ms in 9 doublings, about 0.2 s), so one stray preemption costs little and a host that
-// stays busy keeps its waits short. Other signals, and why not: the thread's CPU time against the wall time
-// of a spin tells only a spin that was itself preempted (a 1 ms spin mostly is not, yet it still holds a
-// core someone waits for), and needs a second system call per wait; /proc/loadavg counts the runnable tasks
-// of the whole machine, not of the cores this process may use, and costs about 4 us to read. A yield that
-// hands the core to another task counts as involuntary too, rightly: someone else wanted the core. The
-// adaptive waits do not yield (a yield to a foreign task gives the core away for its whole slice, where a
-// blocked waiter is woken the moment its doorbell rings).
+// system call, about 0.4 us), the times another task was given its core while it ran, computed or spun.
+// The policy counts them in windows of kRegrowPeriod: at kBusyPreemptions or more per period the host is
+// oversubscribed now, and the budget drops at once to the floor (2 us, what a rank that shares its core
+// spins), so waits block on their doorbell almost at once; a window with fewer than one per period doubles
+// it back towards its ceiling (2 us to 1 ms in 9 doublings, about 0.2 s); in between it stays. A single
+// preemption is no evidence: a rank's own heartbeat thread (every 20 ms, NOTE [liveness]) or the engine's
+// control thread waking on its core preempts it for microseconds, and dropping on each of those makes every
+// small collective on a quiet machine pay a futex round trip (measured: a 4 KiB all-to-all of two ranks
+// takes 20 us instead of 4). Other signals, and why not: the thread's CPU time against the wall time of a spin tells
+// only a spin that was itself preempted (a 1 ms spin mostly is not, yet it still holds a core someone waits
+// for); /proc/loadavg counts the runnable tasks of the whole machine, not of the cores this process may
+// use, and costs about 4 us to read. A yield that hands the core to another task counts as involuntary
+// too, rightly: someone else wanted the core. The adaptive waits do not yield (a yield to a foreign task
+// gives the core away for its whole slice, where a blocked waiter is woken the moment its doorbell rings).
 // Where ranks outnumber the cores of the process (usableCores(): its CPU affinity and cgroup quota), every
-// wait spins 2 us and yields 300 us. GFDIT_SPIN_US, GFDIT_YIELD_US and WorldOptions::spin_us fix
-// the values and turn adapting off.
+// wait spins 2 us and yields 300 us. GFDIT_SPIN_US, GFDIT_YIELD_US and WorldOptions::spin_us fix the values
+// and turn adapting off.
 
 /// How long the waits of one world spin and yield: fixed, or adapted to whether the host has a core to
 /// spare right now (NOTE [adaptive spin]). Lock-free: waits of several threads may observe at once.
 class SpinPolicy {
  public:
   using Clock = std::chrono::steady_clock;
-  /// How long the budget stays put after a preemption or a doubling before it doubles again.
+  /// The window in which preemptions are counted; a quiet one doubles the budget.
   static constexpr std::chrono::milliseconds kRegrowPeriod{20};
+  /// Preemptions per period from which the host counts as oversubscribed.
+  static constexpr int64_t kBusyPreemptions = 3;
 
   /// Every wait spins and yields as `fixed` says.
   explicit SpinPolicy(Backoff fixed) : SpinPolicy(fixed, fixed.spin) {}
@@ -82,19 +86,20 @@ class SpinPolicy {
   bool adaptive() const { return floor_ns_ < ceiling_ns_; }
   /// The spin and yield of a wait that starts now.
   Backoff current() const;
-  /// One look of a waiting thread at `now`: whether it was preempted since its previous look.
-  void observe(bool preempted, Clock::time_point now);
+  /// One look of a waiting thread at `now`: the times it was preempted since its previous look.
+  void observe(int64_t preemptions, Clock::time_point now);
 
  private:
   int64_t floor_ns_;
   int64_t ceiling_ns_;
   std::chrono::microseconds yield_;
   std::atomic<int64_t> spin_ns_;
-  std::atomic<int64_t> changed_ns_;  // Clock time of the budget's last change
+  std::atomic<int64_t> window_ns_;    // Clock time the current window began (0: none yet)
+  std::atomic<int64_t> preemptions_;  // counted in the current window
 };
 
-/// Whether the calling thread was preempted (ru_nivcsw moved) since its previous call; false on its first.
-bool preemptedSinceLastLook();
+/// The times the calling thread was preempted (ru_nivcsw) since its previous call; 0 on its first.
+int64_t preemptionsSinceLastLook();
 
 /// Waits until *value != seen: spins for the policy's budget, yields the core for its yield (a peer may
 /// need it when ranks outnumber cores), then blocks on the futex; returns after at most `slice` in any case.

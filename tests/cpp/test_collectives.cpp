@@ -458,8 +458,8 @@ TEST(Collectives, WaitsAdaptWhereEveryRankHasACoreUnlessFixed) {
     expect(protocol::hostSpinPolicy(3, 2, -1), false, 2, 300, "more ranks than cores: brief spin, then yield");
     expect(protocol::hostSpinPolicy(2, 2, 5), false, 5, 0, "WorldOptions::spin_us fixes the spin");
     core::SpinPolicy p = protocol::hostSpinPolicy(4, 8, -1);
-    p.observe(true, core::SpinPolicy::Clock::now());
-    expect(p, true, 2, 0, "preempted: the floor is what a rank sharing its core spins");
+    p.observe(core::SpinPolicy::kBusyPreemptions, core::SpinPolicy::Clock::now());
+    expect(p, true, 2, 0, "preempted often: the floor is what a rank sharing its core spins");
   }
   {
     ScopedEnv a("GFDIT_SPIN_US", "7"), b("GFDIT_YIELD_US", nullptr);

@@ -77,33 +77,48 @@ TEST(Core, DoorbellWakesABlockedWaiterAcrossProcesses) {
   EXPECT_EQ(words[16], 0u);  // the waiter count is back to zero
 }
 
-TEST(Core, AdaptiveSpinDropsToTheFloorWhenPreemptedAndDoublesBackEachPeriod) {
+TEST(Core, AdaptiveSpinDropsToTheFloorWhenPreemptedOftenAndDoublesBackEachQuietPeriod) {
   using std::chrono::microseconds;
   const auto period = core::SpinPolicy::kRegrowPeriod;
   core::SpinPolicy p(core::Backoff{microseconds(1000), microseconds(0)}, microseconds(2));
   ASSERT_TRUE(p.adaptive());
   auto t = core::SpinPolicy::Clock::time_point{} + std::chrono::hours(1);
   EXPECT_EQ(p.current().spin, microseconds(1000));  // an idle host's budget at first
-  p.observe(false, t);
-  EXPECT_EQ(p.current().spin, microseconds(1000));  // never above the ceiling
-  p.observe(true, t);
+  p.observe(0, t);                                  // the window begins
+  // Two stray preemptions in a period (a heartbeat, a control thread waking): no evidence, the budget stays.
+  p.observe(1, t + period / 4);
+  p.observe(1, t + period / 2);
+  EXPECT_EQ(p.current().spin, microseconds(1000));
+  p.observe(0, t + period);  // the window closes: two per period is neither busy nor quiet
+  EXPECT_EQ(p.current().spin, microseconds(1000));
+  // Three within a period: oversubscribed, at once.
+  t += period;
+  p.observe(2, t + period / 4);
+  EXPECT_EQ(p.current().spin, microseconds(1000));
+  p.observe(1, t + period / 2);
   EXPECT_EQ(p.current().spin, microseconds(2));
   EXPECT_EQ(p.current().yield, microseconds(0));
-  p.observe(false, t + period / 2);
+  t += period / 2;  // a new window began at the drop
+  p.observe(0, t + period / 2);
   EXPECT_EQ(p.current().spin, microseconds(2));  // no growth within a period
-  // One doubling per clean period, whatever the number of looks within it: 2, 4, ..., 512, then the ceiling.
+  // One doubling per quiet period, whatever the number of looks within it: 2, 4, ..., 512, then the ceiling.
   int64_t expected = 2;
   for (int k = 1; k <= 12; ++k) {
-    for (int look = 0; look < 5; ++look) p.observe(false, t + k * period + look * period / 8);
+    for (int look = 1; look <= 8; ++look) p.observe(0, t + (k - 1) * period + look * period / 8);
     expected = std::min<int64_t>(1000, 2 * expected);
-    EXPECT_EQ(p.current().spin.count(), expected) << "after " << k << " clean periods";
+    EXPECT_EQ(p.current().spin.count(), expected) << "after " << k << " quiet periods";
   }
-  // A preemption drops it again at once, and a busy host (preempted every period) keeps it at the floor.
-  for (int k = 13; k < 20; ++k) {
-    p.observe(true, t + k * period);
-    EXPECT_EQ(p.current().spin, microseconds(2));
-    p.observe(false, t + k * period + period / 2);
-    EXPECT_EQ(p.current().spin, microseconds(2));
+  // Sparse looks: 4 preemptions over 5 periods is less than one per period, so the host has a core to spare.
+  t += 12 * period;
+  p.observe(3, t);  // 3 in a new window that is just begun: busy
+  EXPECT_EQ(p.current().spin, microseconds(2));
+  p.observe(4, t + 5 * period);
+  EXPECT_EQ(p.current().spin, microseconds(4));
+  // A busy host (3 preemptions every period) keeps it at the floor.
+  t += 5 * period;
+  for (int k = 1; k <= 10; ++k) {
+    p.observe(3, t + k * period);
+    EXPECT_EQ(p.current().spin, microseconds(2)) << "busy period " << k;
   }
 }
 
@@ -114,8 +129,8 @@ TEST(Core, FixedSpinNeverAdapts) {
   core::SpinPolicy floor_above(core::Backoff{microseconds(7), microseconds(9)}, microseconds(50));
   for (core::SpinPolicy* p : {&fixed, &floor_above}) {
     EXPECT_FALSE(p->adaptive());
-    p->observe(true, t);
-    p->observe(false, t + std::chrono::seconds(1));
+    p->observe(100, t);
+    p->observe(0, t + std::chrono::seconds(1));
     EXPECT_EQ(p->current().spin, microseconds(7));
     EXPECT_EQ(p->current().yield, microseconds(9));
   }
@@ -139,22 +154,23 @@ TEST(Core, APreemptedThreadSeesItsPreemption) {
     hog_pinned = pin();
     while (!stop.load(std::memory_order_relaxed)) core::cpuRelax();
   });
-  bool first = true, seen = false, pinned = false;
+  int64_t first = -1;
+  bool seen = false, pinned = false;
   std::thread looker([&] {
     pinned = pin();
-    first = core::preemptedSinceLastLook();
+    first = core::preemptionsSinceLastLook();
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!seen && std::chrono::steady_clock::now() < until) {
       auto next = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
       while (std::chrono::steady_clock::now() < next) core::cpuRelax();
-      seen = core::preemptedSinceLastLook();
+      seen = core::preemptionsSinceLastLook() > 0;
     }
   });
   looker.join();
   stop = true;
   hog.join();
   ASSERT_TRUE(pinned && hog_pinned);
-  EXPECT_FALSE(first);  // a thread's first look has nothing to compare with
+  EXPECT_EQ(first, 0);  // a thread's first look has nothing to compare with
   EXPECT_TRUE(seen);
 }
 

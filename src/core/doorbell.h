@@ -55,13 +55,14 @@ struct Backoff {
 // it back towards its ceiling (2 us to 1 ms in 9 doublings, about 0.2 s); in between it stays. A single
 // preemption is no evidence: a rank's own heartbeat thread (every 20 ms, NOTE [liveness]) or the engine's
 // control thread waking on its core preempts it for microseconds, and dropping on each of those makes every
-// small collective on a quiet machine pay a futex round trip (measured: a 4 KiB all-to-all of two ranks
-// takes 20 us instead of 4). Other signals, and why not: the thread's CPU time against the wall time of a spin tells
-// only a spin that was itself preempted (a 1 ms spin mostly is not, yet it still holds a core someone waits
-// for); /proc/loadavg counts the runnable tasks of the whole machine, not of the cores this process may
-// use, and costs about 4 us to read. A yield that hands the core to another task counts as involuntary
-// too, rightly: someone else wanted the core. The adaptive waits do not yield (a yield to a foreign task
-// gives the core away for its whole slice, where a blocked waiter is woken the moment its doorbell rings).
+// small collective on a quiet machine pay a futex round trip (a 4 KiB all-to-all of two ranks takes about
+// 20 us blocking, 4 us spinning). Other signals, and why not: the thread's CPU time against the wall time
+// of a spin tells only a spin that was itself preempted (a 1 ms spin mostly is not, yet it still holds a
+// core someone waits for); /proc/loadavg counts the runnable tasks of the whole machine, not of the cores
+// this process may use, and costs about 4 us to read. A yield that hands the core to another task counts
+// as involuntary too, rightly: someone else wanted the core. The adaptive waits do not yield (a yield to a
+// foreign task gives the core away for its whole slice, where a blocked waiter is woken the moment its
+// doorbell rings).
 // Where ranks outnumber the cores of the process (usableCores(): its CPU affinity and cgroup quota), every
 // wait spins 2 us and yields 300 us. GFDIT_SPIN_US, GFDIT_YIELD_US and WorldOptions::spin_us fix the values
 // and turn adapting off.

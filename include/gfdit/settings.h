@@ -36,11 +36,15 @@ size_t slotBytes();
 /// GFDIT_NUM_SLOTS: staging slots of a host world of `world_size` ranks (min(128, max(8, 4 x (world_size -
 /// 1))) while unset or empty; std::stoull).
 size_t numSlots(int world_size);
-/// GFDIT_SPIN_US: microseconds a host world's wait spins (1000 where every rank has a core, else 2).
+/// GFDIT_SPIN_US: microseconds a host world's wait spins (while unset or empty: 1000 where every rank has a
+/// core, the most an adaptive wait spins, else 2).
 int spinUs(bool own_core);
 /// GFDIT_YIELD_US: microseconds a host world's wait yields its core after spinning (0 where every rank has a
 /// core, else 300).
 int yieldUs(bool own_core);
+/// Whether GFDIT_SPIN_US or GFDIT_YIELD_US is set (non-empty): a host world's waits then spin and yield as
+/// spinUs and yieldUs say, without adapting to the host's load (NOTE [adaptive spin]).
+bool waitsFixed();
 /// GFDIT_COPY_TABLE: the host copy table as set (nullptr while unset; an empty value is returned as is).
 const char* copyTable();
 /// GFDIT_PID_LIVENESS: whether peers' pids are trusted where namespaces match (true while unset or empty,

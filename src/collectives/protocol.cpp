@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "gfdit/settings.h"
 #include "gfdit/types.h"
 #include "reduce.h"
 
@@ -43,6 +44,19 @@ std::string describeOp(uint32_t op) {
   return os.str();
 }
 
+core::SpinPolicy hostSpinPolicy(int world_size, int cores, int spin_us) {
+  // A rank per core: spin up to 1 ms (a 256 KiB chunk from memory takes ~30 us to copy), adapted to the
+  // host's load (NOTE [adaptive spin]). More ranks than cores: a spinning rank steals the core its peer
+  // needs, so spin briefly and yield the core before blocking.
+  using std::chrono::microseconds;
+  bool own_core = world_size <= cores;
+  bool fixed = spin_us >= 0 || settings::waitsFixed();
+  if (spin_us < 0) spin_us = settings::spinUs(own_core);
+  core::Backoff most{microseconds(spin_us), microseconds(settings::yieldUs(own_core))};
+  if (fixed || !own_core) return core::SpinPolicy(most);
+  return core::SpinPolicy(most, microseconds(settings::spinUs(false)));
+}
+
 HostRegion HostRegion::at(uint8_t* base) {
   HostRegion r;
   r.base = base;
@@ -52,8 +66,9 @@ HostRegion HostRegion::at(uint8_t* base) {
   return r;
 }
 
-Engine::Engine(int rank, std::vector<HostRegion> regions, std::chrono::milliseconds timeout, core::Backoff backoff)
-    : rank_(rank), regions_(std::move(regions)), timeout_(timeout), backoff_(backoff) {
+Engine::Engine(int rank, std::vector<HostRegion> regions, std::chrono::milliseconds timeout,
+               const core::SpinPolicy& spin)
+    : rank_(rank), regions_(std::move(regions)), timeout_(timeout), spin_(spin) {
   liveness_.resize(regions_.size());
 }
 
@@ -85,7 +100,7 @@ void Engine::notify(int peer) {
 
 void Engine::waitDoorbell(uint32_t seen, std::chrono::nanoseconds slice) {
   RegionHeader* h = self().header;
-  if (core::waitBell(&h->doorbell, &h->num_waiters, seen, backoff_, slice)) ++stats_.blocking_waits;
+  if (core::waitBell(&h->doorbell, &h->num_waiters, seen, spin_, slice)) ++stats_.blocking_waits;
 }
 
 void Engine::fail(ErrorCode code, const std::string& message) {

@@ -111,10 +111,15 @@ struct StagingRing {
   }
 };
 
+/// How the waits of a host world of `world_size` ranks spin, on a host whose process may use `cores` cores,
+/// given WorldOptions::spin_us (negative: automatic) and GFDIT_SPIN_US / GFDIT_YIELD_US (NOTE [adaptive
+/// spin]): adaptive between 2 us and 1 ms, without yielding, where every rank has a core; fixed otherwise.
+core::SpinPolicy hostSpinPolicy(int world_size, int cores, int spin_us);
+
 /// The engine. One collective at a time (callers hold mutex()).
 class Engine {
  public:
-  Engine(int rank, std::vector<HostRegion> regions, std::chrono::milliseconds timeout, core::Backoff backoff);
+  Engine(int rank, std::vector<HostRegion> regions, std::chrono::milliseconds timeout, const core::SpinPolicy& spin);
 
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(regions_.size()); }
@@ -200,7 +205,7 @@ class Engine {
   int rank_;
   std::vector<HostRegion> regions_;
   std::chrono::milliseconds timeout_;
-  core::Backoff backoff_;
+  core::SpinPolicy spin_;
   std::vector<core::PeerLiveness> liveness_;
 
   // Edge counters, indexed by peer rank. See NOTE [edge sequence numbers].

@@ -14,7 +14,6 @@
 #include <mutex>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -185,13 +184,8 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   size_t num_slots = options.num_slots ? options.num_slots : settings::numSlots(world_size);
   // see NOTE [staging rounds]: fewer than world_size - 1 slots could deadlock a reduction
   num_slots = std::max<size_t>({num_slots, static_cast<size_t>(world_size - 1), 2});
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  // A rank per core: spinning costs nobody and a futex round trip costs tens of microseconds, so spin
-  // long (a 256 KiB chunk from memory takes ~30 us to copy). More ranks than cores: a spinning rank
-  // steals the core its peer needs, so spin briefly and yield the core before blocking.
-  bool own_core = static_cast<unsigned>(world_size) <= cores;
-  int spin_us = options.spin_us >= 0 ? options.spin_us : settings::spinUs(own_core);
-  int yield_us = settings::yieldUs(own_core);
+  core::SpinPolicy spin = protocol::hostSpinPolicy(world_size, core::usableCores(), options.spin_us);
+  int spin_us = static_cast<int>(spin.current().spin.count());
   impl->options.slot_bytes = slot_bytes;
   impl->options.num_slots = num_slots;
   impl->options.spin_us = spin_us;
@@ -267,9 +261,7 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
     const RegionHeader* ph = host.back().header;
     if (p != rank) liveness[p] = core::PeerLiveness(&ph->heartbeat, ph->pid, ph->pid_ns, stale);
   }
-  impl->engine = std::make_unique<protocol::Engine>(
-      rank, std::move(host), impl->options.timeout,
-      core::Backoff{std::chrono::microseconds(spin_us), std::chrono::microseconds(yield_us)});
+  impl->engine = std::make_unique<protocol::Engine>(rank, std::move(host), impl->options.timeout, spin);
   impl->engine->setLiveness(std::move(liveness));
   impl->cpu = std::make_unique<CpuTransport>(rank, std::move(bases), staging_off, slot_bytes, num_slots, heap_off,
                                              heap_bytes, copier);

@@ -39,11 +39,14 @@ const std::vector<Setting>& table() {
       {"GFDIT_NUM_SLOTS", "min(128, max(8, 4 x (world_size - 1)))", "int",
        "Staging slots in each rank's outbound ring of a host world whose WorldOptions::num_slots is 0; raised to "
        "world_size - 1 and 2 at least (NOTE [staging rounds])."},
-      {"GFDIT_SPIN_US", "1000 where every rank has a core of its own, else 2", "int",
+      {"GFDIT_SPIN_US",
+       "adaptive: at most 1000 where every rank has a core of its own, 2 while the host is busy; else 2", "int",
        "Microseconds a wait of a host world spins before it yields or blocks, where WorldOptions::spin_us is "
-       "negative (automatic)."},
+       "negative (automatic). Setting it (or GFDIT_YIELD_US) fixes both and turns adapting off (NOTE [adaptive "
+       "spin])."},
       {"GFDIT_YIELD_US", "0 where every rank has a core of its own, else 300", "int",
-       "Microseconds a wait of a host world yields its core after spinning, before it blocks on its doorbell."},
+       "Microseconds a wait of a host world yields its core after spinning, before it blocks on its doorbell. "
+       "Setting it (or GFDIT_SPIN_US) turns adapting off."},
       {"GFDIT_COPY_TABLE", "inf:memcpy", "string",
        "The host copy table, BOUND:PATH entries by ascending message size (\"65536:memcpy,inf:stream\"; paths "
        "memcpy, stream); device paths are refused (GFDIT_CUDA_COPY_TABLE is the device's)."},
@@ -146,6 +149,8 @@ int spinUs(bool own_core) {
 int yieldUs(bool own_core) {
   return static_cast<int>(sizeOr("GFDIT_YIELD_US", own_core ? kYieldUsOwnCore : kYieldUsShared));
 }
+
+bool waitsFixed() { return nonEmpty("GFDIT_SPIN_US") != nullptr || nonEmpty("GFDIT_YIELD_US") != nullptr; }
 
 const char* copyTable() { return lookup("GFDIT_COPY_TABLE"); }
 

@@ -7,11 +7,14 @@
 #include <cstring>
 #include <vector>
 
+#include "protocol.h"
 #include "rank_harness.h"
+#include "scoped_env.h"
 
 using namespace gfdit;
 using gfdit::testing::mix;
 using gfdit::testing::runRanks;
+using gfdit::testing::ScopedEnv;
 
 namespace {
 
@@ -440,4 +443,30 @@ TEST(Collectives, SubgroupsInAnyOrder) {
                        }
                      }),
             "");
+}
+
+TEST(Collectives, WaitsAdaptWhereEveryRankHasACoreUnlessFixed) {
+  using std::chrono::microseconds;
+  auto expect = [](const core::SpinPolicy& p, bool adaptive, int spin_us, int yield_us, const char* what) {
+    EXPECT_EQ(p.adaptive(), adaptive) << what;
+    EXPECT_EQ(p.current().spin, microseconds(spin_us)) << what;
+    EXPECT_EQ(p.current().yield, microseconds(yield_us)) << what;
+  };
+  {
+    ScopedEnv a("GFDIT_SPIN_US", nullptr), b("GFDIT_YIELD_US", nullptr);
+    expect(protocol::hostSpinPolicy(2, 2, -1), true, 1000, 0, "a core per rank: adaptive, from 1 ms");
+    expect(protocol::hostSpinPolicy(3, 2, -1), false, 2, 300, "more ranks than cores: brief spin, then yield");
+    expect(protocol::hostSpinPolicy(2, 2, 5), false, 5, 0, "WorldOptions::spin_us fixes the spin");
+    core::SpinPolicy p = protocol::hostSpinPolicy(4, 8, -1);
+    p.observe(core::SpinPolicy::kBusyPreemptions, core::SpinPolicy::Clock::now());
+    expect(p, true, 2, 0, "preempted often: the floor is what a rank sharing its core spins");
+  }
+  {
+    ScopedEnv a("GFDIT_SPIN_US", "7"), b("GFDIT_YIELD_US", nullptr);
+    expect(protocol::hostSpinPolicy(2, 2, -1), false, 7, 0, "GFDIT_SPIN_US fixes the waits");
+  }
+  {
+    ScopedEnv a("GFDIT_SPIN_US", nullptr), b("GFDIT_YIELD_US", "9");
+    expect(protocol::hostSpinPolicy(2, 2, -1), false, 1000, 9, "GFDIT_YIELD_US fixes the waits too");
+  }
 }

@@ -1,11 +1,13 @@
 // src/core: shared-memory objects, doorbells, heartbeats, the heap allocator.
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <limits>
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -65,13 +67,144 @@ TEST(Core, DoorbellWakesABlockedWaiterAcrossProcesses) {
   }
   auto start = std::chrono::steady_clock::now();
   while (core::readBell(&words[0]) == seen) {
-    core::waitBell(&words[0], &words[16], seen, core::Backoff{}, std::chrono::seconds(5));
+    core::SpinPolicy fixed(core::Backoff{});
+    core::waitBell(&words[0], &words[16], seen, fixed, std::chrono::seconds(5));
   }
   double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(waited, 4.0);
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_EQ(words[16], 0u);  // the waiter count is back to zero
+}
+
+TEST(Core, AdaptiveSpinDropsToTheFloorWhenPreemptedOftenAndDoublesBackEachQuietPeriod) {
+  using std::chrono::microseconds;
+  const auto period = core::SpinPolicy::kRegrowPeriod;
+  core::SpinPolicy p(core::Backoff{microseconds(1000), microseconds(0)}, microseconds(2));
+  ASSERT_TRUE(p.adaptive());
+  auto t = core::SpinPolicy::Clock::time_point{} + std::chrono::hours(1);
+  EXPECT_EQ(p.current().spin, microseconds(1000));  // an idle host's budget at first
+  p.observe(0, t);                                  // the window begins
+  // Two stray preemptions in a period (a heartbeat, a control thread waking): no evidence, the budget stays.
+  p.observe(1, t + period / 4);
+  p.observe(1, t + period / 2);
+  EXPECT_EQ(p.current().spin, microseconds(1000));
+  p.observe(0, t + period);  // the window closes: two per period is neither busy nor quiet
+  EXPECT_EQ(p.current().spin, microseconds(1000));
+  // Three within a period: oversubscribed, at once.
+  t += period;
+  p.observe(2, t + period / 4);
+  EXPECT_EQ(p.current().spin, microseconds(1000));
+  p.observe(1, t + period / 2);
+  EXPECT_EQ(p.current().spin, microseconds(2));
+  EXPECT_EQ(p.current().yield, microseconds(0));
+  t += period / 2;  // a new window began at the drop
+  p.observe(0, t + period / 2);
+  EXPECT_EQ(p.current().spin, microseconds(2));  // no growth within a period
+  // One doubling per quiet period, whatever the number of looks within it: 2, 4, ..., 512, then the ceiling.
+  int64_t expected = 2;
+  for (int k = 1; k <= 12; ++k) {
+    for (int look = 1; look <= 8; ++look) p.observe(0, t + (k - 1) * period + look * period / 8);
+    expected = std::min<int64_t>(1000, 2 * expected);
+    EXPECT_EQ(p.current().spin.count(), expected) << "after " << k << " quiet periods";
+  }
+  // Sparse looks: 4 preemptions over 5 periods is less than one per period, so the host has a core to spare.
+  t += 12 * period;
+  p.observe(3, t);  // 3 in a new window that is just begun: busy
+  EXPECT_EQ(p.current().spin, microseconds(2));
+  p.observe(4, t + 5 * period);
+  EXPECT_EQ(p.current().spin, microseconds(4));
+  // A busy host (3 preemptions every period) keeps it at the floor.
+  t += 5 * period;
+  for (int k = 1; k <= 10; ++k) {
+    p.observe(3, t + k * period);
+    EXPECT_EQ(p.current().spin, microseconds(2)) << "busy period " << k;
+  }
+}
+
+TEST(Core, FixedSpinNeverAdapts) {
+  using std::chrono::microseconds;
+  auto t = core::SpinPolicy::Clock::time_point{} + std::chrono::hours(1);
+  core::SpinPolicy fixed(core::Backoff{microseconds(7), microseconds(9)});
+  core::SpinPolicy floor_above(core::Backoff{microseconds(7), microseconds(9)}, microseconds(50));
+  for (core::SpinPolicy* p : {&fixed, &floor_above}) {
+    EXPECT_FALSE(p->adaptive());
+    p->observe(100, t);
+    p->observe(0, t + std::chrono::seconds(1));
+    EXPECT_EQ(p->current().spin, microseconds(7));
+    EXPECT_EQ(p->current().yield, microseconds(9));
+  }
+}
+
+TEST(Core, APreemptedThreadSeesItsPreemption) {
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &mine)) ++cpu;
+  // The looking thread and a spinning one share one CPU: the scheduler has to take it from the looker.
+  auto pin = [cpu] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof(one), &one) == 0;
+  };
+  std::atomic<bool> stop{false};
+  std::atomic<bool> hog_pinned{false};
+  std::thread hog([&] {
+    hog_pinned = pin();
+    while (!stop.load(std::memory_order_relaxed)) core::cpuRelax();
+  });
+  int64_t first = -1;
+  bool seen = false, pinned = false;
+  std::thread looker([&] {
+    pinned = pin();
+    first = core::preemptionsSinceLastLook();
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!seen && std::chrono::steady_clock::now() < until) {
+      auto next = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+      while (std::chrono::steady_clock::now() < next) core::cpuRelax();
+      seen = core::preemptionsSinceLastLook() > 0;
+    }
+  });
+  looker.join();
+  stop = true;
+  hog.join();
+  ASSERT_TRUE(pinned && hog_pinned);
+  EXPECT_EQ(first, 0);  // a thread's first look has nothing to compare with
+  EXPECT_TRUE(seen);
+}
+
+TEST(Core, UsableCoresFollowTheAffinity) {
+  cpu_set_t mine;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  int all = core::usableCores();
+  EXPECT_GE(all, 1);
+  EXPECT_LE(all, CPU_COUNT(&mine));
+  int on_one = 0;
+  std::thread t([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &mine)) {
+        CPU_SET(cpu, &one);
+        break;
+      }
+    }
+    if (sched_setaffinity(0, sizeof(one), &one) == 0) on_one = core::usableCores();
+  });
+  t.join();
+  EXPECT_EQ(on_one, 1);
+}
+
+TEST(Core, QuotaCoresFromCgroupFiles) {
+  EXPECT_EQ(core::quotaCores("max 100000", "", ""), 0);
+  EXPECT_EQ(core::quotaCores("150000 100000", "", ""), 2);  // 1.5 cores: rounded up
+  EXPECT_EQ(core::quotaCores("50000 100000", "", ""), 1);
+  EXPECT_EQ(core::quotaCores("400000 100000", "100000", "100000"), 4);  // v2 wins where both exist
+  EXPECT_EQ(core::quotaCores("", "-1", "100000"), 0);
+  EXPECT_EQ(core::quotaCores("", "300000", "100000"), 3);
+  EXPECT_EQ(core::quotaCores("", "", ""), 0);
+  EXPECT_EQ(core::quotaCores("lots", "x", "y"), 0);
 }
 
 TEST(Core, HeartbeatTicksAndAStoppedOneGoesStale) {

@@ -147,12 +147,19 @@ TEST(Settings, HostWorldAccessorsParseAsTheWorldDid) {
     EXPECT_EQ(settings::spinUs(false), 2);
     EXPECT_EQ(settings::yieldUs(true), 0);
     EXPECT_EQ(settings::yieldUs(false), 300);
+    EXPECT_FALSE(settings::waitsFixed());
     EXPECT_EQ(settings::copyTable(), nullptr);
   }
   {
     ScopedEnv a("GFDIT_SLOT_BYTES", ""), b("GFDIT_NUM_SLOTS", "");  // empty: the default
     EXPECT_EQ(settings::slotBytes(), 256u << 10);
     EXPECT_EQ(settings::numSlots(3), 8u);
+  }
+  for (const char* name : {"GFDIT_SPIN_US", "GFDIT_YIELD_US"}) {  // either one fixes the waits
+    ScopedEnv c("GFDIT_SPIN_US", ""), d("GFDIT_YIELD_US", "");
+    EXPECT_FALSE(settings::waitsFixed());
+    ScopedEnv set(name, "0");
+    EXPECT_TRUE(settings::waitsFixed()) << name;
   }
   {
     ScopedEnv a("GFDIT_SLOT_BYTES", "4096"), b("GFDIT_NUM_SLOTS", "3"), c("GFDIT_SPIN_US", "7"),
@@ -161,6 +168,7 @@ TEST(Settings, HostWorldAccessorsParseAsTheWorldDid) {
     EXPECT_EQ(settings::numSlots(64), 3u);
     EXPECT_EQ(settings::spinUs(true), 7);
     EXPECT_EQ(settings::yieldUs(false), 9);
+    EXPECT_TRUE(settings::waitsFixed());
     ASSERT_NE(settings::copyTable(), nullptr);  // an empty table is handed on as it is (the world refuses it)
     EXPECT_STREQ(settings::copyTable(), "");
   }

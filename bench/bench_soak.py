@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gfdit import stats
 from gfdit.planning.trace import TraceRequest
 from gfdit.tools.loadgen import run_bench
 
@@ -294,7 +295,7 @@ def load_figures(reports: list[dict[str, Any]]) -> dict[str, Any]:
     for rep in reports:
         for kind, n in rep["errors"].items():
             errors[kind] = errors.get(kind, 0) + n
-    latencies = sorted(r["latency_s"] for r in records if r.get("latency_s") is not None)
+    latencies = [r["latency_s"] for r in records if r.get("latency_s") is not None]
     return {
         "num_requests": len(records),
         "num_ok": sum(rep["num_ok"] for rep in reports),
@@ -302,8 +303,8 @@ def load_figures(reports: list[dict[str, Any]]) -> dict[str, Any]:
         "num_5xx": sum(rep["num_5xx"] for rep in reports),
         "errors": errors,
         "duration_s": sum(rep["duration_s"] or 0.0 for rep in reports),
-        "p50_latency_s": latencies[len(latencies) // 2] if latencies else None,
-        "max_latency_s": latencies[-1] if latencies else None,
+        "p50_latency_s": stats.median(latencies) if latencies else None,
+        "max_latency_s": max(latencies, default=None),
         "measured": {k: v for k, v in reports[-1].items() if k != "records"} if reports else None,
     }
 

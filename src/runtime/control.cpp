@@ -1285,12 +1285,11 @@ void ControlPlane::tryReinit() {
   }
   ++epoch_;
   if (recovering_ || !any_alive) ++stats_.recoveries;
-  std::vector<int>& survivors = members;
   ReinitPlan plan;
   plan.epoch = epoch_;
-  plan.workers.assign(survivors.begin(), survivors.end());
+  plan.workers.assign(members.begin(), members.end());
   std::string payload = plan.encode();
-  dispatch(nullptr, TaskKind::kReinit, survivors, Layout(), 0, 0, -1, &payload);
+  dispatch(nullptr, TaskKind::kReinit, members, Layout(), 0, 0, -1, &payload);
 }
 
 void ControlPlane::reinitDone() {

@@ -21,6 +21,19 @@ import mp_harness  # noqa: E402
 from gfdit.tools import profile_cache  # noqa: E402
 
 
+def gfdit_shm_names() -> set[str]:
+    """gfdit's shared-memory objects in /dev/shm now."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith("gfdit")}
+
+
+@pytest.fixture
+def no_shm_leftovers():
+    """Fails a test that leaves gfdit shared memory behind (engines, their worlds, outputs)."""
+    before = gfdit_shm_names()
+    yield
+    assert gfdit_shm_names() <= before, f"left in /dev/shm: {gfdit_shm_names() - before}"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _engines_plan_without_profiles():
     """Tests' engines without a cost model plan with none, as before cached profiles (NOTE [cached profiles]

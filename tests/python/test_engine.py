@@ -7,6 +7,7 @@ import signal
 import time
 from concurrent.futures import CancelledError
 
+import conftest
 import gfdit
 import pytest
 import torch
@@ -15,15 +16,7 @@ from gfdit import Decision, Engine, Layout, Policy, Request
 LIVENESS_INTERVAL_S = gfdit._C.runtime.LIVENESS_INTERVAL_S  # how often the control thread checks its workers
 
 
-def _shm_names() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("gfdit")}
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    before = _shm_names()
-    yield
-    assert _shm_names() <= before, f"left in /dev/shm: {_shm_names() - before}"
+pytestmark = pytest.mark.usefixtures("no_shm_leftovers")
 
 
 def _assert_gone(engine: Engine) -> None:
@@ -268,7 +261,7 @@ def test_shutdown_removes_a_region_a_killed_worker_left():
         left = shared_memory.SharedMemory(name=f"{prefix}-0123456789abcdef", create=True, size=4096)
         left.close()
         assert eng.submit(Request(prompt="one", num_frames=1)).result(timeout=120).state == "DONE"
-    assert f"{prefix}-0123456789abcdef" not in _shm_names()
+    assert f"{prefix}-0123456789abcdef" not in conftest.gfdit_shm_names()
 
 
 def test_world_shm_prefix_is_checked():

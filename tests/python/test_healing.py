@@ -21,15 +21,7 @@ JOIN_TIMEOUT_S = (
 )
 
 
-def _shm_names() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("gfdit")}
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    before = _shm_names()
-    yield
-    assert _shm_names() <= before, f"left in /dev/shm: {_shm_names() - before}"
+pytestmark = pytest.mark.usefixtures("no_shm_leftovers")
 
 
 def _request(k: int, steps: int = 6) -> Request:

@@ -77,6 +77,22 @@ def _reference_scheduler(config: dict, steps: int, kwargs: dict):
 
 
 @pytest.mark.timeout(60)
+def _state(latent: torch.Tensor, sigmas: torch.Tensor, timesteps: torch.Tensor, g: torch.Generator):
+    """A denoise state at step 0 of this schedule, without guidance, its text embedding drawn from g."""
+    import gfdit.models as gm
+
+    return gm.DenoiseState(
+        latent=latent,
+        prompt_embeds=torch.randn(1, 3, 8, generator=g),
+        negative_prompt_embeds=None,
+        sigmas=sigmas,
+        timesteps=timesteps,
+        step_idx=0,
+        guidance_scale=1.0,
+        grid=(1, 1, 1),
+    )
+
+
 @pytest.mark.parametrize("case", SAMPLER_CASES, ids=[c[0] for c in SAMPLER_CASES])
 def test_portable_state_steps_like_diffusers(case):
     import gfdit.models as gm
@@ -92,16 +108,7 @@ def test_portable_state_steps_like_diffusers(case):
 
     g = torch.Generator().manual_seed(5)
     x_ref = torch.randn(shape, generator=g)
-    state = gm.DenoiseState(
-        latent=x_ref.clone(),
-        prompt_embeds=torch.randn(1, 3, 8, generator=g),
-        negative_prompt_embeds=None,
-        sigmas=got_sigmas,
-        timesteps=got_timesteps,
-        step_idx=0,
-        guidance_scale=1.0,
-        grid=(1, 1, 1),
-    )
+    state = _state(x_ref.clone(), got_sigmas, got_timesteps, g)
     for k, t in enumerate(ref.timesteps):
         # a "model" whose output depends on its input, as a denoiser's does
         out = 0.3 * x_ref.flip(-1) + torch.randn(shape, generator=g)
@@ -500,23 +507,13 @@ def test_a_trajectory_ending_in_nan_is_a_model_error(case):
     # the request with its cause instead of decoding NaN into a black image.
     import gfdit
     import gfdit._C.runtime as rt
-    import gfdit.models as gm
     from gfdit.models.samplers import sampler_from_config
 
     _, config, steps, _, shape = case
     sampler = sampler_from_config(config)
     sigmas, timesteps = sampler.schedule(steps)
     g = torch.Generator().manual_seed(5)
-    state = gm.DenoiseState(
-        latent=torch.randn(shape, generator=g),
-        prompt_embeds=torch.randn(1, 3, 8, generator=g),
-        negative_prompt_embeds=None,
-        sigmas=sigmas,
-        timesteps=timesteps,
-        step_idx=0,
-        guidance_scale=1.0,
-        grid=(1, 1, 1),
-    )
+    state = _state(torch.randn(shape, generator=g), sigmas, timesteps, g)
     outputs = [torch.randn(shape, generator=g) for _ in range(steps)]
     clean = state
     for out in outputs:

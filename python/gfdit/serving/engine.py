@@ -205,9 +205,9 @@ class Engine:
         self._store = dist.TCPStore(
             "127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
         )
-        self._ctx = ctx = mp.get_context("spawn")
+        self._ctx = mp.get_context("spawn")
         self._devices = devices
-        self._config = config = worker.WorkerConfig(
+        self._config = worker.WorkerConfig(
             world_size,
             "127.0.0.1",
             self._store.port,
@@ -218,13 +218,7 @@ class Engine:
             heap_bytes,
             threads_per_worker,
         )
-        self._procs = []
-        for w in range(world_size):
-            p = ctx.Process(
-                target=worker.main, name=f"gfdit-worker-{w}", daemon=True, args=(w, config, devices[w])
-            )
-            p.start()
-            self._procs.append(p)
+        self._procs = [self._start_worker(w) for w in range(world_size)]
         try:
             # the model the workers loaded (their hello), and the limits of its registry entry
             self.model_info: Any = self._loop.await_workers(self.worker_pids, start_timeout_s)
@@ -245,7 +239,7 @@ class Engine:
         self._thread.start()
         # see NOTE [healing]
         self._stopping = threading.Event()
-        self._pending: dict[int, bool] = {}  # workers whose replacement started and has not joined yet
+        self._pending: set[int] = set()  # workers whose replacement started and has not joined yet
         self._next_try: dict[int, float] = {}  # when a worker's next replacement may start (monotonic)
         self._failures = [0] * world_size  # replacements in a row that exited before joining
         self._restart_error = ""
@@ -456,14 +450,16 @@ class Engine:
     def _look_after(self, w: int, live: bool) -> None:
         p = self._procs[w]
         if live:
-            if self._pending.pop(w, False):  # joined
+            if w in self._pending:  # joined
+                self._pending.discard(w)
                 self._failures[w] = 0
                 log.warning("gfdit.Engine: worker %d replaced (pid %d)", w, p.pid)
             return
         if p.exitcode is None:  # a replacement loading its model (exitcode reaps a process that ended)
             return
         now = time.monotonic()
-        if self._pending.pop(w, False):  # the replacement exited before it joined
+        if w in self._pending:  # the replacement exited before it joined
+            self._pending.discard(w)
             reason = self._loop.take_replacement_error(w) or f"exited with code {p.exitcode} before joining"
             self._failures[w] += 1
             delay = min(REPLACE_BACKOFF_MAX_S, REPLACE_BACKOFF_S * 2 ** (self._failures[w] - 1))
@@ -481,16 +477,20 @@ class Engine:
         if self._next_try.get(w, 0.0) > now:
             return
         self._loop.prepare_replacement(w)
-        q = self._ctx.Process(
+        q = self._procs[w] = self._start_worker(w, worker.InheritedFd(self._loop.queue_fd))
+        self._loop.set_worker_pid(w, int(q.pid or 0))
+        self._pending.add(w)
+
+    def _start_worker(self, w: int, queue_fd: Any = None) -> Any:
+        """Worker w's process, started (queue_fd: a replacement's inherited rings, NOTE [healing])."""
+        p = self._ctx.Process(
             target=worker.main,
             name=f"gfdit-worker-{w}",
             daemon=True,
-            args=(w, self._config, self._devices[w], worker.InheritedFd(self._loop.queue_fd)),
+            args=(w, self._config, self._devices[w], queue_fd),
         )
-        q.start()
-        self._loop.set_worker_pid(w, int(q.pid or 0))
-        self._procs[w] = q
-        self._pending[w] = True
+        p.start()
+        return p
 
     def _kill_all(self) -> None:
         for p in self._procs:

@@ -378,7 +378,7 @@ def measure_single_attention(shape, dtype_name: str, iters: int) -> dict[str, fl
     qb, kb, vb = (x.transpose(1, 2) for x in (q, k, v))
 
     def local():  # what one member of gfdit.attention runs
-        return core._local(q, k, v, None)
+        return core._local(q, k, v, None, False)  # no joint tokens
 
     def sdpa():
         return torch.nn.functional.scaled_dot_product_attention(qb, kb, vb)

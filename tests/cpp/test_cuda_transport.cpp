@@ -10,12 +10,14 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_transport.h"
+#include "cuda/ipc.h"
 #include "cuda_harness.h"
 #include "reduce.h"
 
@@ -312,6 +314,52 @@ std::vector<uint8_t> hostReduce(const std::vector<std::vector<uint8_t>>& contrib
   return out;
 }
 
+// Whether element i of a buffer of `dtype` is a NaN.
+bool isNan(const std::vector<uint8_t>& b, size_t i, DType dtype) {
+  const uint8_t* at = b.data() + i * gfdit::dtypeSize(dtype);
+  switch (dtype) {
+    case DType::kFloat32: {
+      float v;
+      std::memcpy(&v, at, 4);
+      return std::isnan(v);
+    }
+    case DType::kFloat64: {
+      double v;
+      std::memcpy(&v, at, 8);
+      return std::isnan(v);
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      uint16_t v;
+      std::memcpy(&v, at, 2);
+      return std::isnan(dtype == DType::kFloat16 ? gfdit::reduce::halfToFloat(v) : gfdit::reduce::bf16ToFloat(v));
+    }
+    default: return false;
+  }
+}
+
+// "" when got equals want bit for bit, a NaN against any NaN aside: a NaN's payload is not part of the
+// result (the device's arithmetic returns its canonical NaN where the host's keeps an operand's). Else the
+// number of elements that differ and the first one, as bytes.
+std::string reductionMismatch(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, DType dtype) {
+  if (got.size() != want.size()) {
+    return "got " + std::to_string(got.size()) + " bytes, want " + std::to_string(want.size());
+  }
+  size_t es = gfdit::dtypeSize(dtype);
+  size_t count = got.size() / es, differ = 0, first = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (std::memcmp(got.data() + i * es, want.data() + i * es, es) == 0) continue;
+    if (isNan(got, i, dtype) && isNan(want, i, dtype)) continue;
+    if (differ++ == 0) first = i;
+  }
+  if (differ == 0) return "";
+  std::ostringstream os;
+  os << differ << " of " << count << " elements differ, first [" << first << "]: got 0x"
+     << gfdit::cuda::hexEncode(got.data() + first * es, es) << ", want 0x"
+     << gfdit::cuda::hexEncode(want.data() + first * es, es) << " (bytes in memory order)";
+  return os.str();
+}
+
 }  // namespace
 
 TEST(CudaTransport, ReducesEveryDtypeAndOpLikeTheHost) {
@@ -379,9 +427,10 @@ TEST(CudaTransport, ReducesEveryDtypeAndOpLikeTheHost) {
             for (int p = 0; p < n; ++p) all.push_back(contribution(p, static_cast<int>(i), cs.dtype, count));
             std::vector<uint8_t> want = hostReduce(all, cs.first, cs.dtype, cs.op, count);
             std::vector<uint8_t> got = (cs.out ? cs.out : cs.own)->download();
-            RANK_CHECK_MSG(got == want, gfdit::dtypeName(cs.dtype)
-                                            << " " << gfdit::reduceOpName(cs.op) << " from member " << cs.first
-                                            << " (world " << n << ")");
+            std::string mismatch = reductionMismatch(got, want, cs.dtype);
+            RANK_CHECK_MSG(mismatch.empty(), gfdit::dtypeName(cs.dtype)
+                                                 << " " << gfdit::reduceOpName(cs.op) << " from member " << cs.first
+                                                 << " (world " << n << "): " << mismatch);
           }
         },
         o);

@@ -7,6 +7,7 @@ put order and state headers. Runs everywhere (no GPU here or in CI).
 from __future__ import annotations
 
 import datetime
+import sys
 
 import gfdit
 import pytest
@@ -365,3 +366,36 @@ def test_world_passes_the_device_to_the_core(monkeypatch):
     assert calls[-1][1] == {} and host.device is None
     with pytest.raises(gfdit.InvalidUsage, match="does not exist"):
         comm.World(0, 4, object(), device="cuda:5")
+
+
+# ------------------------------------------------------------------------------------- the extension
+def _exported_symbols(path: str) -> list[str]:
+    """Names of the symbols an ELF64 little-endian shared object defines in its dynamic symbol table."""
+    import struct
+
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not an ELF64 little-endian file"
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = []
+    for _name, kind, _flags, _addr, offset, size, link, _info, _align, entsize in sections:
+        if kind != 11:  # SHT_DYNSYM
+            continue
+        strtab = sections[link][4]
+        for k in range(1, size // entsize):
+            st_name, st_info, _other, st_shndx = struct.unpack_from("<IBBH", data, offset + k * entsize)
+            if st_shndx != 0 and (st_info >> 4) in (1, 2):  # defined, GLOBAL or WEAK
+                end = data.index(b"\0", strtab + st_name)
+                names.append(data[strtab + st_name : end].decode())
+    return names
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF (Linux) only")
+def test_extension_exports_its_init_function_alone():
+    """gfdit._C exports PyInit__C and nothing else (CMakeLists.txt, src/python/module.map): built by a
+    compiler that links libstdc++ in statically, a module that exported that copy's symbols had some of its
+    references bound to torch's libstdc++.so.6 where torch was imported first, and crashed formatting a number
+    (gfdit.build_info(), World creation)."""
+    assert _exported_symbols(gfdit._C.__file__) == ["PyInit__C"]

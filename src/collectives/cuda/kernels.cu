@@ -370,6 +370,9 @@ __global__ void __launch_bounds__(kSmThreads, 1) opKernel(OpArgs<W, S> a, Device
 }
 
 // ---- reductions: the arithmetic of src/collectives/reduce.cpp, bit for bit ----
+// NaN payloads aside: where a sum or product meets a NaN, the device's add and mul return the canonical NaN
+// (0x7fffffff in float32) while the host's x86 arithmetic returns the NaN operand; either is a NaN, as torch's
+// own CUDA reductions give. max and min below return an operand, so they keep its payload on both.
 
 __device__ inline float halfToFloat(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;

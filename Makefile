@@ -12,6 +12,8 @@ MODEL_DEPS := diffusers==0.42.1 transformers==5.24.0
 # Third-party parallel DiT code that the torch.distributed backend's tests run unchanged (yunchang's USP attention;
 # its flash-attn extra is not needed on CPU).
 BACKEND_TEST_DEPS := yunchang==0.6.4
+# cache-dit: the step caches' tests compare gfdit's FBCache with cache-dit's own on the same diffusers pipelines
+CACHE_TEST_DEPS := cache-dit==1.5.3
 # plots of the simulator and the experiments; the linters and the type checker CI runs, and the stub generator
 # of gfdit._C (pinned: formatting and types must not drift); pytest-timeout bounds every test; Schemathesis fuzzes
 # the server against its published OpenAPI schema (tests/python/test_openapi.py).
@@ -45,7 +47,7 @@ $(VENV)/.stamp-deps: Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.20" numpy pytest
-	$(PIP) install -q torch==$(TORCH_VERSION) $(MODEL_DEPS) $(TOOL_DEPS) $(SERVE_DEPS) $(BACKEND_TEST_DEPS)
+	$(PIP) install -q torch==$(TORCH_VERSION) $(MODEL_DEPS) $(TOOL_DEPS) $(SERVE_DEPS) $(BACKEND_TEST_DEPS) $(CACHE_TEST_DEPS)
 	touch $@
 
 venv: $(VENV)/.stamp-deps
@@ -97,7 +99,7 @@ test-python:
 # built module and ruff formats them; `make lint` fails when they no longer match the bindings.
 STUBGEN = $(VENV)/bin/pybind11-stubgen gfdit._C --enum-class-locations LayoutMode:gfdit._C.runtime \
   --enum-class-locations Placement:gfdit._C.runtime --enum-class-locations LayoutFamily:gfdit._C.runtime \
-  --enum-class-locations Stage:gfdit._C.cost
+  --enum-class-locations Stage:gfdit._C.cost --enum-class-locations CacheKind:gfdit._C.runtime
 
 stubs: python-package
 	rm -rf build/stubs && $(STUBGEN) -o build/stubs && $(VENV)/bin/ruff format -q build/stubs

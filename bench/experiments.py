@@ -15,6 +15,9 @@ Sections, each one function that returns a ``Section`` (``SECTIONS`` lists them 
   dynamic policies (``POLICY:layout=usp|swift|torus|auto``).
 - ``priority_section``: one long video and a stream of short images with priority 1, with and without
   step-boundary preemption.
+- ``caching_section``: image-steady and mixed-steady with every request using cache-dit's published FBCache
+  setting on every policy, against the same traces without it; the skip rates are the cost model's curve (Qwen-Image:
+  NOTE [published skip rates]; Wan: the curve measured on the deep tiny Wan, a stand-in, as the report says).
 - ``real_section``: tiny-wan on this machine's CPUs (``bench/real_runs.py``): a profile measured here, then
   mixed image/video traces at two rates on 2 and 4 ranks and a trace of small images and larger requests on
   2 ranks, replayed on real engines under every policy that fits (about 15 minutes; ``--skip-real`` leaves
@@ -74,7 +77,13 @@ TITLES = {  # of each section, by key (a section left out of a run is found by i
     "real": "(d) Real CPU runs: tiny-wan on this machine",
     "batching": "(e) Batching: small images, with and without batches on both sides",
     "stages": "(f) Stages: few-step video whose decode dominates",
+    "caching": "(g) Step caching on every request",
 }
+# caching_section: cache-dit's published FBCache setting (`cache_dit.generate --cache`: F1B0, threshold 0.12, 8
+# warm-up steps, at most 3 cached steps in a row), for which Qwen-Image's skip rate is derived (NOTE [published skip
+# rates] in src/runtime/cost.cpp); the scenarios whose model has a skip curve, else the note says why not
+CACHE_SPEC = "fbcache:0.12,warmup=8,max_skip=3"
+CACHE_SCENARIOS = ("image-steady", "mixed-steady")
 # Real CPU runs (real_section; see bench/real_runs.py): tiny-wan on this machine.
 REAL_WORLDS = (2, 4)
 REAL_MIXED_REQUESTS = 24
@@ -389,6 +398,31 @@ def _both(row: dict[str, Any], metric: str) -> bool:
     return bool(row[f"static_{metric}"][1]) and row[f"dynamic_{metric}"][1] is not None
 
 
+def best_of(names: Sequence[str], tas: dict[str, Any]) -> tuple[str, float]:
+    """(policy, rate) of the highest throughput at SLO among ``names``."""
+    n = max(names, key=lambda k: tas[k]["rate_rps"])
+    return n, tas[n]["rate_rps"]
+
+
+def on_off(
+    tas_off: dict[str, Any], tas_on: dict[str, Any], off_names: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Best static and best dynamic throughput at SLO with a feature off and on, and dynamic / static of each
+    (``off_names``: the off side's names of STATIC + DYNAMIC, in that order; default the same names)."""
+    names = list(STATIC + DYNAMIC)
+    off = dict(zip(names, off_names or names))
+    s_off, d_off = best_of([off[p] for p in STATIC], tas_off), best_of([off[p] for p in DYNAMIC], tas_off)
+    s_on, d_on = best_of(STATIC, tas_on), best_of(DYNAMIC, tas_on)
+    return {
+        "best_static_off": s_off,
+        "best_dynamic_off": d_off,
+        "best_static_on": s_on,
+        "best_dynamic_on": d_on,
+        "dynamic_vs_static_on": d_on[1] / s_on[1] if s_on[1] else None,
+        "dynamic_vs_static_off": d_off[1] / s_off[1] if s_off[1] else None,
+    }
+
+
 # ------------------------------------------------------------------------------------------------ formatting
 def fmt(x: Any, kind: str = "g") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -660,22 +694,9 @@ def batching_section(lab: Lab, ctx: dict[str, Any]) -> Section:
         else:  # the main section did not run: the batched side here
             on = sweep(lab, sc, list(STATIC + DYNAMIC), loads)
             tas.update(on["throughput_at_slo"])
-
-        def best(names: Sequence[str], tas: dict = tas) -> tuple[str, float]:
-            n = max(names, key=lambda k: tas[k]["rate_rps"])
-            return n, tas[n]["rate_rps"]
-
-        s_off, d_off = best([f"{p}:batch=1" for p in STATIC]), best([f"{p}:batch=1" for p in DYNAMIC])
-        s_on, d_on = best(STATIC), best(DYNAMIC)
-        data[sc.name] = {
-            "throughput_at_slo": tas,
-            "best_static_off": s_off,
-            "best_dynamic_off": d_off,
-            "best_static_on": s_on,
-            "best_dynamic_on": d_on,
-            "dynamic_vs_static_on": d_on[1] / s_on[1] if s_on[1] else None,
-            "dynamic_vs_static_off": d_off[1] / s_off[1] if s_off[1] else None,
-        }
+        data[sc.name] = {"throughput_at_slo": tas, **on_off(tas, tas, off)}
+        s_off, s_on = data[sc.name]["best_static_off"], data[sc.name]["best_static_on"]
+        d_off, d_on = data[sc.name]["best_dynamic_off"], data[sc.name]["best_dynamic_on"]
         rows.append(
             [
                 sc.name,
@@ -711,6 +732,98 @@ def batching_section(lab: Lab, ctx: dict[str, Any]) -> Section:
         )
     )
     return Section("batching", TITLES["batching"], "\n".join(md), data)
+
+
+def caching_section(lab: Lab, ctx: dict[str, Any]) -> Section:
+    """Every request with the step cache CACHE_SPEC, on every policy: which steps reuse the cache is drawn from the
+    analytic model's skip curve (NOTE [simulated execution] in src/runtime/simulator.cpp), the policies plan with
+    the expected mix of full and cached steps (NOTE [step caches]). Loads and deadlines are the uncached sweep's,
+    so rates compare directly with the main section's."""
+    from gfdit.planning import cost
+
+    loads = LOADS[::2] + LOADS[-1:] if lab.quick else LOADS
+    md, data, rows = [], {}, []
+    kind = CACHE_SPEC.split(":")[0]
+    threshold = float(CACHE_SPEC.split(":")[1].split(",")[0])
+    for sc in (x for x in SCENARIOS if x.name in CACHE_SCENARIOS):
+        model = cost.cost_model(sc.model, sc.cluster)
+        curve = model.skip_curve(kind)
+        p = curve.at(threshold)
+        if p <= 0:
+            lab.note(
+                f"caching: {sc.model} has no skip curve for {kind}: {sc.name} would be the uncached sweep"
+            )
+            continue
+        print(
+            f"caching: {sc.name} ({sc.model}: a pass reuses the cache with probability {p:.2f})", flush=True
+        )
+        sim = {"cache": CACHE_SPEC, "cache_seed": SEED}
+        sw = sweep(lab, sc, list(STATIC + DYNAMIC), loads, sim)
+        tas = sw["throughput_at_slo"]
+        main = ctx.get("main", {}).get(sc.name)
+        off = (
+            main["throughput_at_slo"]
+            if main is not None
+            else sweep(lab, sc, list(STATIC + DYNAMIC), loads)["throughput_at_slo"]
+        )
+        data[sc.name] = {
+            "cache": CACHE_SPEC,
+            "skip_probability": p,
+            "skip_curve_source": curve.source,
+            "throughput_at_slo": tas,
+            "points": sw["points"],
+            **on_off(off, tas),
+        }
+        s_off, s_on = data[sc.name]["best_static_off"], data[sc.name]["best_static_on"]
+        d_off, d_on = data[sc.name]["best_dynamic_off"], data[sc.name]["best_dynamic_on"]
+        rows.append(
+            [
+                sc.name,
+                sc.model,
+                f"{p:.2f}",
+                f"{s_off[0]} {fmt(s_off[1], 'rate')}",
+                f"{s_on[0]} {fmt(s_on[1], 'rate')}",
+                f"{d_off[0]} {fmt(d_off[1], 'rate')}",
+                f"{d_on[0]} {fmt(d_on[1], 'rate')}",
+                fmt(data[sc.name]["dynamic_vs_static_off"], "x"),
+                fmt(data[sc.name]["dynamic_vs_static_on"], "x"),
+            ]
+        )
+    md.append(
+        f"Every request with the step cache `{CACHE_SPEC}` (cache-dit's `cache_dit.generate --cache` setting) on "
+        "every policy, against the same traces without it (the main section). In the simulator each pass of a step "
+        "past the warm-up reuses the cache with the probability of the model's skip curve at the threshold, at "
+        "most 3 in a row, and then costs the first block and the decision instead of every block; migrations "
+        "carry the cache and a regroup first gathers its shards (NOTE [cache gathers]). The policies plan with "
+        "the expected mix (RequestCost). Throughput at SLO (req/s; the highest rate at which >= 90% meet their "
+        "deadline, the deadlines of the uncached requests), each side the best of its policies.\n\n"
+        + (
+            table(
+                [
+                    "scenario",
+                    "model",
+                    "p(reuse)",
+                    "best static, no cache",
+                    "best static, cache",
+                    "best dynamic, no cache",
+                    "best dynamic, cache",
+                    "dynamic / static, no cache",
+                    "dynamic / static, cache",
+                ],
+                rows,
+            )
+            if rows
+            else "No scenario's model has a skip curve for this cache."
+        )
+    )
+    skipped = [n for n in CACHE_SCENARIOS if n not in data]
+    if skipped:
+        md.append(
+            "\nNot run: "
+            + ", ".join(skipped)
+            + " (the model has no skip curve, published or measured, for this cache; NOTE [published skip rates])."
+        )
+    return Section("caching", TITLES["caching"], "\n".join(md), data)
 
 
 def stages_section(lab: Lab, ctx: dict[str, Any]) -> Section:
@@ -1396,10 +1509,11 @@ SECTIONS: list[Callable[[Lab, dict[str, Any]], Section]] = [
     real_section,
     batching_section,
     stages_section,
+    caching_section,
 ]
 # SECTIONS' keys, in order
-SECTION_KEYS = ("main", "headline", "regroup", "layouts", "priority", "real", "batching", "stages")
-REPORT_ORDER = ("headline", "main", "batching", "stages", "regroup", "layouts", "priority", "real")
+SECTION_KEYS = ("main", "headline", "regroup", "layouts", "priority", "real", "batching", "stages", "caching")
+REPORT_ORDER = ("headline", "main", "batching", "stages", "caching", "regroup", "layouts", "priority", "real")
 
 
 # ------------------------------------------------------------------------------------------------ report

@@ -23,6 +23,8 @@
      results/batch_model.json
  15. bench_batch.py (four tiny Qwen-Image requests on one engine rank, batched vs one after another, end to
      end): results/batch.json
+ 16. bench_cache.py (step caches: FBCache's denoise time at about 40% of the passes reused vs uncached on one and
+     two ranks, and the quality cost of FBCache and TeaCache on deep tiny models): results/cache.json
 
 and ends with a summary of every target. Defaults take about 25 minutes on 2 cores; --quick is a smoke
 test. Exit status 0 when every benchmark ran (missed targets are reported, not an error) unless --strict.
@@ -208,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         ("decode", "bench_decode.py", "decode.json", 900, []),
         ("batch_model", "bench_batch_model.py", "batch_model.json", 600, []),
         ("batch", "bench_batch.py", "batch.json", 600, []),
+        ("cache", "bench_cache.py", "cache.json", 2400, []),
     ):
         if key in skip:
             continue

@@ -42,7 +42,8 @@ struct ControlStats {
   uint64_t batched_steps = 0;      ///< denoise tasks that stepped two or more requests together (NOTE [batches])
   uint64_t worker_deaths = 0;      ///< workers found dead (killed, crashed, or stopped for a missed deadline)
   uint64_t replacements = 0;       ///< replacement workers that joined the world (NOTE [replacements])
-  int64_t policy_ns = 0;           ///< real time spent in the policy (also when the clock is virtual)
+  uint64_t cache_gathers = 0;  ///< GATHER tasks before a regroup of a request with a step cache (NOTE [cache gathers])
+  int64_t policy_ns = 0;       ///< real time spent in the policy (also when the clock is virtual)
 };
 
 /// Settings of a control plane (NOTE [lookahead] and NOTE [expected completions] are in
@@ -136,7 +137,8 @@ class ControlPlane {
   void pump(Request& r);
   bool lookahead(Request& r);
   void leaveBatch(Request& r);
-  void applyTo(Task& t, Request& r, int32_t step_begin, bool& go_on);
+  void applyTo(Task& t, Request& r, size_t member, int32_t step_begin, bool& go_on);
+  void gatherCache(Request& r, const Layout& next);
   void continueBatch(Task& t);
   void drainDecodes();
   void taskDone(Task& t);

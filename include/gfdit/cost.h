@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gfdit/layout.h"
+#include "gfdit/step_cache.h"
 
 namespace gfdit {
 namespace cost {
@@ -23,6 +24,9 @@ enum class Stage : int32_t {
   kDenoise = 1,  ///< one whole denoising step (two transformer passes with guidance, in turn or CFG-parallel)
   kMigrate = 2,  ///< hand the denoise state from one holder to the group's new members
   kDecode = 3,   ///< VAE decode, on one rank or patch-parallel over the latent's height on a group
+  /// the holders exchange their shards of the request's step cache, so each holds it whole (NOTE [cache
+  /// gathers] in src/runtime/control.cpp); 0 for a request without a step cache
+  kGather = 4,
 };
 
 /// Name of a stage ("encode", "denoise", "migrate", "decode").
@@ -148,6 +152,9 @@ struct StageQuery {
   /// Requests of this shape served together: one batched transformer forward per step (kDenoise), one state
   /// broadcast (kMigrate), one after another (kEncode, kDecode). The stage's time covers all of them.
   int32_t batch = 1;
+  /// kDenoise: a step whose every pass reuses this step cache (NOTE [step caches] in gfdit/step_cache.h): it
+  /// runs the first block (fbcache) or none (teacache) and the decision; kNone: a step that computes every block.
+  CacheKind cached = CacheKind::kNone;
 };
 
 /// Predicts stage times in seconds. Implementations are immutable and safe to share between threads.
@@ -169,7 +176,30 @@ class CostModel {
     (void)q;
     return 1;
   }
+  /// How often a pass past its warm-up reuses a step cache of `kind`, by threshold: a profile's measured curve,
+  /// else the figures published for the model (publishedSkipCurve), else none (an empty curve: predictions
+  /// assume no step reuses the cache).
+  virtual SkipCurve skipCurve(CacheKind kind) const;
+  /// skipCurve(kind).at(threshold).
+  double skipRate(CacheKind kind, double threshold) const { return skipCurve(kind).at(threshold); }
 };
+
+/// `base` with other skip curves: each of `curves` replaces what base.skipCurve answers for its kind (a what-if:
+/// a stand-in for a model without a published or measured curve); everything else is base's.
+std::shared_ptr<CostModel> withSkipCurves(std::shared_ptr<const CostModel> base, std::vector<SkipCurve> curves);
+/// The skip curve published for `model` and `kind` (NOTE [published skip rates] in src/runtime/cost.cpp), or an
+/// empty one.
+SkipCurve publishedSkipCurve(const std::string& model, CacheKind kind);
+/// The share of a full step's time that a step whose passes all reuse a cache of `kind` takes, from the model's
+/// blocks alone: the blocks it still runs (1 for fbcache, 0 for teacache) plus about one block's worth for the
+/// decision and the pass's other work, over the model's blocks (what a profile without a measurement assumes).
+double cachedStepFraction(const ModelArch& model, CacheKind kind);
+/// Bytes of a request's denoise state without its step cache, as a migration moves it: the latent and the
+/// sampler's history (float32), the text embeddings (`dtype_bytes`) and the schedule.
+double stateBytes(const ModelArch& model, const RequestShape& shape, int32_t dtype_bytes);
+/// Bytes of a request's whole step cache: per pass (two with guidance), the cached residual and the decision's
+/// reference, each tokens x hidden elements of `dtype_bytes` (0 without a cache).
+double cacheBytes(const ModelArch& model, const RequestShape& shape, int32_t dtype_bytes);
 
 /// The analytic model of `model` on `cluster` (which also fixes the topology used for num_nodes).
 std::shared_ptr<CostModel> makeAnalyticCostModel(const ModelArch& model, const Cluster& cluster);
@@ -202,6 +232,12 @@ struct Profile {
   double collective_efficiency = 1;  ///< share of its share of the cores a collective task gets done while
                                      ///< ranks outnumber cores (NOTE [simulated execution] in simulator.cpp)
   std::vector<ProfileEntry> entries;
+  /// Measured skip curves of the step caches (CostModel::skipCurve), at most one per kind.
+  std::vector<SkipCurve> skip_curves;
+  /// Seconds of a step whose passes all reuse the cache over a full step's, per kind, measured on this model
+  /// (0: not measured; the model's block count then prices it, as cost::cachedStepFraction).
+  double fbcache_step_ratio = 0;
+  double teacache_step_ratio = 0;
 };
 
 /// A cost model that interpolates `profile` (piecewise linear in tokens between measured shapes of the same

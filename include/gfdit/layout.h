@@ -6,6 +6,8 @@
 #include <string>
 #include <type_traits>
 
+#include "gfdit/step_cache.h"
+
 namespace gfdit {
 
 /// How one transformer pass splits attention over its ulysses x ring members.
@@ -68,6 +70,8 @@ struct RequestShape {
   /// Latent rows (height / the VAE's spatial stride): the most members a decode can split over (NOTE
   /// [patch-parallel decode] in gfdit.models.patch_decode); 0 where not known, and then a decode runs on one rank.
   int32_t latent_rows = 0;
+  /// The step cache its steps use (NOTE [step caches] in gfdit/step_cache.h); off by default.
+  CacheSpec cache;
 
   /// Whether a step runs the conditional and the unconditional pass.
   bool guidance() const { return guidance_scale > 1.0; }

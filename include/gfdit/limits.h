@@ -23,6 +23,9 @@ struct RequestLimits {
   int32_t max_frames = 1;
   int64_t max_tokens = 1 << 20;  ///< image/video tokens the transformer sees
   bool two_experts = false;      ///< a second expert's guidance (guidance_scale_2) applies
+  /// The step caches the model implements (a set of cacheKindBit): every kind for a registered model (traces,
+  /// the simulator), what its workers' hello says for a loaded one.
+  uint32_t cache_kinds = 0;
   /// Limits of a known model (its registry entry).
   static RequestLimits of(const cost::ModelArch& arch);
   /// Limits of a loaded model: its registry entry's serving limits, with the strides the model itself
@@ -33,7 +36,7 @@ struct RequestLimits {
 };
 
 /// Checks a request's shape against `limits` and fills shape.tokens; throws InvalidUsage whose param() names
-/// the field ("height", "width", "num_frames", "num_inference_steps", "guidance_scale").
+/// the field ("height", "width", "num_frames", "num_inference_steps", "guidance_scale", "cache").
 void checkRequest(RequestShape& shape, const RequestLimits& limits);
 /// Fills the unset fields of `request` with `defaults`, checks every field against `limits` (sizes, steps,
 /// guidance, the deadline, and the prompts' bytes against kMaxPayloadBytes) and returns its shape, tokens

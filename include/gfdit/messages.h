@@ -10,7 +10,8 @@
 // length, and that nothing is left over: a truncated or foreign message fails loudly, never decodes into
 // garbage, and is never cut silently. The bindings expose these structs field by field, so Python never
 // parses a payload itself. A completion's payload is the hello (ModelInfo) for the first completion of a
-// worker (task_id 0), else the failure's text (at most kMaxMessageBytes).
+// worker (task_id 0), the riders' step cache counts (BatchCacheCounts) for a batched DENOISE task that succeeded,
+// else the failure's text (at most kMaxMessageBytes).
 #pragma once
 
 #include <cstddef>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "gfdit/layout.h"
+#include "gfdit/step_cache.h"
 #include "gfdit/types.h"
 
 namespace gfdit {
@@ -34,6 +36,9 @@ enum class TaskKind : uint32_t {
   kFree = 5,      ///< drop the request's state on this rank
   kShutdown = 6,  ///< leave the loop
   kReinit = 7,    ///< re-create the collectives world among the workers in the payload (after a death)
+  /// the holders of the request's state exchange their shards of its step cache, so each holds it whole (NOTE
+  /// [cache gathers] in src/runtime/control.cpp)
+  kGather = 8,
 };
 
 /// Name of a task kind ("encode", "denoise", ...).
@@ -94,6 +99,10 @@ struct Completion {
   int32_t rank = -1;     ///< the worker
   int32_t error = 0;     ///< TaskError
   int32_t step_end = 0;  ///< kDenoise / kMigrate: steps the worker's state has completed
+  /// kDenoise: steps of this task whose every transformer pass reused the request's step cache, and the passes
+  /// that did (NOTE [step caches] in gfdit/step_cache.h); of the task's first request when it is a batch
+  int32_t cached_steps = 0;
+  int32_t cached_passes = 0;
   int64_t dispatch_ns = 0;
   int64_t start_ns = 0;  ///< monotonic, when the worker took the task
   int64_t end_ns = 0;
@@ -119,6 +128,7 @@ struct GenerationRequest {
   uint64_t seed = 0;
   int32_t priority = 0;              ///< larger is more urgent
   std::optional<double> deadline_s;  ///< seconds after submit
+  CacheSpec cache;                   ///< the step cache (CacheSpec::parse of the caller's text); off by default
 
   /// The message (NOTE [typed messages]).
   std::string encode() const;
@@ -146,6 +156,7 @@ struct ModelInfo {
   int32_t vae_stride_s = 8;  ///< height and width are multiples of vae_stride_s * patch_s
   int32_t vae_stride_t = 1;  ///< video: num_frames = vae_stride_t * k + 1
   bool two_experts = false;  ///< some steps run a second expert (Wan 2.2 A14B): takes guidance_scale_2
+  uint32_t cache_kinds = 0;  ///< the step caches the model implements, a set of cacheKindBit
   ModelDefaults defaults;
 
   std::string encode() const;
@@ -162,6 +173,16 @@ struct BatchMembers {
 
   std::string encode() const;
   static BatchMembers decode(const std::string& bytes);
+};
+
+/// What a worker's completion of a batched DENOISE task carries when it succeeded: the step cache counts of the
+/// task's other requests, in BatchMembers' order (Completion::cached_steps and cached_passes are the first's).
+struct BatchCacheCounts {
+  std::vector<int32_t> cached_steps;
+  std::vector<int32_t> cached_passes;
+
+  std::string encode() const;
+  static BatchCacheCounts decode(const std::string& bytes);
 };
 
 /// What a REINIT task carries: the epoch of the new world and the workers that make it up, in rank order.

@@ -53,7 +53,8 @@ struct BatchPlan {
 bool joinBatch(const cost::CostModel& cost, int32_t max_batch, double gain, const RequestRecord& joiner, int64_t now_ns,
                BatchPlan& b);
 
-/// Whether two requests may run in one batch: the same height, width, frames and guidance.
+/// Whether two requests may run in one batch: the same height, width, frames, guidance and step cache kind (one
+/// batched forward runs one kind of cache; each member keeps its own cache and settings).
 bool sameBatchShape(const RequestShape& a, const RequestShape& b);
 
 /// The largest Ulysses degree a model of `heads` attention heads allows: the heads (an uneven split gives each

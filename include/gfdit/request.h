@@ -44,6 +44,9 @@ struct StageRecord {
   TaskError error = TaskError::kOk;
   bool regroup = false;  ///< a denoise task on another set of ranks than the request's previous one (NOTE [regroups])
   int32_t batch = 1;     ///< requests the task stepped in one batched forward (NOTE [batches]), this one included
+  /// kDenoise: steps whose every pass reused the step cache, and the passes that did (NOTE [step caches])
+  int32_t cached_steps = 0;
+  int32_t cached_passes = 0;
 };
 
 /// What a caller submits.
@@ -74,13 +77,28 @@ struct RequestCost {
   int32_t decode_degree = 1;  ///< decodeDegree(kMaxRanks): the fastest predicted decode on any number of ranks
   double migrate_s = 0;       ///< state hand-off to one new member
   int32_t max_ulysses = 1;    ///< the largest Ulysses degree: the model's heads (at most kMaxRanks)
-  /// step_s[d]: one denoising step on d ranks with layout[d]; infinity where the degree was not predicted
-  /// (past the request's or the world's largest degree) or no layout of it can run ([0] is unused).
+  /// step_s[d]: one denoising step on d ranks with layout[d], the mean over the request's steps of what its step
+  /// cache is expected to leave of them (NOTE [step caches]; a full step without one); infinity where the degree
+  /// was not predicted (past the request's or the world's largest degree) or no layout of it can run ([0] is
+  /// unused).
   std::array<double, kMaxRanks + 1> step_s{};
   std::array<Layout, kMaxRanks + 1> layout{};
+  /// full_step_s[d]: a step that computes every block; cached_step_s[d]: a step whose passes all reuse the cache
+  /// (the full step without a cache).
+  std::array<double, kMaxRanks + 1> full_step_s{};
+  std::array<double, kMaxRanks + 1> cached_step_s{};
+  CacheSpec cache;        ///< the request's step cache
+  int32_t num_steps = 0;  ///< the request's steps (which of them may reuse the cache)
+  double cache_share =
+      0;  ///< expected share of the steps past the warm-up that reuse it (cachedShare in gfdit/step_cache.h)
 
-  /// Seconds of one step on a group of `degree` ranks (any degree); infinity where not predicted.
+  /// Seconds of one step on a group of `degree` ranks (any degree), the mean over the request's steps;
+  /// infinity where not predicted.
   double stepSeconds(int degree) const;
+  /// Seconds of steps [from, from + count) on `degree` ranks: those that always run in full (warm-up, teacache's
+  /// last) at the full step's time, the others at the expected mix of full and cached; infinity where not
+  /// predicted.
+  double stepsSeconds(int degree, int32_t from, int32_t count) const;
   /// The layout predictions assume for `degree` ranks.
   const Layout& layoutFor(int degree) const;
   /// Seconds of the decode on `degree` ranks; decode_s where that degree was not predicted.

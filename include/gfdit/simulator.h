@@ -42,6 +42,8 @@ struct SimOptions {
   /// Share of its fair share of the cores a task of two or more members gets done while ranks outnumber
   /// the cores: its collectives wait for members that are not running (measured by `gfdit profile`).
   double collective_efficiency = 1.0;
+  /// Seeds the draws of which steps reuse a step cache (NOTE [simulated execution] in simulator.cpp).
+  uint64_t cache_seed = 0;
 };
 
 /// How one request ended.
@@ -73,6 +75,9 @@ struct SimResult {
   double makespan_s = 0;  ///< last finish
   uint64_t num_tasks = 0;
   double wall_s = 0;  ///< real time the run took
+  /// Passes of the steps of requests with a step cache, and those of them that reused it (drawn).
+  uint64_t cache_passes = 0;
+  uint64_t cached_passes = 0;
   ControlStats stats;
 };
 

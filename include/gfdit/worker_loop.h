@@ -67,8 +67,10 @@ class WorkerLoop {
   /// out (NOTE [worker loop]).
   std::optional<WorkerTask> next(double poll_s);
   /// The worker's copy of `request_id`'s state is at `step` now (after each denoising step, and when a
-  /// migration brought it). A batched step reports each member.
-  void progress(uint64_t request_id, int32_t step);
+  /// migration brought it). A batched step reports each member. `cached_steps` and `cached_passes`: of the steps
+  /// just run, those whose every pass reused the step cache and the passes that did (NOTE [step caches]); the
+  /// task's completion carries their sums.
+  void progress(uint64_t request_id, int32_t step, int32_t cached_steps = 0, int32_t cached_passes = 0);
   /// `task` ran.
   void complete(const WorkerTask& task);
   /// `task` (a decode) ran and produced `bytes` bytes at `data` of `dtype` and `shape`: they go into a new
@@ -93,8 +95,10 @@ class WorkerLoop {
   std::string output_prefix_;
   std::string world_shm_prefix_;
   std::unordered_map<uint64_t, int32_t> held_;  // request -> the step of this worker's copy of its state
-  bool broken_ = false;                         // a collective failed; REINIT re-creates the world
-  bool unannounced_ = false;                    // a quiet completion was posted and no bell rung since
+  // request -> (cached steps, cached passes) of the task in progress (progress(); post() reports and clears them)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> cached_;
+  bool broken_ = false;       // a collective failed; REINIT re-creates the world
+  bool unannounced_ = false;  // a quiet completion was posted and no bell rung since
   bool said_hello_ = false;
 };
 

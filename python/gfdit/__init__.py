@@ -16,7 +16,7 @@ from gfdit._C import Error, InvalidUsage, RemoteError, Timeout
 from gfdit._C import build_info as _build_info
 
 # what a Python policy receives (Policy.schedule(view)): the view, its records, their predictions
-from gfdit._C.runtime import LayoutFamily, RequestCost, RequestRecord, SchedulerView
+from gfdit._C.runtime import CacheSpec, LayoutFamily, RequestCost, RequestRecord, SchedulerView
 from gfdit.attention import ParallelSpec
 from gfdit.comm import cuda_transport_available
 from gfdit.comm import world as _world
@@ -40,7 +40,17 @@ def build_info() -> dict:
     return dict(_build_info())
 
 
-__all__ = ["Decision", "Engine", "Error", "InvalidUsage", "Layout", "LayoutFamily", "ParallelSpec", "Policy"]
+__all__ = [
+    "CacheSpec",
+    "Decision",
+    "Engine",
+    "Error",
+    "InvalidUsage",
+    "Layout",
+    "LayoutFamily",
+    "ParallelSpec",
+]
+__all__ += ["Policy"]
 __all__ += ["RemoteError", "Request", "RequestCost", "RequestFailed", "RequestHandle", "RequestRecord"]
 __all__ += ["RequestState", "Result", "SchedulerView", "Stage", "Timeout", "Topology", "attention"]
 __all__ += ["build_info", "cost", "cuda_transport_available", "models"]

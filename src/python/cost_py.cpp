@@ -160,8 +160,9 @@ void register_cost(py::module_& m) {
       .value("ENCODE", Stage::kEncode)
       .value("DENOISE", Stage::kDenoise)
       .value("MIGRATE", Stage::kMigrate)
-      .value("DECODE", Stage::kDecode);
-  c.def("stage_name", &cost::stageName, py::arg("stage"), "name of a stage: encode, denoise, migrate, decode");
+      .value("DECODE", Stage::kDecode)
+      .value("GATHER", Stage::kGather);
+  c.def("stage_name", &cost::stageName, py::arg("stage"), "name of a stage: encode, denoise, migrate, decode, gather");
   c.def("stage_from_name", &cost::stageFromName, py::arg("name"),
         "the stage of a name; others raise InvalidUsage listing the valid ones");
 
@@ -265,9 +266,11 @@ void register_cost(py::module_& m) {
           "seconds",
           [](const CostModel& cm, Stage stage, int32_t height, int32_t width, int32_t num_frames, int32_t num_steps,
              double guidance_scale, int32_t degree, int32_t ulysses, int32_t ring, py::handle mode, int32_t num_nodes,
-             int32_t num_new, py::handle placement, int32_t cfg, int32_t batch) {
+             int32_t num_new, py::handle placement, int32_t cfg, int32_t batch, py::handle cache, py::handle cached) {
             cost::StageQuery q;
             q.shape = shapeOf(cm.model(), height, width, num_frames, num_steps, guidance_scale);
+            q.shape.cache = python::cacheSpecArg(cache);
+            q.cached = cached.is_none() ? CacheKind::kNone : python::cacheKindArg(cached, "cached");
             q.degree = degree;
             q.layout.ulysses = ulysses;
             q.layout.ring = ring;
@@ -283,8 +286,21 @@ void register_cost(py::module_& m) {
           py::arg("guidance_scale") = 1.0, py::arg("degree") = 1, py::arg("ulysses") = 1, py::arg("ring") = 1,
           py::arg("mode") = LayoutMode::kUsp, py::arg("num_nodes") = 1, py::arg("num_new") = 0,
           py::arg("placement") = Placement::kAuto, py::arg("cfg") = 1, py::arg("batch") = 1,
+          py::arg("cache") = py::none(), py::arg("cached") = py::none(),
           "seconds `stage` takes for `batch` requests of this size on a group of `degree` ranks (degree = ulysses *"
-          " ring * cfg for a step; cfg 2: CFG-parallel; mode and placement: the enum or its name)")
+          " ring * cfg for a step; cfg 2: CFG-parallel; mode and placement: the enum or its name). cache: the "
+          "requests' step cache (a CacheSpec, its text or None: what a migration or a gather moves); cached: a step "
+          "whose passes all reuse this kind of cache (a CacheKind or its name; None: a full step)")
+      .def(
+          "skip_curve",
+          [](const CostModel& cm, py::handle kind) { return cm.skipCurve(python::cacheKindArg(kind, "kind")); },
+          py::arg("kind"), "how often a pass past its warm-up reuses a step cache of `kind`, by threshold")
+      .def(
+          "skip_rate",
+          [](const CostModel& cm, py::handle kind, double threshold) {
+            return cm.skipRate(python::cacheKindArg(kind, "kind"), threshold);
+          },
+          py::arg("kind"), py::arg("threshold"), "skip_curve(kind).at(threshold)")
       .def("describe", &CostModel::describe, "a one-line description")
       .def_property_readonly(
           "model", [](const CostModel& cm) { return cm.model(); }, "the model it predicts for")
@@ -386,7 +402,28 @@ void register_cost(py::module_& m) {
       .def_readwrite("dispatch_s", &Profile::dispatch_s)
       .def_readwrite("completion_s", &Profile::completion_s)
       .def_readwrite("collective_efficiency", &Profile::collective_efficiency)
-      .def_readwrite("entries", &Profile::entries, "the measurements (a list; assign a new list to change it)");
+      .def_readwrite("entries", &Profile::entries, "the measurements (a list; assign a new list to change it)")
+      .def_readwrite("skip_curves", &Profile::skip_curves,
+                     "measured skip curves of the step caches, at most one per kind (a list)")
+      .def_readwrite("fbcache_step_ratio", &Profile::fbcache_step_ratio,
+                     "a step whose passes all reuse fbcache over a full step (0: not measured)")
+      .def_readwrite("teacache_step_ratio", &Profile::teacache_step_ratio,
+                     "a step whose passes all reuse teacache over a full step (0: not measured)");
+  c.def("with_skip_curves", &cost::withSkipCurves, py::arg("model"), py::arg("curves"),
+        "`model` with other skip curves (a list of SkipCurve, one per kind): a what-if for a model without one");
+  c.def(
+      "published_skip_curve",
+      [](const std::string& model, py::handle kind) {
+        return cost::publishedSkipCurve(model, python::cacheKindArg(kind, "kind"));
+      },
+      py::arg("model"), py::arg("kind"), "the skip curve published for a model (empty where none is)");
+  c.def(
+      "cached_step_fraction",
+      [](const ModelArch& model, py::handle kind) {
+        return cost::cachedStepFraction(model, python::cacheKindArg(kind, "kind"));
+      },
+      py::arg("model"), py::arg("kind"),
+      "the share of a full step a step whose passes all reuse a cache takes, from the model's blocks alone");
 
   c.def("profiled", &cost::makeProfiledCostModel, py::arg("profile"),
         "a cost model interpolating a profile's measurements");

@@ -59,7 +59,8 @@ void register_engine(py::module_& m) {
       .def("hello_failed", &WorkerLoop::helloFailed, py::arg("message"), py::call_guard<py::gil_scoped_release>())
       .def("next", &WorkerLoop::next, py::arg("poll_s"), py::call_guard<py::gil_scoped_release>(),
            "The next task to run, or None once the engine said to stop or is gone.")
-      .def("progress", &WorkerLoop::progress, py::arg("request_id"), py::arg("step"))
+      .def("progress", &WorkerLoop::progress, py::arg("request_id"), py::arg("step"), py::arg("cached_steps") = 0,
+           py::arg("cached_passes") = 0)
       .def(
           "complete",
           [](WorkerLoop& l, const WorkerTask& t, const py::object& output) {

@@ -5,7 +5,13 @@
 
 #include <pybind11/operators.h>
 
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "bindings.h"
 #include "gfdit/error.h"
@@ -55,6 +61,23 @@ Placement placementArg(py::handle value, const char* param) {
   return enumArg<Placement>(value, param, &placementFromName, &placementName);
 }
 
+CacheKind cacheKindArg(py::handle value, const char* param) {
+  return enumArg<CacheKind>(value, param, &cacheKindFromName, &cacheKindName);
+}
+
+CacheSpec cacheSpecArg(py::handle value) {
+  if (value.is_none()) return CacheSpec();
+  if (py::isinstance<py::str>(value)) return CacheSpec::parse(value.cast<std::string>());
+  if (py::isinstance<CacheSpec>(value)) {
+    CacheSpec s = value.cast<CacheSpec>();
+    s.check();
+    return s;
+  }
+  GFDIT_THROW(kInvalidUsage).param("cache")
+      << "cache must be a str (\"fbcache:0.08,warmup=8,max_skip=-1\"), a CacheSpec or None, got "
+      << py::repr(value).cast<std::string>();
+}
+
 void register_layout(py::module_& m) {
   // gfdit._C.runtime is created here, before register_runtime, whose def_submodule("runtime") then returns
   // this same module (pybind11 finds it in sys.modules) and adds the rest of the runtime to it.
@@ -102,6 +125,74 @@ void register_layout(py::module_& m) {
       .def("pass_degree", &Layout::passDegree, "Ranks one transformer pass spans: ulysses * ring.")
       .def(py::self == py::self)
       .def("__repr__", &layoutRepr);
+
+  // ---- step caches (NOTE [step caches] in gfdit/step_cache.h) ----
+  py::enum_<CacheKind>(r, "CacheKind", "which step cache a request uses")
+      .value("NONE", CacheKind::kNone)
+      .value("FBCACHE", CacheKind::kFbCache)
+      .value("TEACACHE", CacheKind::kTeaCache);
+  r.def("cache_kind_name", &cacheKindName, py::arg("kind"), "name of a cache kind: none, fbcache, teacache");
+  r.def("cache_kind_from_name", &cacheKindFromName, py::arg("name"),
+        "the kind of a name; others raise InvalidUsage naming cache");
+  py::class_<CacheSpec>(r, "CacheSpec", "a request's step cache and its settings")
+      .def(py::init([](py::object kind, std::optional<double> threshold, std::optional<int32_t> warmup,
+                       std::optional<int32_t> max_skip) {
+             CacheSpec s = CacheSpec::defaults(cacheKindArg(kind, "cache"));
+             if (threshold) s.threshold = *threshold;
+             if (warmup) s.warmup = *warmup;
+             if (max_skip) s.max_skip = *max_skip;
+             s.check();
+             return s;
+           }),
+           py::arg("kind") = CacheKind::kNone, py::arg("threshold") = py::none(), py::arg("warmup") = py::none(),
+           py::arg("max_skip") = py::none(),
+           "kind: a CacheKind or its name; unset settings take the kind's defaults; bad values raise InvalidUsage "
+           "naming cache")
+      .def_static("parse", &CacheSpec::parse, py::arg("text"),
+                  "Reads 'kind[:threshold][,warmup=N][,max_skip=M]' ('' or 'none': off); bad text raises "
+                  "InvalidUsage naming cache.")
+      .def_static("defaults", &CacheSpec::defaults, py::arg("kind"), "The published defaults of a kind.")
+      .def_property_readonly(
+          "kind", [](const CacheSpec& s) { return std::string(cacheKindName(s.kind)); },
+          "\"none\", \"fbcache\" or \"teacache\"")
+      .def_property_readonly(
+          "cache_kind", [](const CacheSpec& s) { return s.kind; }, "the kind as a CacheKind")
+      .def_readonly("threshold", &CacheSpec::threshold)
+      .def_readonly("warmup", &CacheSpec::warmup)
+      .def_readonly("max_skip", &CacheSpec::max_skip, "-1: no limit")
+      .def("on", &CacheSpec::on, "Whether a cache is on.")
+      .def("always_full", &CacheSpec::alwaysFull, py::arg("step"), py::arg("num_steps"),
+           "Whether step `step` of `num_steps` always runs in full (warm-up; teacache's last step).")
+      .def("__str__", &CacheSpec::str)
+      .def("__repr__", [](const CacheSpec& s) { return "CacheSpec('" + s.str() + "')"; })
+      .def(py::self == py::self)
+      .def(py::pickle([](const CacheSpec& s) { return s.str(); },
+                      [](const std::string& text) { return CacheSpec::parse(text); }));
+  py::class_<SkipCurve>(r, "SkipCurve", "how often a pass past its warm-up reuses a step cache, by threshold")
+      .def(py::init([](py::object kind, std::vector<std::pair<double, double>> points, std::string source) {
+             SkipCurve c;
+             c.kind = cacheKindArg(kind, "kind");
+             std::sort(points.begin(), points.end());
+             for (const auto& [x, y] : points) {
+               GFDIT_CHECK(std::isfinite(x) && x > 0 && std::isfinite(y) && y >= 0 && y <= 1).param("points")
+                   << "SkipCurve: a point (threshold, probability) needs threshold > 0 and probability in [0, 1], "
+                      "got ("
+                   << x << ", " << y << ")";
+             }
+             c.points = std::move(points);
+             c.source = std::move(source);
+             return c;
+           }),
+           py::arg("kind"), py::arg("points"), py::arg("source") = "")
+      .def_property_readonly("kind", [](const SkipCurve& c) { return c.kind; })
+      .def_readonly("points", &SkipCurve::points)
+      .def_readonly("source", &SkipCurve::source)
+      .def("at", &SkipCurve::at, py::arg("threshold"), "The probability at `threshold`.")
+      .def("__repr__", [](const SkipCurve& c) {
+        return std::string("SkipCurve(") + cacheKindName(c.kind) + ", " + std::to_string(c.points.size()) + " points)";
+      });
+  r.def("cached_share", &cachedShare, py::arg("p"), py::arg("max_skip"),
+        "The long-run share of eligible steps that reuse a cache hit with probability p, at most max_skip in a row.");
 }
 
 }  // namespace python

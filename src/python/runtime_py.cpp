@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "bindings.h"
 #include "errors_py.h"
@@ -19,6 +20,7 @@
 #include "gfdit/planning.h"
 #include "gfdit/policy.h"
 #include "gfdit/request.h"
+#include "layout_py.h"
 #include "runtime_py.h"
 
 namespace py = pybind11;
@@ -75,7 +77,7 @@ GenerationRequest requestFrom(const py::object& prompt, const py::object& negati
                               const py::object& width, const py::object& num_frames,
                               const py::object& num_inference_steps, const py::object& guidance_scale,
                               const py::object& guidance_scale_2, const py::object& seed, const py::object& priority,
-                              const py::object& deadline_s) {
+                              const py::object& deadline_s, const py::object& cache) {
   GenerationRequest q;
   q.prompt = stringField(prompt, "prompt");
   if (!negative_prompt.is_none()) q.negative_prompt = stringField(negative_prompt, "negative_prompt");
@@ -88,6 +90,7 @@ GenerationRequest requestFrom(const py::object& prompt, const py::object& negati
   q.seed = intField<uint64_t>(seed, "seed", "0", "18446744073709551616", "an integer in [0, 2^64)");
   q.priority = intField<int32_t>(priority, "priority", "-2147483648", "2147483648", "a 32-bit integer");
   q.deadline_s = optionalNumber(deadline_s, "deadline_s");
+  q.cache = cacheSpecArg(cache);
   return q;
 }
 
@@ -104,7 +107,8 @@ void register_runtime(py::module_& m) {
       .value("DECODE", TaskKind::kDecode)
       .value("FREE", TaskKind::kFree)
       .value("SHUTDOWN", TaskKind::kShutdown)
-      .value("REINIT", TaskKind::kReinit);
+      .value("REINIT", TaskKind::kReinit)
+      .value("GATHER", TaskKind::kGather);
 
   py::enum_<TaskError>(r, "TaskError")
       .value("OK", TaskError::kOk)
@@ -134,8 +138,9 @@ void register_runtime(py::module_& m) {
            py::arg("height") = py::none(), py::arg("width") = py::none(), py::arg("num_frames") = py::none(),
            py::arg("num_inference_steps") = py::none(), py::arg("guidance_scale") = py::none(),
            py::arg("guidance_scale_2") = py::none(), py::arg("seed") = 0, py::arg("priority") = 0,
-           py::arg("deadline_s") = py::none(),
-           "Each field is checked for its type here (gfdit.InvalidUsage naming it); its value at submit.")
+           py::arg("deadline_s") = py::none(), py::arg("cache") = py::none(),
+           "Each field is checked for its type here (gfdit.InvalidUsage naming it); its value at submit. cache: a "
+           "CacheSpec, its text (\"fbcache:0.08,warmup=8\") or None.")
       .def_readonly("prompt", &GenerationRequest::prompt)
       .def_readonly("negative_prompt", &GenerationRequest::negative_prompt)
       .def_readonly("height", &GenerationRequest::height)
@@ -146,7 +151,8 @@ void register_runtime(py::module_& m) {
       .def_readonly("guidance_scale_2", &GenerationRequest::guidance_scale_2)
       .def_readonly("seed", &GenerationRequest::seed)
       .def_readonly("priority", &GenerationRequest::priority)
-      .def_readonly("deadline_s", &GenerationRequest::deadline_s);
+      .def_readonly("deadline_s", &GenerationRequest::deadline_s)
+      .def_readonly("cache", &GenerationRequest::cache, "the step cache (a CacheSpec; kind \"none\" when off)");
 
   py::class_<ModelDefaults>(r, "ModelDefaults", "A model's serving defaults.")
       .def(py::init([](int32_t h, int32_t w, int32_t f, int32_t steps, double g) {
@@ -176,6 +182,24 @@ void register_runtime(py::module_& m) {
       .def_readwrite("vae_stride_s", &ModelInfo::vae_stride_s)
       .def_readwrite("vae_stride_t", &ModelInfo::vae_stride_t)
       .def_readwrite("two_experts", &ModelInfo::two_experts)
+      .def_property(
+          "cache_kinds",
+          [](const ModelInfo& m) {
+            std::vector<std::string> names;
+            for (CacheKind k : {CacheKind::kFbCache, CacheKind::kTeaCache}) {
+              if (m.cache_kinds & cacheKindBit(k)) names.push_back(cacheKindName(k));
+            }
+            return names;
+          },
+          [](ModelInfo& m, const std::vector<std::string>& names) {
+            uint32_t kinds = 0;
+            for (const std::string& n : names) {
+              const CacheKind k = cacheKindFromName(n);
+              if (k != CacheKind::kNone) kinds |= cacheKindBit(k);
+            }
+            m.cache_kinds = kinds;
+          },
+          "the step caches the model implements, by name (\"fbcache\", \"teacache\")")
       .def_readwrite("defaults", &ModelInfo::defaults)
       .def("__repr__", [](const ModelInfo& m) {
         return "ModelInfo(name='" + m.name + "', heads=" + std::to_string(m.heads) +
@@ -222,7 +246,10 @@ void register_runtime(py::module_& m) {
       .def_readonly("regroup", &StageRecord::regroup,
                     "a denoise task on another set of ranks than the request's previous one (NOTE [regroups])")
       .def_readonly("batch", &StageRecord::batch,
-                    "requests the task stepped in one batched forward, this one included (NOTE [batches])");
+                    "requests the task stepped in one batched forward, this one included (NOTE [batches])")
+      .def_readonly("cached_steps", &StageRecord::cached_steps,
+                    "steps of the task whose every pass reused the step cache (NOTE [step caches])")
+      .def_readonly("cached_passes", &StageRecord::cached_passes, "transformer passes of the task that reused it");
 
   py::enum_<LayoutFamily>(r, "LayoutFamily")
       .value("AUTO", LayoutFamily::kAuto)
@@ -240,7 +267,26 @@ void register_runtime(py::module_& m) {
       .def("decode_at", &RequestCost::decodeSeconds, py::arg("degree"),
            "Seconds of the decode split over `degree` ranks (decode_s where that degree was not predicted).")
       .def("step_s", &RequestCost::stepSeconds, py::arg("degree"),
-           "Seconds of one step on a group of `degree` ranks; inf where not predicted or not allowed.")
+           "Seconds of one step on a group of `degree` ranks, the mean over the request's steps of what its step "
+           "cache is expected to leave of them; inf where not predicted or not allowed.")
+      .def("steps_s", &RequestCost::stepsSeconds, py::arg("degree"), py::arg("begin"), py::arg("count"),
+           "Seconds of steps [begin, begin + count) on `degree` ranks: warm-up steps in full, the others the "
+           "expected mix of full and cached steps (NOTE [step caches]).")
+      .def(
+          "full_step_s",
+          [](const RequestCost& c, int d) {
+            return d >= 1 && d <= kMaxRanks ? c.full_step_s[d] : std::numeric_limits<double>::infinity();
+          },
+          py::arg("degree"), "Seconds of a step that computes every block.")
+      .def(
+          "cached_step_s",
+          [](const RequestCost& c, int d) {
+            return d >= 1 && d <= kMaxRanks ? c.cached_step_s[d] : std::numeric_limits<double>::infinity();
+          },
+          py::arg("degree"), "Seconds of a step whose passes all reuse the step cache (the full step without one).")
+      .def_readonly("cache", &RequestCost::cache)
+      .def_readonly("cache_share", &RequestCost::cache_share,
+                    "expected share of the steps past the warm-up that reuse the cache")
       .def("layout", &RequestCost::layoutFor, py::arg("degree"), "The layout step_s(degree) assumes.")
       .def("__repr__", [](const RequestCost& c) {
         std::string s = "RequestCost(known=" + std::string(c.known ? "True" : "False") + ", step_s={";
@@ -280,6 +326,8 @@ void register_runtime(py::module_& m) {
       .def_property_readonly("tokens", [](const RequestRecord& q) { return q.shape.tokens; })
       .def_property_readonly("latent_rows", [](const RequestRecord& q) { return q.shape.latent_rows; })
       .def_property_readonly("guidance_scale", [](const RequestRecord& q) { return q.shape.guidance_scale; })
+      .def_property_readonly(
+          "cache", [](const RequestRecord& q) { return q.shape.cache; }, "its step cache (a CacheSpec)")
       .def_readonly("max_degree", &RequestRecord::max_degree)
       .def_readonly("num_heads", &RequestRecord::num_heads)
       .def_readonly("ranks", &RequestRecord::ranks)
@@ -388,26 +436,29 @@ void register_runtime(py::module_& m) {
       .def_readwrite("max_pixels", &RequestLimits::max_pixels)
       .def_readwrite("max_frames", &RequestLimits::max_frames)
       .def_readwrite("max_tokens", &RequestLimits::max_tokens)
+      .def_readwrite("cache_kinds", &RequestLimits::cache_kinds, "the step caches the model implements, as bits")
       .def(
           "check",
-          [](const RequestLimits& lim, int h, int w, int f, int steps, double g) {
+          [](const RequestLimits& lim, int h, int w, int f, int steps, double g, py::handle cache) {
             RequestShape s = shapeOf(h, w, f, steps, g);
+            s.cache = cacheSpecArg(cache);
             checkRequest(s, lim);
             return s.tokens;
           },
           py::arg("height"), py::arg("width"), py::arg("num_frames"), py::arg("num_steps"),
-          py::arg("guidance_scale") = 1.0,
+          py::arg("guidance_scale") = 1.0, py::arg("cache") = py::none(),
           "Checks a request; returns its tokens or raises InvalidUsage naming the field.")
       .def("tokens", &RequestLimits::tokens);
   r.def(
       "check_request",
-      [](const std::string& model, int h, int w, int f, int steps, double g) {
+      [](const std::string& model, int h, int w, int f, int steps, double g, py::handle cache) {
         RequestShape s = shapeOf(h, w, f, steps, g);
+        s.cache = cacheSpecArg(cache);
         checkRequest(s, RequestLimits::of(cost::modelArch(model)));
         return s.tokens;
       },
       py::arg("model"), py::arg("height"), py::arg("width"), py::arg("num_frames"), py::arg("num_steps"),
-      py::arg("guidance_scale") = 1.0,
+      py::arg("guidance_scale") = 1.0, py::arg("cache") = py::none(),
       "Checks a request against a known model's limits; returns its tokens or raises InvalidUsage naming the field.");
 }
 

@@ -127,6 +127,7 @@ py::dict statsDict(const EngineStats& s) {
   d["batched_steps"] = s.control.batched_steps;
   d["worker_deaths"] = s.control.worker_deaths;
   d["replacements"] = s.control.replacements;
+  d["cache_gathers"] = s.control.cache_gathers;
   d["policy_ns"] = s.control.policy_ns;
   d["control_cpu_ns"] = s.control_cpu_ns;
   d["loop_wakeups"] = s.loop_wakeups;

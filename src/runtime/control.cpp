@@ -61,6 +61,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <tuple>
 
 #include "gfdit/control.h"
 #include "gfdit/error.h"
@@ -142,6 +143,9 @@ struct ControlPlane::Task {
   bool regroup = false;  // a denoise task on another set of ranks than the request's previous one
   std::vector<std::pair<int, int32_t>> step_ends;    // (worker, step its copy is at) from each completion
   std::vector<std::pair<uint64_t, int32_t>> riders;  // a batched step: the other requests and their first steps
+  // a denoise task: (cached steps, cached passes) of its requests, the first one's then the riders' (NOTE [step
+  // caches]), from its first successful completion (the members agree: each pass's decision is one value)
+  std::vector<std::pair<int32_t, int32_t>> cached;
 };
 
 struct ControlPlane::Request {
@@ -160,10 +164,12 @@ struct ControlPlane::Request {
   OutputRef output;
   std::vector<std::pair<int, int32_t>> copies;  // (worker, step) of every copy of its state it knows of
   std::vector<int> denoised_on;                 // the ranks of its last denoise task, sorted (NOTE [regroups])
-  RequestProgress told;                         // what the progress callback heard of it last
-  bool in_order = false;                        // in ready_order_ (NOTE [ready order]) ...
-  size_t order_handle = 0;                      // ... by this handle
-  bool in_running = false;                      // in running_
+  std::vector<int> cached_on;                   // ... in their order, and its CFG split (NOTE [cache gathers])
+  int32_t cached_cfg = 1;
+  RequestProgress told;     // what the progress callback heard of it last
+  bool in_order = false;    // in ready_order_ (NOTE [ready order]) ...
+  size_t order_handle = 0;  // ... by this handle
+  bool in_running = false;  // in running_
   // see NOTE [batches]: the head of a batch lists the others; each of those points at the head
   std::vector<Request*> riders;
   Request* head = nullptr;
@@ -307,6 +313,8 @@ uint64_t ControlPlane::dispatch(Request* r, TaskKind kind, const std::vector<int
     t->regroup = !r->denoised_on.empty() && r->denoised_on != on;
     if (t->regroup) ++stats_.regroups;
     r->denoised_on = std::move(on);
+    r->cached_on = ranks;
+    r->cached_cfg = layout.cfg;
   }
   t->members = ranks;  // a migration's group starts with its source
   int64_t start = t->dispatch_ns;
@@ -427,13 +435,12 @@ void ControlPlane::validate(const Decision& d, const SchedulerView& view, const 
         << "policy " << pname << " chose request " << id << " twice";
     const RequestShape& a = r.rec.shape;
     const RequestShape& b = x.rec.shape;
-    GFDIT_CHECK(a.height == b.height && a.width == b.width && a.num_frames == b.num_frames &&
-                a.guidance() == b.guidance())
-            .param("batch")
+    GFDIT_CHECK(sameBatchShape(a, b)).param("batch")
         << "policy " << pname << ": request " << id << " (" << b.height << "x" << b.width << "x" << b.num_frames
-        << ", guidance " << (b.guidance() ? "on" : "off") << ") cannot batch with request " << d.request_id << " ("
-        << a.height << "x" << a.width << "x" << a.num_frames << ", guidance " << (a.guidance() ? "on" : "off")
-        << "): the members of a batch share their shape and guidance";
+        << ", guidance " << (b.guidance() ? "on" : "off") << ", cache " << cacheKindName(b.cache.kind)
+        << ") cannot batch with request " << d.request_id << " (" << a.height << "x" << a.width << "x" << a.num_frames
+        << ", guidance " << (a.guidance() ? "on" : "off") << ", cache " << cacheKindName(a.cache.kind)
+        << "): the members of a batch share their shape, guidance and step cache kind";
     members.push_back(m->second.get());
   }
   GFDIT_CHECK(!d.ranks.empty() && static_cast<int>(d.ranks.size()) <= config_.world_size)
@@ -590,6 +597,33 @@ void ControlPlane::schedule() {
 // others, or not at all. A member that finishes early (cancelled, failed) leaves the batch at once; a head that
 // leaves hands the batch to its first rider. Dispatch-ahead works as alone (NOTE [lookahead]): the policy is asked
 // about the whole batch at its boundary, and only the same batch on the same ranks and layout goes on.
+// NOTE [cache gathers]
+// A request's step cache lives in its denoise state, sharded like the hidden states over the members of each
+// transformer pass (NOTE [step caches] in gfdit/step_cache.h): member i of a pass holds the i-th piece of the
+// tokens, so a shard means something only on the group, in the order and with the CFG split it was computed
+// with. Shrinking a group moves nothing and a migration copies one holder's state, so neither can carry the
+// other members' shards. Hence, before a decision runs a request's steps on another group than its last denoise
+// task (other ranks, another order, another CFG split), the control plane sends its live holders a GATHER task:
+// a collective among them that leaves every one of them the whole cache (gfdit.models: StagedModel.gather_cache).
+// The migration to new members then carries it whole, and at its next step each member of the new group takes its
+// own shards from it. The gather goes out before the migration and the frees (NOTE [dispatch order]); a holder
+// that runs another request's steps first simply gets to it later. A holder lost in a recovery takes its shards
+// with it: the survivors' gather finds a pass incomplete and drops that pass's cache alike on every member, so the
+// request goes on with a full step there. A cache computed on one rank is whole already: no gather.
+void ControlPlane::gatherCache(Request& r, const Layout& next) {
+  const RequestRecord& rec = r.rec;
+  if (!rec.shape.cache.on() || rec.step == 0 || r.cached_on.empty()) return;
+  if (r.cached_on == r.group && r.cached_cfg == next.cfg) return;  // the same shards
+  if (r.cached_on.size() == 1) return;                             // whole already
+  std::vector<int> holders;
+  for (int w : rec.ranks) {
+    if (alive_[w]) holders.push_back(w);
+  }
+  if (holders.empty()) return;
+  dispatch(&r, TaskKind::kGather, holders, Layout(), rec.step, 0);
+  ++stats_.cache_gathers;
+}
+
 void ControlPlane::place(Request& r) {
   RequestRecord& rec = r.rec;
   if (rec.state == RequestState::kQueued) {  // once, on the first rank, then copied (NOTE [stages])
@@ -641,7 +675,10 @@ double ControlPlane::stepSeconds(const Request& r, const Layout& layout, int32_t
     q.num_nodes += config_.node_of[r.group[i]] != config_.node_of[r.group[i - 1]];
   }
   try {
-    return cost_->seconds(cost::Stage::kDenoise, q);
+    // a step cache leaves the same share of a batched step as of the head's alone (NOTE [step caches])
+    const double full = c.full_step_s[std::min(std::max(1, layout.degree()), kMaxRanks)];
+    const double share = std::isfinite(full) && full > 0 ? alone / full : 1.0;
+    return cost_->seconds(cost::Stage::kDenoise, q) * share;
   } catch (const std::exception&) {
     return alone * batch;  // a batch the model does not price: no better than its members in turn
   }
@@ -682,6 +719,7 @@ void ControlPlane::startDecision(const std::vector<Request*>& members, const Dec
     m->next_step = m->rec.step;
     m->head = m == &r ? nullptr : &r;
     track(*m);
+    gatherCache(*m, d.layout);
     place(*m);
   }
   r.riders.assign(members.begin() + 1, members.end());
@@ -945,14 +983,26 @@ void ControlPlane::onCompletion(const Completion& c, const std::string& message)
   if (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate || t.kind == TaskKind::kEncode) {
     t.step_ends.emplace_back(c.rank, c.step_end);
   }
+  if (t.kind == TaskKind::kDenoise && c.ok() && t.cached.empty()) {
+    t.cached.emplace_back(c.cached_steps, c.cached_passes);
+    if (!t.riders.empty() && !message.empty()) {
+      try {
+        const BatchCacheCounts riders = BatchCacheCounts::decode(message);
+        for (size_t i = 0; i < riders.cached_steps.size(); ++i) {
+          t.cached.emplace_back(riders.cached_steps[i], riders.cached_passes[i]);
+        }
+      } catch (const Error&) {  // counts are for people: a malformed message loses them, nothing else
+      }
+    }
+  }
   if (!c.ok() && t.error == TaskError::kOk) {
     t.error = static_cast<TaskError>(c.error);
     std::ostringstream os;
     os << "worker " << c.rank << ": " << message;
     t.message = os.str();
     // A member that fails a collective task leaves its peers blocked in the collective: release them now.
-    if (t.pending != 0 &&
-        (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate || t.kind == TaskKind::kDecode)) {
+    if (t.pending != 0 && (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate ||
+                           t.kind == TaskKind::kDecode || t.kind == TaskKind::kGather)) {
       startRecovery();
     }
   }
@@ -1029,15 +1079,15 @@ void ControlPlane::applyDone(Task& t) {
   }
   if (!t.riders.empty()) ++stats_.batched_steps;
   bool go_on = false;
-  applyTo(t, *it->second, t.step_begin, go_on);
-  for (const auto& rider : t.riders) {  // a batched step: every member (NOTE [batches])
-    auto m = requests_.find(rider.first);
-    if (m != requests_.end()) applyTo(t, *m->second, rider.second, go_on);
+  applyTo(t, *it->second, 0, t.step_begin, go_on);
+  for (size_t i = 0; i < t.riders.size(); ++i) {  // a batched step: every member (NOTE [batches])
+    auto m = requests_.find(t.riders[i].first);
+    if (m != requests_.end()) applyTo(t, *m->second, i + 1, t.riders[i].second, go_on);
   }
   if (go_on && !paused()) continueBatch(t);  // nothing new goes out before the world is re-created
 }
 
-void ControlPlane::applyTo(Task& t, Request& r, int32_t step_begin, bool& go_on) {
+void ControlPlane::applyTo(Task& t, Request& r, size_t member, int32_t step_begin, bool& go_on) {
   RequestRecord& rec = r.rec;
   for (const auto& se : t.step_ends) {  // a negative step: the worker holds no copy
     dropCopy(r, se.first);
@@ -1063,6 +1113,7 @@ void ControlPlane::applyTo(Task& t, Request& r, int32_t step_begin, bool& go_on)
     s.error = t.error;
     s.regroup = t.regroup;
     s.batch = static_cast<int32_t>(t.riders.size()) + 1;
+    if (member < t.cached.size()) std::tie(s.cached_steps, s.cached_passes) = t.cached[member];
     r.stages.push_back(std::move(s));
   }
   if (isFinished(rec.state)) {

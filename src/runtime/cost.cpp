@@ -411,12 +411,89 @@ const char* stageName(Stage s) {
     case Stage::kDenoise: return "denoise";
     case Stage::kMigrate: return "migrate";
     case Stage::kDecode: return "decode";
+    case Stage::kGather: return "gather";
   }
   return "unknown";
 }
 
 Stage stageFromName(const std::string& name) {
-  return fromName(name, "stage", {Stage::kEncode, Stage::kDenoise, Stage::kMigrate, Stage::kDecode}, stageName);
+  return fromName(name, "stage", {Stage::kEncode, Stage::kDenoise, Stage::kMigrate, Stage::kDecode, Stage::kGather},
+                  stageName);
+}
+
+// NOTE [published skip rates]
+// How often a pass past its warm-up reuses a step cache, where a publication lets us derive it:
+// - qwen-image, fbcache: cache-dit's H100 table (docs/benchmark/NVIDIA_GPU.md: Qwen-Image, 50 steps, Ulysses 2
+//   with FA3) goes from 12.75 s to 5.67 s with `cache_dit.generate --cache`, whose defaults are F1B0, threshold
+//   0.12, 8 warm-up steps, at most 3 cached steps in a row. Taking about 0.5 s of that for the text encoder and
+//   the VAE and 1/60 of a step plus the decision for a cached step (one block of 60), the 42 steps past the
+//   warm-up ran 71% of their passes from the cache; with at most 3 in a row that is a probability of about 0.9
+//   per pass (cachedShare). One point: (0.12, 0.9), linear to 0 below it.
+// No figure of the same algorithm exists for the Wan models: TeaCache4Wan2.1's speedups use its polynomial of the
+// timestep embedding, not gfdit's metric, and cache-dit publishes no Wan timings. The tiny models have none
+// either; `gfdit profile` measures a model's own curves (Profile::skip_curves), which take precedence.
+SkipCurve publishedSkipCurve(const std::string& model, CacheKind kind) {
+  SkipCurve c;
+  c.kind = kind;
+  if (kind == CacheKind::kFbCache && (model == "qwen-image")) {
+    c.points = {{0.12, 0.9}};
+    c.source = "derived from cache-dit's Qwen-Image H100 timings (NOTE [published skip rates])";
+  }
+  return c;
+}
+
+SkipCurve CostModel::skipCurve(CacheKind kind) const { return publishedSkipCurve(model().name, kind); }
+
+namespace {
+
+class WithSkipCurves : public CostModel {
+ public:
+  WithSkipCurves(std::shared_ptr<const CostModel> base, std::vector<SkipCurve> curves)
+      : base_(std::move(base)), curves_(std::move(curves)) {
+    GFDIT_CHECK(base_ != nullptr) << "withSkipCurves needs a cost model";
+  }
+  double seconds(Stage stage, const StageQuery& q) const override { return base_->seconds(stage, q); }
+  std::string describe() const override { return base_->describe() + " with other skip curves"; }
+  const ModelArch& model() const override { return base_->model(); }
+  int32_t sharedCores() const override { return base_->sharedCores(); }
+  int32_t maxBatch(const StageQuery& q) const override { return base_->maxBatch(q); }
+  SkipCurve skipCurve(CacheKind kind) const override {
+    for (const SkipCurve& c : curves_) {
+      if (c.kind == kind) return c;
+    }
+    return base_->skipCurve(kind);
+  }
+
+ private:
+  std::shared_ptr<const CostModel> base_;
+  std::vector<SkipCurve> curves_;
+};
+
+}  // namespace
+
+std::shared_ptr<CostModel> withSkipCurves(std::shared_ptr<const CostModel> base, std::vector<SkipCurve> curves) {
+  return std::make_shared<WithSkipCurves>(std::move(base), std::move(curves));
+}
+
+double cachedStepFraction(const ModelArch& model, CacheKind kind) {
+  if (kind == CacheKind::kNone || model.num_layers <= 0) return 1.0;
+  const double blocks = kind == CacheKind::kFbCache ? 1.0 : 0.0;
+  return std::min(1.0, (blocks + 1.0) / model.num_layers);
+}
+
+double stateBytes(const ModelArch& model, const RequestShape& s, int32_t dtype_bytes) {
+  const double frames = model.is_video ? (s.num_frames - 1) / std::max(1, model.vae_stride_t) + 1 : 1;
+  const double latent = static_cast<double>(model.latent_channels) * frames * (s.height / model.vae_stride_s) *
+                        (s.width / model.vae_stride_s) * 4.0;
+  const double embeds = (s.guidance() ? 2.0 : 1.0) * model.text_tokens * model.text_hidden * dtype_bytes;
+  const double schedule = (std::max(s.num_steps, 1) + 1) * 2.0 * 4.0;
+  return latent * (1 + model.sampler_history_latents) + embeds + schedule;
+}
+
+double cacheBytes(const ModelArch& model, const RequestShape& shape, int32_t dtype_bytes) {
+  if (!shape.cache.on()) return 0;
+  const int64_t tokens = shape.tokens > 0 ? shape.tokens : model.tokens(shape.height, shape.width, shape.num_frames);
+  return (shape.guidance() ? 2.0 : 1.0) * 2.0 * static_cast<double>(tokens) * model.hidden * dtype_bytes;
 }
 
 }  // namespace cost
@@ -609,6 +686,7 @@ class AnalyticCostModel : public CostModel {
       case Stage::kDenoise: return step(q, tokens) * contention(q.degree);
       case Stage::kMigrate: return q.num_new > 0 ? migrate(q) * contention(q.num_new + 1) : 0.0;
       case Stage::kDecode: return q.batch * decode(q);
+      case Stage::kGather: return gather(q) * contention(q.degree);
     }
     return 0.0;
   }
@@ -697,10 +775,10 @@ class AnalyticCostModel : public CostModel {
       const int32_t half_degree = q.degree / 2;
       const int32_t half_nodes = std::min(half_degree, (q.num_nodes + 1) / 2);
       const Links l = q.num_nodes > 1 ? interNode() : intraNode();
-      return pass(q.layout, tokens, half_degree, half_nodes, q.batch) + l.latency +
+      return pass(q.layout, tokens, half_degree, half_nodes, q.batch, q.cached) + l.latency +
              q.batch * outputBytes(tokens) / l.bw;
     }
-    return (q.shape.guidance() ? 2.0 : 1.0) * pass(q.layout, tokens, q.degree, q.num_nodes, q.batch);
+    return (q.shape.guidance() ? 2.0 : 1.0) * pass(q.layout, tokens, q.degree, q.num_nodes, q.batch, q.cached);
   }
 
   // The transformer's output (the velocity), float32: what the output all-gather and CFG's exchange move.
@@ -711,7 +789,11 @@ class AnalyticCostModel : public CostModel {
 
   // One pass of the transformer over `batch` requests on one rank of `d` = layout.ulysses x layout.ring ranks
   // over `nodes` nodes.
-  double pass(const Layout& layout, int64_t tokens, int32_t d, int32_t nodes, int32_t batch) const {
+  // `cached`: a pass that reuses that step cache (NOTE [step caches]): it runs the first block (fbcache) or none
+  // (teacache), and its decision: the change metric (a few reads of the shard's hidden states), one all-reduce
+  // of two numbers over the pass's members, and one block's host work for the rest of the pass's machinery.
+  double pass(const Layout& layout, int64_t tokens, int32_t d, int32_t nodes, int32_t batch,
+              CacheKind cached = CacheKind::kNone) const {
     const Hardware& hw = cluster_.hw;
     const double N = static_cast<double>(tokens);
     const double T = model_.text_tokens;
@@ -787,6 +869,12 @@ class AnalyticCostModel : public CostModel {
     const double t_block = hw.async_launch ? std::max(t_device, t_host) : t_device + t_host;
 
     double t_pass = model_.num_layers * t_block;
+    if (cached != CacheKind::kNone) {
+      const double blocks = cached == CacheKind::kFbCache ? 1.0 : 0.0;
+      const Links l = nodes > 1 ? interNode() : intraNode();
+      const double metric = 3.0 * act_tokens * H * db / hw.mem_bw + (d > 1 ? l.latency : 0.0);
+      t_pass = blocks * t_block + metric + hw.layer_overhead_s;
+    }
     if (d > 1) {  // all-gather of the output tokens (float32)
       const Links l = nodes > 1 ? interNode() : intraNode();
       t_pass += l.latency + b * outputBytes(tokens) * (d - 1) / d / l.bw;
@@ -840,14 +928,20 @@ class AnalyticCostModel : public CostModel {
   double migrate(const StageQuery& q) const {
     const Hardware& hw = cluster_.hw;
     const RequestShape& s = q.shape;
-    const double latent = static_cast<double>(model_.latent_channels) * latentFrames(s) *
-                          (s.height / model_.vae_stride_s) * (s.width / model_.vae_stride_s) * 4.0;
-    const double embeds = (s.guidance() ? 2.0 : 1.0) * model_.text_tokens * model_.text_hidden * hw.dtype_bytes;
-    const double schedule = (std::max(s.num_steps, 1) + 1) * 2.0 * 4.0;
     const Links l = q.num_nodes > 1 ? interNode() : intraNode();
     const double levels = std::ceil(std::log2(static_cast<double>(q.num_new) + 1.0));
-    const double history = model_.sampler_history_latents * latent;
-    return hw.regroup_s + levels * l.latency + q.batch * (latent + history + embeds + schedule) / l.bw;
+    const double state = stateBytes(model_, s, hw.dtype_bytes);
+    const double cache = cacheBytes(model_, s, hw.dtype_bytes);  // gathered whole first (NOTE [cache gathers])
+    return hw.regroup_s + levels * l.latency + q.batch * (state + cache) / l.bw;
+  }
+
+  // The holders' exchange of their shards of a step cache (NOTE [cache gathers] in control.cpp): an all-gather
+  // of the whole cache over q.degree members, each receiving (d - 1) / d of it.
+  double gather(const StageQuery& q) const {
+    const double bytes = cacheBytes(model_, q.shape, cluster_.hw.dtype_bytes);
+    if (bytes <= 0 || q.degree < 2) return 0.0;
+    const Links l = q.num_nodes > 1 ? interNode() : intraNode();
+    return l.latency + q.batch * bytes * (q.degree - 1) / q.degree / l.bw;
   }
 
   ModelArch model_;

@@ -1,6 +1,7 @@
 // The request checks at submit (see gfdit/limits.h).
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "gfdit/error.h"
 #include "gfdit/limits.h"
@@ -10,6 +11,15 @@ namespace runtime {
 namespace {
 
 constexpr double kMaxGuidance = 100;  // a guidance scale beyond this is a typo, not a request
+
+std::string cacheKindsText(uint32_t kinds) {
+  std::string out;
+  for (CacheKind k : {CacheKind::kFbCache, CacheKind::kTeaCache}) {
+    if ((kinds & cacheKindBit(k)) == 0) continue;
+    out += (out.empty() ? "" : ", ") + std::string(cacheKindName(k));
+  }
+  return out.empty() ? "none" : out;
+}
 
 }  // namespace
 
@@ -25,6 +35,7 @@ RequestLimits RequestLimits::of(const cost::ModelArch& arch) {
   l.max_frames = arch.is_video ? std::max(1, arch.max_frames) : 1;
   if (arch.max_tokens > 0) l.max_tokens = arch.max_tokens;
   l.two_experts = arch.num_experts > 1;
+  l.cache_kinds = kAllCacheKinds;  // a loaded model's hello narrows it (of(arch, info))
   return l;
 }
 
@@ -36,6 +47,7 @@ RequestLimits RequestLimits::of(const cost::ModelArch& arch, const ModelInfo& in
   l.patch_t = info.patch_t;
   l.is_video = info.is_video;
   l.two_experts = info.two_experts;
+  l.cache_kinds = info.cache_kinds;
   if (!l.is_video) l.max_frames = 1;
   return l;
 }
@@ -72,6 +84,17 @@ void checkRequest(RequestShape& s, const RequestLimits& limits) {
   GFDIT_CHECK(std::isfinite(s.guidance_scale) && s.guidance_scale >= 0 && s.guidance_scale <= kMaxGuidance)
           .param("guidance_scale")
       << "guidance_scale " << s.guidance_scale << " must be a finite number in [0, " << kMaxGuidance << "]";
+  s.cache.check();
+  if (s.cache.on()) {  // what depends on the model
+    GFDIT_CHECK((limits.cache_kinds & cacheKindBit(s.cache.kind)) != 0).param("cache")
+        << "cache " << cacheKindName(s.cache.kind) << ": "
+        << (limits.cache_kinds == 0 ? std::string("this model implements no step cache")
+                                    : std::string("this model implements ") + cacheKindsText(limits.cache_kinds));
+    GFDIT_CHECK(s.cache.warmup <= limits.max_steps).param("cache")
+        << "cache: warmup " << s.cache.warmup << " is outside [0, " << limits.max_steps << "] steps";
+    GFDIT_CHECK(s.cache.max_skip <= limits.max_steps).param("cache")
+        << "cache: max_skip " << s.cache.max_skip << " is outside [-1, " << limits.max_steps << "] steps";
+  }
   s.tokens = limits.tokens(s.height, s.width, s.num_frames);
   s.latent_rows = s.height / std::max(1, limits.vae_stride_s);
   GFDIT_CHECK(s.tokens <= limits.max_tokens).param("height")
@@ -91,6 +114,7 @@ RequestShape checkRequest(GenerationRequest& q, const RequestLimits& limits, con
   s.num_frames = *q.num_frames;
   s.num_steps = *q.num_inference_steps;
   s.guidance_scale = *q.guidance_scale;
+  s.cache = q.cache;
   checkRequest(s, limits);
   if (q.guidance_scale_2) {
     double g2 = *q.guidance_scale_2;

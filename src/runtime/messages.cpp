@@ -16,6 +16,7 @@ const char* taskKindName(TaskKind k) {
     case TaskKind::kFree: return "free";
     case TaskKind::kShutdown: return "shutdown";
     case TaskKind::kReinit: return "reinit";
+    case TaskKind::kGather: return "gather";
   }
   return "unknown";
 }
@@ -37,10 +38,11 @@ namespace {
 
 // Message tags: a kind (high 16 bits) and a version (low 16 bits); a change of a struct's fields bumps its
 // version, so that a worker and an engine of different builds refuse each other's messages.
-constexpr uint32_t kRequestTag = 0x5251'0001;    // "RQ" v1
-constexpr uint32_t kModelInfoTag = 0x4d49'0002;  // "MI" v2: two_experts
-constexpr uint32_t kReinitTag = 0x5249'0001;     // "RI" v1
-constexpr uint32_t kBatchTag = 0x424d'0001;      // "BM" v1
+constexpr uint32_t kRequestTag = 0x5251'0002;      // "RQ" v2: cache
+constexpr uint32_t kModelInfoTag = 0x4d49'0003;    // "MI" v3: two_experts, cache_kinds
+constexpr uint32_t kReinitTag = 0x5249'0001;       // "RI" v1
+constexpr uint32_t kBatchTag = 0x424d'0001;        // "BM" v1
+constexpr uint32_t kCacheCountsTag = 0x4243'0001;  // "BC" v1
 
 template <typename T>
 void putOptional(wire::Writer& w, const std::optional<T>& v) {
@@ -69,6 +71,7 @@ std::string GenerationRequest::encode() const {
   putOptional(w, guidance_scale_2);
   w.put(seed).put(priority);
   putOptional(w, deadline_s);
+  w.put(static_cast<int32_t>(cache.kind)).put(cache.threshold).put(cache.warmup).put(cache.max_skip);
   return w.take();
 }
 
@@ -86,6 +89,13 @@ GenerationRequest GenerationRequest::decode(const std::string& bytes) {
   q.seed = r.get<uint64_t>();
   q.priority = r.get<int32_t>();
   q.deadline_s = getOptional<double>(r);
+  const int32_t kind = r.get<int32_t>();
+  GFDIT_CHECK_CODE(kInternal, kind >= 0 && kind <= static_cast<int32_t>(CacheKind::kTeaCache))
+      << "a generation request with cache kind " << kind;
+  q.cache.kind = static_cast<CacheKind>(kind);
+  q.cache.threshold = r.get<double>();
+  q.cache.warmup = r.get<int32_t>();
+  q.cache.max_skip = r.get<int32_t>();
   r.end();
   return q;
 }
@@ -95,6 +105,7 @@ std::string ModelInfo::encode() const {
   w.putString(name);
   w.put(heads).put<uint8_t>(is_video ? 1 : 0).put(patch_t).put(patch_s).put(vae_stride_s).put(vae_stride_t);
   w.put<uint8_t>(two_experts ? 1 : 0);
+  w.put(cache_kinds);
   w.put(defaults.height).put(defaults.width).put(defaults.num_frames).put(defaults.num_steps);
   w.put(defaults.guidance_scale);
   return w.take();
@@ -111,6 +122,7 @@ ModelInfo ModelInfo::decode(const std::string& bytes) {
   m.vae_stride_s = r.get<int32_t>();
   m.vae_stride_t = r.get<int32_t>();
   m.two_experts = r.get<uint8_t>() != 0;
+  m.cache_kinds = r.get<uint32_t>();
   m.defaults.height = r.get<int32_t>();
   m.defaults.width = r.get<int32_t>();
   m.defaults.num_frames = r.get<int32_t>();
@@ -123,7 +135,7 @@ ModelInfo ModelInfo::decode(const std::string& bytes) {
 bool ModelInfo::operator==(const ModelInfo& o) const {
   return name == o.name && heads == o.heads && is_video == o.is_video && patch_t == o.patch_t && patch_s == o.patch_s &&
          vae_stride_s == o.vae_stride_s && vae_stride_t == o.vae_stride_t && two_experts == o.two_experts &&
-         defaults.height == o.defaults.height && defaults.width == o.defaults.width &&
+         cache_kinds == o.cache_kinds && defaults.height == o.defaults.height && defaults.width == o.defaults.width &&
          defaults.num_frames == o.defaults.num_frames && defaults.num_steps == o.defaults.num_steps &&
          defaults.guidance_scale == o.defaults.guidance_scale;
 }
@@ -163,6 +175,28 @@ BatchMembers BatchMembers::decode(const std::string& bytes) {
   for (uint32_t i = 0; i < n; ++i) {
     b.request_ids.push_back(r.get<uint64_t>());
     b.step_begins.push_back(r.get<int32_t>());
+  }
+  r.end();
+  return b;
+}
+
+std::string BatchCacheCounts::encode() const {
+  GFDIT_CHECK_CODE(kInternal, cached_steps.size() == cached_passes.size() && cached_steps.size() < kMaxBatch)
+      << "cache counts of " << cached_steps.size() << " and " << cached_passes.size() << " requests";
+  wire::Writer w(kCacheCountsTag);
+  w.put(static_cast<uint32_t>(cached_steps.size()));
+  for (size_t i = 0; i < cached_steps.size(); ++i) w.put(cached_steps[i]).put(cached_passes[i]);
+  return w.take();
+}
+
+BatchCacheCounts BatchCacheCounts::decode(const std::string& bytes) {
+  wire::Reader r(bytes, kCacheCountsTag, "a batch's step cache counts");
+  BatchCacheCounts b;
+  uint32_t n = r.get<uint32_t>();
+  GFDIT_CHECK_CODE(kInternal, n < static_cast<uint32_t>(kMaxBatch)) << "cache counts of " << n << " requests";
+  for (uint32_t i = 0; i < n; ++i) {
+    b.cached_steps.push_back(r.get<int32_t>());
+    b.cached_passes.push_back(r.get<int32_t>());
   }
   r.end();
   return b;

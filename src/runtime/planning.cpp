@@ -138,9 +138,37 @@ RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape,
     c.step_s[d] = kInf;
     c.layout[d] = plainLayout(d, cost.model().heads);
   }
+  // see NOTE [step caches]: the cache's expected share of the steps past the warm-up, from the model's skip curve
+  c.cache = shape.cache;
+  c.num_steps = shape.num_steps;
+  const int32_t eligible = shape.cache.eligibleSteps(0, shape.num_steps, shape.num_steps);
+  if (shape.cache.on()) {
+    c.cache_share = cachedShare(cost.skipRate(shape.cache.kind, shape.cache.threshold), shape.cache.max_skip);
+  }
+  for (int d = 0; d <= kMaxRanks; ++d) c.full_step_s[d] = c.cached_step_s[d] = kInf;
   for (int d = 1; d <= top; ++d) {
     const int nodes = (d + ranks_per_node - 1) / ranks_per_node;
-    c.layout[d] = bestLayout(cost, shape, d, nodes, c.max_ulysses, family, &c.step_s[d]);
+    double full = kInf;
+    c.layout[d] = bestLayout(cost, shape, d, nodes, c.max_ulysses, family, &full);
+    double cached = full;
+    if (shape.cache.on() && std::isfinite(full)) {
+      cost::StageQuery q;
+      q.shape = shape;
+      q.degree = d;
+      q.layout = c.layout[d];
+      q.num_nodes = std::min(nodes, d);
+      q.cached = shape.cache.kind;
+      try {
+        cached = std::min(full, cost.seconds(cost::Stage::kDenoise, q));
+      } catch (const Error&) {
+        cached = full;  // a model that cannot price it: no gain assumed
+      }
+    }
+    c.full_step_s[d] = full;
+    c.cached_step_s[d] = cached;
+    c.step_s[d] = std::isfinite(full) && shape.num_steps > 0
+                      ? full - (full - cached) * c.cache_share * eligible / shape.num_steps
+                      : full;
     if (std::isfinite(c.step_s[d])) c.known = true;
   }
   c.encode_s = stageQuery(cost, cost::Stage::kEncode, shape, 1, 0);
@@ -167,7 +195,8 @@ RequestCost predictCosts(const cost::CostModel& cost, const RequestShape& shape,
 int maxUlyssesDegree(int heads) { return std::max(1, std::min(heads, kMaxRanks)); }
 
 bool sameBatchShape(const RequestShape& a, const RequestShape& b) {
-  return a.height == b.height && a.width == b.width && a.num_frames == b.num_frames && a.guidance() == b.guidance();
+  return a.height == b.height && a.width == b.width && a.num_frames == b.num_frames && a.guidance() == b.guidance() &&
+         a.cache.kind == b.cache.kind;
 }
 
 namespace {

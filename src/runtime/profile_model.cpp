@@ -31,6 +31,10 @@ namespace {
 // - kDecode depends on its degree (patch-parallel over the group, NOTE [decode by degree] in cost.cpp) but not on
 //   the transformer's layout, so its entries are grouped by degree alone; guidance does not change a decode, so
 //   either guidance's entries serve. A degree never measured is refused, as for a step.
+// - kDenoise of a step that reuses a step cache (StageQuery::cached): the full step's answer times the share
+//   `gfdit profile` measured for that kind (Profile::fbcache_step_ratio, teacache_step_ratio), or else
+//   cachedStepFraction's share of the model's blocks. kGather: the cache's bytes at the per-byte rate of the
+//   measured migration of the state to one new member.
 // - kEncode does not depend on tokens: the mean of the entries of that degree and batch (same guidance
 //   preferred), or of the nearest measured degree (every member encodes alone; only contention for cores
 //   changes).
@@ -95,7 +99,22 @@ class ProfiledCostModel : public CostModel {
       case Stage::kDenoise: {
         const Series* s = find(keyOf(stage, q.degree, l.ulysses, l.ring, l.mode, l.cfg, g, 0));
         if (s == nullptr) refuseLayout(stage, q, tokens);
-        return inTokensAndBatch(*s, stage, q, tokens);
+        const double full = inTokensAndBatch(*s, stage, q, tokens);
+        if (q.cached == CacheKind::kNone) return full;
+        // see NOTE [profile interpolation]: a step that reuses the cache, as a measured share of a full one
+        const double measured =
+            q.cached == CacheKind::kFbCache ? profile_.fbcache_step_ratio : profile_.teacache_step_ratio;
+        return full * (measured > 0 ? measured : cachedStepFraction(model_, q.cached));
+      }
+      case Stage::kGather: {
+        // see NOTE [profile interpolation]: the cache's bytes at the rate the state's migration was measured at
+        const double cache = cacheBytes(model_, q.shape, 4);
+        if (cache <= 0 || q.degree < 2) return 0.0;
+        StageQuery m = q;
+        m.num_new = 1;
+        m.shape.cache = CacheSpec();
+        const double per_byte = seconds(Stage::kMigrate, m) / stateBytes(model_, m.shape, 4);
+        return per_byte * cache * (q.degree - 1) / q.degree;
       }
       case Stage::kDecode: {
         const Series* s = find(keyOf(stage, q.degree, 1, 1, LayoutMode::kUsp, 1, g, 0));
@@ -117,7 +136,10 @@ class ProfiledCostModel : public CostModel {
           }
         }
         if (best == nullptr) refuseLayout(stage, q, tokens);
-        return inTokensAndBatch(*best, stage, q, tokens);
+        const double state = inTokensAndBatch(*best, stage, q, tokens);
+        // a step cache travels with the state: its bytes at the rate the state's were measured at
+        const double cache = cacheBytes(model_, q.shape, 4);
+        return cache > 0 ? state * (1.0 + cache / stateBytes(model_, q.shape, 4)) : state;
       }
     }
     return 0.0;
@@ -133,6 +155,12 @@ class ProfiledCostModel : public CostModel {
   const ModelArch& model() const override { return model_; }
   int32_t sharedCores() const override { return profile_.num_cores; }
   int32_t maxBatch(const StageQuery&) const override { return max_batch_; }  // the largest measured
+  SkipCurve skipCurve(CacheKind kind) const override {
+    for (const SkipCurve& c : profile_.skip_curves) {
+      if (c.kind == kind && !c.empty()) return c;
+    }
+    return CostModel::skipCurve(kind);
+  }
 
  private:
   const Series* find(const Key& key) const {

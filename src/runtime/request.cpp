@@ -25,6 +25,16 @@ double RequestCost::stepSeconds(int degree) const {
   return degree >= 1 && degree <= kMaxRanks ? step_s[degree] : std::numeric_limits<double>::infinity();
 }
 
+double RequestCost::stepsSeconds(int degree, int32_t from, int32_t count) const {
+  if (count <= 0) return 0;
+  const double mean = stepSeconds(degree);
+  if (!cache.on() || !std::isfinite(mean)) return count * mean;
+  const double full = full_step_s[degree];
+  const double cached = cached_step_s[degree];
+  const int32_t eligible = cache.eligibleSteps(from, count, num_steps);
+  return count * full - eligible * cache_share * (full - cached);
+}
+
 const Layout& RequestCost::layoutFor(int degree) const { return layout[std::min(std::max(1, degree), kMaxRanks)]; }
 
 double RequestCost::decodeSeconds(int degree) const {
@@ -43,7 +53,7 @@ int32_t RequestCost::decodeDegree(int at_most) const {
 double RequestRecord::remainingSeconds(int degree) const {
   if (!cost.known) return 0;
   // the decode splits over holders of the state, so over at most the steps' degree (ControlPlane::dispatchDecode)
-  double s = stepsLeft() * cost.stepSeconds(degree) + cost.decodeSeconds(cost.decodeDegree(degree));
+  double s = cost.stepsSeconds(degree, step, stepsLeft()) + cost.decodeSeconds(cost.decodeDegree(degree));
   if (state == RequestState::kQueued) s += cost.encode_s;
   return s;
 }

@@ -11,6 +11,11 @@
 // is not running; `gfdit profile` measures the factor with two groups at once). A task's work is its time alone times
 // the rate it had alone. Completions reach the control plane `completion_s` after the task ends. Everything is
 // deterministic.
+// A request with a step cache (NOTE [step caches] in gfdit/step_cache.h): each pass of each of its steps past the
+// warm-up reuses the cache with the probability the cost model's skip curve gives at its threshold, drawn from a
+// hash of (SimOptions::cache_seed, request, step, pass), at most max_skip in a row; a step then takes the full
+// step's time less the share of its passes that reused the cache times (full - cached step). A batched step draws
+// for its first request and prices the whole batch so. A GATHER is a collective of the cost model's time.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -31,8 +36,29 @@ namespace {
 
 constexpr double kNs = 1e9;
 
+// A uniform number in [0, 1) from four integers (splitmix64's finaliser over their mix): the same on every
+// platform, unlike the standard library's distributions.
+double uniform(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^
+               (c + 1) * 0x94D049BB133111EBull ^ (d + 7) * 0xD6E8FEB86659FD93ull;
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// A request's step cache as the simulator draws it: its skip probability and each pass's run of cached steps.
+struct SimCache {
+  double p = 0;
+  int32_t run[2] = {0, 0};
+};
+
 struct SimTask {
   TaskDescriptor d;
+  int32_t cached_steps = 0;
+  int32_t cached_passes = 0;
   std::vector<int> members;
   int64_t ready_ns = 0;
   double work_ns = 0;  // left, at rate 1
@@ -61,22 +87,33 @@ class SimExecutor : public Executor {
     regroup_ns_ = (opt.regroup_s >= 0 ? opt.regroup_s : cluster.hw.regroup_s) * kNs;
   }
 
-  void addRequest(uint64_t id, const RequestShape& shape) { shapes_[id] = shape; }
+  uint64_t cachedPasses() const { return cached_passes_; }
+  uint64_t passes() const { return passes_; }
+
+  void addRequest(uint64_t id, const RequestShape& shape) {
+    shapes_[id] = shape;
+    if (shape.cache.on()) caches_[id].p = cost_.skipRate(shape.cache.kind, shape.cache.threshold);
+  }
 
   void dispatch(const TaskDescriptor& d, const std::vector<int>& workers, const std::string&) override {
-    const double alone = duration(d) * kNs;
+    int32_t cached_steps = 0;
+    int32_t cached_passes = 0;
+    const double alone = duration(d, &cached_steps, &cached_passes) * kNs;
     const TaskKind kind = static_cast<TaskKind>(d.kind);
     if (kind == TaskKind::kDenoise || kind == TaskKind::kMigrate || kind == TaskKind::kReinit ||
-        kind == TaskKind::kDecode) {
-      queue(d, workers, alone);  // collectives: every member at once
+        kind == TaskKind::kDecode || kind == TaskKind::kGather) {
+      queue(d, workers, alone, cached_steps, cached_passes);  // collectives: every member at once
     } else {
       for (int w : workers) queue(d, {w}, alone);  // each member on its own (encode, free)
     }
   }
 
-  void queue(const TaskDescriptor& d, const std::vector<int>& members, double alone_ns) {
+  void queue(const TaskDescriptor& d, const std::vector<int>& members, double alone_ns, int32_t cached_steps = 0,
+             int32_t cached_passes = 0) {
     auto t = std::make_unique<SimTask>();
     t->d = d;
+    t->cached_steps = cached_steps;
+    t->cached_passes = cached_passes;
     t->members = members;
     t->ready_ns = clock_.nowNs() + static_cast<int64_t>(opt_.dispatch_s * kNs);
     t->work_ns = alone_ns * rateFor(static_cast<int>(members.size()), static_cast<double>(members.size()));
@@ -168,7 +205,7 @@ class SimExecutor : public Executor {
     return std::max<int>(1, static_cast<int>(nodes.size()));
   }
 
-  double duration(const TaskDescriptor& d) {
+  double duration(const TaskDescriptor& d, int32_t* cached_steps, int32_t* cached_passes) {
     TaskKind kind = static_cast<TaskKind>(d.kind);
     if (kind == TaskKind::kFree || kind == TaskKind::kReinit || kind == TaskKind::kShutdown) return 0;
     auto it = shapes_.find(d.request_id);
@@ -187,7 +224,39 @@ class SimExecutor : public Executor {
         q.layout.ulysses = d.num_ranks;
         s = cost_.seconds(cost::Stage::kEncode, q);
         break;
-      case TaskKind::kDenoise: s = d.num_steps * cost_.seconds(cost::Stage::kDenoise, q) + regroup(ranks); break;
+      case TaskKind::kDenoise: {
+        const double full = cost_.seconds(cost::Stage::kDenoise, q);
+        s = d.num_steps * full + regroup(ranks);
+        auto c = caches_.find(d.request_id);
+        if (c == caches_.end()) break;
+        // see NOTE [simulated execution]: the cached passes of each step, drawn
+        q.cached = q.shape.cache.kind;
+        const double cached = std::min(full, cost_.seconds(cost::Stage::kDenoise, q));
+        const int32_t passes = q.shape.guidance() ? 2 : 1;
+        for (int32_t k = d.step_begin; k < d.step_begin + d.num_steps; ++k) {
+          int32_t hit = 0;
+          for (int32_t pass = 0; pass < passes; ++pass) {
+            int32_t& run = c->second.run[pass];
+            const bool may = !q.shape.cache.alwaysFull(k, q.shape.num_steps) &&
+                             (q.shape.cache.max_skip < 0 || run < q.shape.cache.max_skip);
+            const bool reuse = may && uniform(opt_.cache_seed, d.request_id, static_cast<uint64_t>(k),
+                                              static_cast<uint64_t>(pass)) < c->second.p;
+            run = reuse ? run + 1 : 0;
+            hit += reuse ? 1 : 0;
+          }
+          s -= (full - cached) * hit / passes;
+          *cached_passes += hit;
+          *cached_steps += hit == passes ? 1 : 0;
+          cached_passes_ += hit;
+          passes_ += passes;
+        }
+        break;
+      }
+      case TaskKind::kGather:
+        q.layout = Layout();
+        q.layout.ulysses = d.num_ranks;
+        s = cost_.seconds(cost::Stage::kGather, q);
+        break;
       case TaskKind::kMigrate:
         q.layout = Layout();
         q.layout.ulysses = d.num_ranks;
@@ -261,7 +330,11 @@ class SimExecutor : public Executor {
       c.start_ns = t->start_ns;
       c.end_ns = now;
       c.post_ns = now;
-      if (kind == TaskKind::kDenoise) c.step_end = t->d.step_begin + t->d.num_steps;
+      if (kind == TaskKind::kDenoise) {
+        c.step_end = t->d.step_begin + t->d.num_steps;
+        c.cached_steps = t->cached_steps;
+        c.cached_passes = t->cached_passes;
+      }
       if (kind == TaskKind::kMigrate) c.step_end = t->d.step_begin;
       if (kind == TaskKind::kEncode) c.step_end = 0;
       del.completions.push_back(c);
@@ -286,6 +359,9 @@ class SimExecutor : public Executor {
   std::vector<int> dirty_;
   std::unordered_map<SimTask*, std::unique_ptr<SimTask>> tasks_;
   std::unordered_map<uint64_t, RequestShape> shapes_;
+  std::unordered_map<uint64_t, SimCache> caches_;  // the requests with a step cache
+  uint64_t cached_passes_ = 0;
+  uint64_t passes_ = 0;
   std::unordered_set<uint64_t> seen_groups_;
   std::priority_queue<Delivery, std::vector<Delivery>, std::greater<Delivery>> deliveries_;
   std::priority_queue<int64_t, std::vector<int64_t>, std::greater<int64_t>> wakes_;
@@ -395,6 +471,8 @@ SimResult Simulator::run(const std::vector<SimRequest>& requests) {
   res.busy_rank_s = exec.busyRankNs() / kNs;
   res.intervals = std::move(exec.intervals());
   res.num_tasks = exec.numTasks();
+  res.cached_passes = exec.cachedPasses();
+  res.cache_passes = exec.passes();
   res.stats = plane.stats();
   res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return res;

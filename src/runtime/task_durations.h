@@ -71,7 +71,7 @@ class TaskDurations {
     double per_step_ns = 0;  ///< per step for denoise, per task for every other kind
     uint64_t measured = 0;   ///< when it was last measured (a count of records)
   };
-  static constexpr int kNumKinds = 8;  ///< TaskKind values are 1 .. 7
+  static constexpr int kNumKinds = 9;  ///< TaskKind values are 1 .. 8
 
   std::unordered_map<TaskKey, Entry, KeyHash> by_key_;
   double last_per_step_ns_[kNumKinds] = {};  ///< the most recent measurement of each kind

@@ -7,11 +7,13 @@
 //   (or, failed, the reason); the engine checks requests against it (EngineLoop::awaitWorkers).
 // - Tasks it answers by itself, without the model: a probe (a FREE of request 0: an empty round trip that
 //   the engine times) completes at once; a denoise task for a state this worker does not hold at the task's
-//   first step (for a batch: any member's, at its own first step), and a decode of a state it does not hold, fail
-//   with kStateLost (the control plane then
-//   recovers from a holder); a denoise or migrate task while the collectives world is broken (a collective
-//   failed and no REINIT has re-created the world yet) fails with kCommError at once instead of blocking on
-//   peers that are gone.
+//   first step (for a batch: any member's, at its own first step), and a decode or a gather of a state it does not
+//   hold, fail with kStateLost (the control plane then recovers from a holder); a denoise, migrate or gather task
+//   while the collectives world is broken (a collective failed and no REINIT has re-created the world yet) fails
+//   with kCommError at once instead of blocking on peers that are gone.
+// - Step cache counts. progress() adds up how many steps and passes of the task in progress reused the request's
+//   step cache; a denoise task's completion reports them (a batch's other requests' in its payload:
+//   BatchCacheCounts).
 // - What it holds. The loop knows the step of every state the worker holds (progress(), an encode's
 //   completion, a free), and every completion reports it as step_end (-1: none), so that after a failure the
 //   control plane resumes from the most advanced copy (NOTE [holders] in src/runtime/control.cpp).
@@ -31,6 +33,7 @@
 #include <chrono>
 #include <cmath>
 #include <sstream>
+#include <tuple>
 
 #include "gfdit/clock.h"
 #include "gfdit/outputs.h"
@@ -109,14 +112,21 @@ int32_t WorkerLoop::heldStep(uint64_t request_id) const {
   return it == held_.end() ? -1 : it->second;
 }
 
-void WorkerLoop::progress(uint64_t request_id, int32_t step) { held_[request_id] = step; }
+void WorkerLoop::progress(uint64_t request_id, int32_t step, int32_t cached_steps, int32_t cached_passes) {
+  held_[request_id] = step;
+  if (cached_steps != 0 || cached_passes != 0) {
+    auto& c = cached_[request_id];
+    c.first += cached_steps;
+    c.second += cached_passes;
+  }
+}
 
 std::optional<std::string> WorkerLoop::refusal(const WorkerTask& t, TaskError* error) const {
-  if (broken_ && (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate)) {
+  if (broken_ && (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate || t.kind == TaskKind::kGather)) {
     *error = TaskError::kCommError;
     return std::string("RemoteError: the collectives world is down until the engine re-creates it");
   }
-  if (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kDecode) {
+  if (t.kind == TaskKind::kDenoise || t.kind == TaskKind::kDecode || t.kind == TaskKind::kGather) {
     // every member of a batch (NOTE [batches] in src/runtime/control.cpp): the task runs all or none
     const size_t n = 1 + (t.kind == TaskKind::kDenoise ? t.batch.request_ids.size() : 0);
     for (size_t i = 0; i < n; ++i) {
@@ -207,6 +217,24 @@ void WorkerLoop::fail(const WorkerTask& t, ErrorCode code, const std::string& me
 void WorkerLoop::post(const WorkerTask& t, TaskError error, const std::string& message, const OutputRef* output) {
   std::string payload = cut(message);
   Completion c;
+  if (t.kind == TaskKind::kDenoise) {  // the step cache's counts of the task's requests (NOTE [step caches])
+    auto counts = [&](uint64_t id) {
+      auto it = cached_.find(id);
+      std::pair<int32_t, int32_t> v = it == cached_.end() ? std::make_pair(0, 0) : it->second;
+      if (it != cached_.end()) cached_.erase(it);
+      return v;
+    };
+    std::tie(c.cached_steps, c.cached_passes) = counts(t.request_id);
+    if (!t.batch.request_ids.empty()) {
+      BatchCacheCounts riders;
+      for (uint64_t id : t.batch.request_ids) {
+        auto v = counts(id);
+        riders.cached_steps.push_back(v.first);
+        riders.cached_passes.push_back(v.second);
+      }
+      if (error == TaskError::kOk) payload = riders.encode();
+    }
+  }
   c.task_id = t.task_id;
   c.request_id = t.request_id;
   c.kind = static_cast<uint32_t>(t.kind);
@@ -219,10 +247,10 @@ void WorkerLoop::post(const WorkerTask& t, TaskError error, const std::string& m
   if (output != nullptr) c.output = *output;
   c.payload_bytes = static_cast<uint32_t>(payload.size());
   // see NOTE [quiet completions] in src/runtime/rings.cpp
-  bool quiet =
-      c.ok() && ((t.kind == TaskKind::kFree && t.request_id != 0) ||
-                 ((t.kind == TaskKind::kEncode || t.kind == TaskKind::kDenoise || t.kind == TaskKind::kMigrate) &&
-                  queues_->pendingTasks(worker_) >= kQuietWhenQueued));
+  bool quiet = c.ok() && ((t.kind == TaskKind::kFree && t.request_id != 0) ||
+                          ((t.kind == TaskKind::kEncode || t.kind == TaskKind::kDenoise ||
+                            t.kind == TaskKind::kMigrate || t.kind == TaskKind::kGather) &&
+                           queues_->pendingTasks(worker_) >= kQuietWhenQueued));
   c.post_ns = nowNs();
   GFDIT_CHECK_CODE(kTimeout, queues_->pushCompletion(worker_, c, kPostTimeout, !quiet, payload))
       << "worker " << worker_ << ": the control plane did not take a completion within 30 s";

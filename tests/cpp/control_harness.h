@@ -7,13 +7,18 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+
+#include <gtest/gtest.h>
 #include <map>
 #include <string>
 #include <vector>
 
+#include <functional>
+
 #include "gfdit/clock.h"
 #include "gfdit/control.h"
 #include "gfdit/cost.h"
+#include "gfdit/error.h"
 #include "gfdit/executor.h"
 #include "gfdit/limits.h"
 #include "gfdit/messages.h"
@@ -24,6 +29,17 @@ namespace gfdit {
 namespace testing {
 
 using namespace gfdit::runtime;
+
+/// The gfdit::Error `fn` throws; a test fails when it throws none.
+inline Error errorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no gfdit::Error was thrown";
+  return Error(ErrorCode::kInternal, "none");
+}
 
 /// Records every dispatched task; the test completes them (in FIFO order per worker, as workers would).
 class ScriptExecutor : public Executor {

@@ -7,25 +7,16 @@
 #include <limits>
 #include <string>
 
+#include "control_harness.h"
 #include "gfdit/error.h"
 #include "gfdit/limits.h"
 #include "gfdit/messages.h"
 
 using namespace gfdit;
 using namespace gfdit::runtime;
+using gfdit::testing::errorOf;
 
 namespace {
-
-// The error `fn` throws (it must throw one).
-Error errorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no gfdit::Error was thrown";
-  return Error(ErrorCode::kInternal, "none");
-}
 
 GenerationRequest full() {
   GenerationRequest q;

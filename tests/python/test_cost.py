@@ -368,10 +368,11 @@ def test_stage_and_mode_names() -> None:
         "denoise": C.Stage.DENOISE,
         "migrate": C.Stage.MIGRATE,
         "decode": C.Stage.DECODE,
+        "gather": C.Stage.GATHER,
     }
     assert [C.stage_from_name(n) for n in cost.STAGES] == list(cost.STAGES.values())
     assert list(cost.MODES) == ["usp", "torus"]
-    with pytest.raises(gfdit.InvalidUsage, match="valid stages: encode, denoise, migrate, decode"):
+    with pytest.raises(gfdit.InvalidUsage, match="valid stages: encode, denoise, migrate, decode, gather"):
         C.stage_from_name("step")
 
 

@@ -18,6 +18,7 @@ __all__: list[str] = [
     "activation_bytes_per_rank",
     "analytic",
     "best_decode_degree",
+    "cached_step_fraction",
     "cluster",
     "cluster_names",
     "hardware",
@@ -27,8 +28,10 @@ __all__: list[str] = [
     "model_arch",
     "model_names",
     "profiled",
+    "published_skip_curve",
     "stage_from_name",
     "stage_name",
+    "with_skip_curves",
 ]
 
 class Cluster:
@@ -79,9 +82,19 @@ class CostModel:
         placement: typing.Any = gfdit._C.runtime.Placement.AUTO,
         cfg: typing.SupportsInt | typing.SupportsIndex = 1,
         batch: typing.SupportsInt | typing.SupportsIndex = 1,
+        cache: typing.Any = None,
+        cached: typing.Any = None,
     ) -> float:
         """
-        seconds `stage` takes for `batch` requests of this size on a group of `degree` ranks (degree = ulysses * ring * cfg for a step; cfg 2: CFG-parallel; mode and placement: the enum or its name)
+        seconds `stage` takes for `batch` requests of this size on a group of `degree` ranks (degree = ulysses * ring * cfg for a step; cfg 2: CFG-parallel; mode and placement: the enum or its name). cache: the requests' step cache (a CacheSpec, its text or None: what a migration or a gather moves); cached: a step whose passes all reuse this kind of cache (a CacheKind or its name; None: a full step)
+        """
+    def skip_curve(self, kind: typing.Any) -> gfdit._C.runtime.SkipCurve:
+        """
+        how often a pass past its warm-up reuses a step cache of `kind`, by threshold
+        """
+    def skip_rate(self, kind: typing.Any, threshold: typing.SupportsFloat | typing.SupportsIndex) -> float:
+        """
+        skip_curve(kind).at(threshold)
         """
     @property
     def model(self) -> ModelArch:
@@ -263,9 +276,30 @@ class Profile:
     @entries.setter
     def entries(self, arg0: collections.abc.Sequence[ProfileEntry]) -> None: ...
     @property
+    def fbcache_step_ratio(self) -> float:
+        """
+        a step whose passes all reuse fbcache over a full step (0: not measured)
+        """
+    @fbcache_step_ratio.setter
+    def fbcache_step_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
     def num_cores(self) -> int: ...
     @num_cores.setter
     def num_cores(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def skip_curves(self) -> list[gfdit._C.runtime.SkipCurve]:
+        """
+        measured skip curves of the step caches, at most one per kind (a list)
+        """
+    @skip_curves.setter
+    def skip_curves(self, arg0: collections.abc.Sequence[gfdit._C.runtime.SkipCurve]) -> None: ...
+    @property
+    def teacache_step_ratio(self) -> float:
+        """
+        a step whose passes all reuse teacache over a full step (0: not measured)
+        """
+    @teacache_step_ratio.setter
+    def teacache_step_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
     @property
     def world_size(self) -> int: ...
     @world_size.setter
@@ -382,15 +416,18 @@ class Stage:
       MIGRATE
 
       DECODE
+
+      GATHER
     """
 
     DECODE: typing.ClassVar[Stage]  # value = <Stage.DECODE: 3>
     DENOISE: typing.ClassVar[Stage]  # value = <Stage.DENOISE: 1>
     ENCODE: typing.ClassVar[Stage]  # value = <Stage.ENCODE: 0>
+    GATHER: typing.ClassVar[Stage]  # value = <Stage.GATHER: 4>
     MIGRATE: typing.ClassVar[Stage]  # value = <Stage.MIGRATE: 2>
     __members__: typing.ClassVar[
         dict[str, Stage]
-    ]  # value = {'ENCODE': <Stage.ENCODE: 0>, 'DENOISE': <Stage.DENOISE: 1>, 'MIGRATE': <Stage.MIGRATE: 2>, 'DECODE': <Stage.DECODE: 3>}
+    ]  # value = {'ENCODE': <Stage.ENCODE: 0>, 'DENOISE': <Stage.DENOISE: 1>, 'MIGRATE': <Stage.MIGRATE: 2>, 'DECODE': <Stage.DECODE: 3>, 'GATHER': <Stage.GATHER: 4>}
     @typing.overload
     def __eq__(self, other: Stage) -> bool: ...
     @typing.overload
@@ -452,6 +489,11 @@ def best_decode_degree(
     the decode degree in [1, max_degree] (at most the latent's rows) with the fewest predicted seconds; degrees the model refuses are skipped
     """
 
+def cached_step_fraction(model: ModelArch, kind: typing.Any) -> float:
+    """
+    the share of a full step a step whose passes all reuse a cache takes, from the model's blocks alone
+    """
+
 def cluster(name: str, num_ranks: typing.SupportsInt | typing.SupportsIndex = 0) -> Cluster:
     """
     a known cluster; num_ranks > 0 overrides its rank count (needed for 'cpu')
@@ -506,6 +548,11 @@ def profiled(profile: Profile) -> CostModel:
     a cost model interpolating a profile's measurements
     """
 
+def published_skip_curve(model: str, kind: typing.Any) -> gfdit._C.runtime.SkipCurve:
+    """
+    the skip curve published for a model (empty where none is)
+    """
+
 def stage_from_name(name: str) -> Stage:
     """
     the stage of a name; others raise InvalidUsage listing the valid ones
@@ -513,5 +560,12 @@ def stage_from_name(name: str) -> Stage:
 
 def stage_name(stage: Stage) -> str:
     """
-    name of a stage: encode, denoise, migrate, decode
+    name of a stage: encode, denoise, migrate, decode, gather
+    """
+
+def with_skip_curves(
+    model: CostModel, curves: collections.abc.Sequence[gfdit._C.runtime.SkipCurve]
+) -> CostModel:
+    """
+    `model` with other skip curves (a list of SkipCurve, one per kind): a what-if for a model without one
     """

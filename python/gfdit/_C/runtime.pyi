@@ -9,6 +9,8 @@ import gfdit._C.cost
 import typing
 
 __all__: list[str] = [
+    "CacheKind",
+    "CacheSpec",
     "Decision",
     "EngineLoop",
     "GenerationRequest",
@@ -35,6 +37,7 @@ __all__: list[str] = [
     "SimRequest",
     "SimResult",
     "Simulator",
+    "SkipCurve",
     "StageRecord",
     "TaskError",
     "TaskKind",
@@ -42,6 +45,9 @@ __all__: list[str] = [
     "WorkerLoop",
     "WorkerTask",
     "best_layout",
+    "cache_kind_from_name",
+    "cache_kind_name",
+    "cached_share",
     "check_request",
     "discard_output",
     "layout_mode_from_name",
@@ -59,6 +65,109 @@ __all__: list[str] = [
     "unlink_outputs",
     "world_shm_prefix",
 ]
+
+class CacheKind:
+    """
+    which step cache a request uses
+
+    Members:
+
+      NONE
+
+      FBCACHE
+
+      TEACACHE
+    """
+
+    FBCACHE: typing.ClassVar[CacheKind]  # value = <CacheKind.FBCACHE: 1>
+    NONE: typing.ClassVar[CacheKind]  # value = <CacheKind.NONE: 0>
+    TEACACHE: typing.ClassVar[CacheKind]  # value = <CacheKind.TEACACHE: 2>
+    __members__: typing.ClassVar[
+        dict[str, CacheKind]
+    ]  # value = {'NONE': <CacheKind.NONE: 0>, 'FBCACHE': <CacheKind.FBCACHE: 1>, 'TEACACHE': <CacheKind.TEACACHE: 2>}
+    @typing.overload
+    def __eq__(self, other: CacheKind) -> bool: ...
+    @typing.overload
+    def __eq__(self, other: typing.Any) -> bool: ...
+    def __getstate__(self) -> int: ...
+    def __hash__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __init__(self, value: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def __int__(self) -> int: ...
+    @typing.overload
+    def __ne__(self, other: CacheKind) -> bool: ...
+    @typing.overload
+    def __ne__(self, other: typing.Any) -> bool: ...
+    def __repr__(self) -> str: ...
+    def __setstate__(self, state: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def __str__(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
+
+class CacheSpec:
+    """
+    a request's step cache and its settings
+    """
+
+    __hash__: typing.ClassVar[None] = None
+    @staticmethod
+    def defaults(kind: CacheKind) -> CacheSpec:
+        """
+        The published defaults of a kind.
+        """
+    @staticmethod
+    def parse(text: str) -> CacheSpec:
+        """
+        Reads 'kind[:threshold][,warmup=N][,max_skip=M]' ('' or 'none': off); bad text raises InvalidUsage naming cache.
+        """
+    def __eq__(self, arg0: CacheSpec) -> bool: ...
+    def __getstate__(self) -> str: ...
+    def __init__(
+        self,
+        kind: typing.Any = CacheKind.NONE,
+        threshold: typing.SupportsFloat | typing.SupportsIndex | None = None,
+        warmup: typing.SupportsInt | typing.SupportsIndex | None = None,
+        max_skip: typing.SupportsInt | typing.SupportsIndex | None = None,
+    ) -> None:
+        """
+        kind: a CacheKind or its name; unset settings take the kind's defaults; bad values raise InvalidUsage naming cache
+        """
+    def __repr__(self) -> str: ...
+    def __setstate__(self, arg0: str) -> None: ...
+    def __str__(self) -> str: ...
+    def always_full(
+        self,
+        step: typing.SupportsInt | typing.SupportsIndex,
+        num_steps: typing.SupportsInt | typing.SupportsIndex,
+    ) -> bool:
+        """
+        Whether step `step` of `num_steps` always runs in full (warm-up; teacache's last step).
+        """
+    def on(self) -> bool:
+        """
+        Whether a cache is on.
+        """
+    @property
+    def cache_kind(self) -> CacheKind:
+        """
+        the kind as a CacheKind
+        """
+    @property
+    def kind(self) -> str:
+        """
+        "none", "fbcache" or "teacache"
+        """
+    @property
+    def max_skip(self) -> int:
+        """
+        -1: no limit
+        """
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def warmup(self) -> int: ...
 
 class Decision:
     dispatch_ahead: bool
@@ -210,9 +319,15 @@ class GenerationRequest:
         seed: typing.Any = 0,
         priority: typing.Any = 0,
         deadline_s: typing.Any = None,
+        cache: typing.Any = None,
     ) -> None:
         """
-        Each field is checked for its type here (gfdit.InvalidUsage naming it); its value at submit.
+        Each field is checked for its type here (gfdit.InvalidUsage naming it); its value at submit. cache: a CacheSpec, its text ("fbcache:0.08,warmup=8") or None.
+        """
+    @property
+    def cache(self) -> CacheSpec:
+        """
+        the step cache (a CacheSpec; kind "none" when off)
         """
     @property
     def deadline_s(self) -> float | None: ...
@@ -412,6 +527,13 @@ class ModelInfo:
     def __init__(self) -> None: ...
     def __repr__(self) -> str: ...
     @property
+    def cache_kinds(self) -> list[str]:
+        """
+        the step caches the model implements, by name ("fbcache", "teacache")
+        """
+    @cache_kinds.setter
+    def cache_kinds(self, arg1: collections.abc.Sequence[str]) -> None: ...
+    @property
     def heads(self) -> int: ...
     @heads.setter
     def heads(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
@@ -505,9 +627,17 @@ class ProbeSample:
 
 class RequestCost:
     def __repr__(self) -> str: ...
+    def cached_step_s(self, degree: typing.SupportsInt | typing.SupportsIndex) -> float:
+        """
+        Seconds of a step whose passes all reuse the step cache (the full step without one).
+        """
     def decode_at(self, degree: typing.SupportsInt | typing.SupportsIndex) -> float:
         """
         Seconds of the decode split over `degree` ranks (decode_s where that degree was not predicted).
+        """
+    def full_step_s(self, degree: typing.SupportsInt | typing.SupportsIndex) -> float:
+        """
+        Seconds of a step that computes every block.
         """
     def layout(self, degree: typing.SupportsInt | typing.SupportsIndex) -> Layout:
         """
@@ -515,7 +645,23 @@ class RequestCost:
         """
     def step_s(self, degree: typing.SupportsInt | typing.SupportsIndex) -> float:
         """
-        Seconds of one step on a group of `degree` ranks; inf where not predicted or not allowed.
+        Seconds of one step on a group of `degree` ranks, the mean over the request's steps of what its step cache is expected to leave of them; inf where not predicted or not allowed.
+        """
+    def steps_s(
+        self,
+        degree: typing.SupportsInt | typing.SupportsIndex,
+        begin: typing.SupportsInt | typing.SupportsIndex,
+        count: typing.SupportsInt | typing.SupportsIndex,
+    ) -> float:
+        """
+        Seconds of steps [begin, begin + count) on `degree` ranks: warm-up steps in full, the others the expected mix of full and cached steps (NOTE [step caches]).
+        """
+    @property
+    def cache(self) -> CacheSpec: ...
+    @property
+    def cache_share(self) -> float:
+        """
+        expected share of the steps past the warm-up that reuse the cache
         """
     @property
     def decode_degree(self) -> int: ...
@@ -550,6 +696,7 @@ class RequestLimits:
         num_frames: typing.SupportsInt | typing.SupportsIndex,
         num_steps: typing.SupportsInt | typing.SupportsIndex,
         guidance_scale: typing.SupportsFloat | typing.SupportsIndex = 1.0,
+        cache: typing.Any = None,
     ) -> int:
         """
         Checks a request; returns its tokens or raises InvalidUsage naming the field.
@@ -560,6 +707,13 @@ class RequestLimits:
         arg1: typing.SupportsInt | typing.SupportsIndex,
         arg2: typing.SupportsInt | typing.SupportsIndex,
     ) -> int: ...
+    @property
+    def cache_kinds(self) -> int:
+        """
+        the step caches the model implements, as bits
+        """
+    @cache_kinds.setter
+    def cache_kinds(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
     @property
     def max_frames(self) -> int: ...
     @max_frames.setter
@@ -631,6 +785,11 @@ class RequestRecord:
     def batch_size(self) -> int: ...
     @property
     def busy(self) -> bool: ...
+    @property
+    def cache(self) -> CacheSpec:
+        """
+        its step cache (a CacheSpec)
+        """
     @property
     def cost(self) -> RequestCost: ...
     @property
@@ -792,6 +951,7 @@ class SimRequest:
         guidance_scale: typing.SupportsFloat | typing.SupportsIndex | None = None,
         deadline_s: typing.SupportsFloat | typing.SupportsIndex | None = None,
         priority: typing.SupportsInt | typing.SupportsIndex = 0,
+        cache: typing.Any = None,
     ) -> None: ...
     @property
     def arrival_s(self) -> float: ...
@@ -801,6 +961,16 @@ class SimRequest:
 class SimResult:
     @property
     def busy_rank_s(self) -> float: ...
+    @property
+    def cache_passes(self) -> int:
+        """
+        passes of the steps of requests with a step cache
+        """
+    @property
+    def cached_passes(self) -> int:
+        """
+        those of them that reused it (drawn)
+        """
     @property
     def intervals(self) -> list: ...
     @property
@@ -831,14 +1001,49 @@ class Simulator:
         lookahead: bool = True,
         collective_efficiency: typing.SupportsFloat | typing.SupportsIndex = 1.0,
         regroup_every_change: bool = False,
+        cache_seed: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> None: ...
     def run(self, requests: collections.abc.Sequence[SimRequest]) -> SimResult: ...
+
+class SkipCurve:
+    """
+    how often a pass past its warm-up reuses a step cache, by threshold
+    """
+    def __init__(
+        self,
+        kind: typing.Any,
+        points: collections.abc.Sequence[
+            tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]
+        ],
+        source: str = "",
+    ) -> None: ...
+    def __repr__(self) -> str: ...
+    def at(self, threshold: typing.SupportsFloat | typing.SupportsIndex) -> float:
+        """
+        The probability at `threshold`.
+        """
+    @property
+    def kind(self) -> CacheKind: ...
+    @property
+    def points(self) -> list[tuple[float, float]]: ...
+    @property
+    def source(self) -> str: ...
 
 class StageRecord:
     @property
     def batch(self) -> int:
         """
         requests the task stepped in one batched forward, this one included (NOTE [batches])
+        """
+    @property
+    def cached_passes(self) -> int:
+        """
+        transformer passes of the task that reused it
+        """
+    @property
+    def cached_steps(self) -> int:
+        """
+        steps of the task whose every pass reused the step cache (NOTE [step caches])
         """
     @property
     def dispatch_ns(self) -> int: ...
@@ -931,18 +1136,21 @@ class TaskKind:
       SHUTDOWN
 
       REINIT
+
+      GATHER
     """
 
     DECODE: typing.ClassVar[TaskKind]  # value = <TaskKind.DECODE: 4>
     DENOISE: typing.ClassVar[TaskKind]  # value = <TaskKind.DENOISE: 2>
     ENCODE: typing.ClassVar[TaskKind]  # value = <TaskKind.ENCODE: 1>
     FREE: typing.ClassVar[TaskKind]  # value = <TaskKind.FREE: 5>
+    GATHER: typing.ClassVar[TaskKind]  # value = <TaskKind.GATHER: 8>
     MIGRATE: typing.ClassVar[TaskKind]  # value = <TaskKind.MIGRATE: 3>
     REINIT: typing.ClassVar[TaskKind]  # value = <TaskKind.REINIT: 7>
     SHUTDOWN: typing.ClassVar[TaskKind]  # value = <TaskKind.SHUTDOWN: 6>
     __members__: typing.ClassVar[
         dict[str, TaskKind]
-    ]  # value = {'ENCODE': <TaskKind.ENCODE: 1>, 'DENOISE': <TaskKind.DENOISE: 2>, 'MIGRATE': <TaskKind.MIGRATE: 3>, 'DECODE': <TaskKind.DECODE: 4>, 'FREE': <TaskKind.FREE: 5>, 'SHUTDOWN': <TaskKind.SHUTDOWN: 6>, 'REINIT': <TaskKind.REINIT: 7>}
+    ]  # value = {'ENCODE': <TaskKind.ENCODE: 1>, 'DENOISE': <TaskKind.DENOISE: 2>, 'MIGRATE': <TaskKind.MIGRATE: 3>, 'DECODE': <TaskKind.DECODE: 4>, 'FREE': <TaskKind.FREE: 5>, 'SHUTDOWN': <TaskKind.SHUTDOWN: 6>, 'REINIT': <TaskKind.REINIT: 7>, 'GATHER': <TaskKind.GATHER: 8>}
     @typing.overload
     def __eq__(self, other: TaskKind) -> bool: ...
     @typing.overload
@@ -1001,6 +1209,8 @@ class WorkerLoop:
         self,
         request_id: typing.SupportsInt | typing.SupportsIndex,
         step: typing.SupportsInt | typing.SupportsIndex,
+        cached_steps: typing.SupportsInt | typing.SupportsIndex = 0,
+        cached_passes: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> None: ...
     @property
     def abort_address(self) -> int: ...
@@ -1069,6 +1279,23 @@ def best_layout(
     The fastest layout of `family` for one step on `degree` ranks over `num_nodes` nodes, and its seconds.
     """
 
+def cache_kind_from_name(name: str) -> CacheKind:
+    """
+    the kind of a name; others raise InvalidUsage naming cache
+    """
+
+def cache_kind_name(kind: CacheKind) -> str:
+    """
+    name of a cache kind: none, fbcache, teacache
+    """
+
+def cached_share(
+    p: typing.SupportsFloat | typing.SupportsIndex, max_skip: typing.SupportsInt | typing.SupportsIndex
+) -> float:
+    """
+    The long-run share of eligible steps that reuse a cache hit with probability p, at most max_skip in a row.
+    """
+
 def check_request(
     model: str,
     height: typing.SupportsInt | typing.SupportsIndex,
@@ -1076,6 +1303,7 @@ def check_request(
     num_frames: typing.SupportsInt | typing.SupportsIndex,
     num_steps: typing.SupportsInt | typing.SupportsIndex,
     guidance_scale: typing.SupportsFloat | typing.SupportsIndex = 1.0,
+    cache: typing.Any = None,
 ) -> int:
     """
     Checks a request against a known model's limits; returns its tokens or raises InvalidUsage naming the field.

@@ -13,6 +13,7 @@ from gfdit.models.sharding import SequenceShards, even_splits
 __all__ = ["ModelAdapter", "ParallelTransformer", "SequenceShards", "even_splits", "parallelize"]
 
 # Staged models (encode -> denoise steps -> decode) for the runtime; see gfdit.models.staged.
+from gfdit.models.cache import CacheConfig, StepCache, remap_cache_ranks
 from gfdit.models.loading import load
 from gfdit.models.staged import (
     Conditioning,
@@ -30,9 +31,12 @@ __all__ += [
     "DenoiseState",
     "StageDefaults",
     "StagedModel",
+    "CacheConfig",
+    "StepCache",
     "load",
     "migrate",
     "pack_state",
+    "remap_cache_ranks",
     "state_digest",
     "unpack_state",
 ]

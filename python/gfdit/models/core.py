@@ -14,6 +14,10 @@ temporary changes, undone when the call returns or raises:
    The Ulysses degree may be anything up to the number of heads (uneven heads are split by gfdit.attention).
 4. A forward hook on the output projection gathers the sequence, so the model's unpatchify and its return
    value are exactly what the plain model returns, on every member.
+5. With ``block_loop=`` (a step cache's loop, gfdit.models.cache.CachedBlocks), the model's block list is
+   replaced by that one module after 1-4, so the hooks and processors are on the real blocks it runs; it
+   returns this member's shard as the last block would, so 4 gathers it as before (gfdit.models.cache:
+   NOTE [sharded step cache]). It checks the call's arguments with the others, before any collective.
 The weights are the model's own (nothing is copied), so the plain model and the wrapper may be used in
 turns; one model runs at most one parallel call at a time. Group and spec are per call.
 All argument checks that can fail are local and depend only on arguments every member passes alike, so
@@ -44,7 +48,8 @@ class ParallelTransformer(torch.nn.Module):
     ``wrapper(*args, group=None, spec=None, **kwargs)`` takes the model's own forward arguments and returns
     what the model returns (the whole output, on every member of the group). group: a gfdit Group (None:
     the world); spec: a gfdit.ParallelSpec with ulysses * ring == len(group) (None: Ulysses over the whole
-    group). Every member of the group calls it with the same arguments. See NOTE [parallel call].
+    group). Every member of the group calls it with the same arguments. ``block_loop``: a step cache's loop
+    for this call (NOTE [parallel call], 5). See NOTE [parallel call].
     """
 
     def __init__(self, transformer: torch.nn.Module, adapter: ModelAdapter) -> None:
@@ -58,7 +63,12 @@ class ParallelTransformer(torch.nn.Module):
         return self.module.config
 
     def forward(
-        self, *args: Any, group: comm.Group | None = None, spec: ParallelSpec | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        group: comm.Group | None = None,
+        spec: ParallelSpec | None = None,
+        block_loop: Any = None,
+        **kwargs: Any,
     ) -> Any:
         world = comm.get_world()
         g = world._group(group)
@@ -69,6 +79,8 @@ class ParallelTransformer(torch.nn.Module):
             raise InvalidUsage(
                 f"gfdit.models: bad arguments for {type(self.module).__name__}.forward: {exc}"
             ) from None
+        if block_loop is not None:
+            block_loop.check(self.module, bound.arguments)
         shards = SequenceShards(world, g, spec)
         self._adapter.prepare(self.module, bound, shards)
         if self.module.__dict__.get("_gfdit_parallel_call", False):
@@ -77,6 +89,8 @@ class ParallelTransformer(torch.nn.Module):
         self.module.__dict__["_gfdit_parallel_call"] = True
         try:
             undo = self._adapter.install(self.module, shards)
+            if block_loop is not None:  # after the hooks and processors: they stay on the real blocks
+                undo.append(block_loop.install(self.module))
             out = self.module(*bound.args, **bound.kwargs)
         finally:
             for u in reversed(undo):

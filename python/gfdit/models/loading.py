@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -46,3 +47,22 @@ def load(
         model = mod.build_tiny(seed=seed)
         return model if torch.device(device).type == "cpu" else model.to(device)
     return mod.load_folder(name, path, dtype=dtype, device=device)
+
+
+def save_deep(name: str, path: str | os.PathLike, *, layers: int = 24, seed: int = 0) -> str:
+    """Writes a diffusers folder of ``name`` ("tiny-wan" or "tiny-qwen-image") whose transformer is
+    ``gfdit.models.tiny.deep_transformer(name, layers=layers, seed=seed)`` (NOTE [deep tiny models]); the
+    tokenizer, text encoder, VAE, scheduler and defaults are the tiny model's (``load(name, seed=seed)``).
+    Returns the folder, which ``gfdit.models.load(name, path)`` and ``gfdit.Engine(model=name,
+    model_path=path)`` load. Here rather than in gfdit.models.tiny: it builds whole staged models, and the
+    pipelines import tiny."""
+    from gfdit.models import tiny
+
+    transformer = tiny.deep_transformer(name, layers=layers, seed=seed)
+    path = os.fspath(path)
+    # the tiny model's folder, then its transformer folder rewritten with the deep one (same subfolder and
+    # file names, so nothing of the two-block transformer is left)
+    model: Any = load(name, seed=seed)  # a Wan or Qwen-Image staged model: both save a diffusers folder
+    model.save_pretrained(path)
+    transformer.save_pretrained(os.path.join(path, "transformer"))
+    return path

@@ -21,6 +21,7 @@ element, and the norm rescaling of true CFG is per state.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 from gfdit import comm
 from gfdit._C import InvalidUsage
 from gfdit.attention.spec import ParallelSpec
+from gfdit.models import cache as step_cache
 from gfdit.models.adapter import DiffusersModule
 from gfdit.models.staged import (
     CONFIG_FILE,
@@ -41,6 +43,7 @@ from gfdit.models.staged import (
     load_diffusers_model,
     read_json,
     sub_batches,
+    transformer_dtype,
     write_gfdit_config,
 )
 
@@ -100,6 +103,7 @@ class QwenImageStagedModel(StagedModel):
     """Qwen-Image text-to-image; see the module docstring. Output: float32 image [3, H, W] in [0, 1]."""
 
     is_video = False
+    cache_kinds = step_cache.KINDS
 
     def __init__(
         self,
@@ -225,6 +229,7 @@ class QwenImageStagedModel(StagedModel):
         guidance_scale: float | None = None,
         grid: tuple[int, int, int] | None = None,
         guidance_scale_2: float | None = None,
+        cache: Any = None,
     ) -> DenoiseState:
         if grid is None and latent.dim() == 3:
             raise InvalidUsage(
@@ -240,7 +245,16 @@ class QwenImageStagedModel(StagedModel):
             guidance_scale=guidance_scale,
             grid=grid,
             guidance_scale_2=guidance_scale_2,  # refused: one transformer
+            cache=cache,
         )
+
+    def _check_cache(self, config: step_cache.CacheConfig) -> None:
+        if getattr(self.transformer.config, "zero_cond_t", False):
+            raise InvalidUsage(
+                f"gfdit.models: {self.name} has zero_cond_t (per-token modulation); step caching "
+                f"({config.kind}) is not supported for it",
+                param="cache",
+            )
 
     def schedule(
         self, num_inference_steps: int, grid: tuple[int, int, int]
@@ -262,8 +276,15 @@ class QwenImageStagedModel(StagedModel):
     def _step_states(
         self, states: list[DenoiseState], group: comm.Group | None, spec: ParallelSpec | None
     ) -> list[DenoiseState]:
+        kinds = [step_cache.kind_of(s) for s in states]
+        if len(set(kinds)) > 1:  # one sub-batch per step cache kind (NOTE [batched step])
+            out: list[DenoiseState | None] = [None] * len(states)
+            for rows in sub_batches(kinds):
+                for i, new in zip(rows, self._step_states([states[i] for i in rows], group, spec)):
+                    out[i] = new
+            return out  # type: ignore[return-value]
         model = self.transformer
-        dev, dtype = model.device, model.dtype
+        dev, dtype = model.device, transformer_dtype(model)
         x = cat_rows([s.latent.to(dev, dtype) for s in states])
         # QwenImagePipeline: t in the latent's dtype; the schedule is on the CPU: no wait for the device
         timestep = cat_rows(
@@ -271,15 +292,20 @@ class QwenImageStagedModel(StagedModel):
         )
         _, h, w = states[0].grid  # one grid for the batch (check_batch)
         img_shapes = [[(1, h // 2, w // 2)]] * len(states)  # one per batch element
+        # the step cache's work (NOTE [step cache algorithms]); None without caching: the calls are as ever
+        cached = step_cache.CachedStep.of(states, 0, "qwen-image")
 
         def forward(
+            pass_idx: int,
             rows: list[int] | None,
             text: torch.Tensor,
             mask: torch.Tensor | None,
             g: comm.Group | None,
             s: ParallelSpec | None,
         ) -> torch.Tensor:
-            """One transformer call on the batch's rows (None: all); with a text mask the plain model's."""
+            """One transformer call of pass ``pass_idx`` on the batch's rows (None: all); with a text mask the
+            plain model's."""
+            loop = None if cached is None else cached.loop(pass_idx, rows, g)
             kwargs: dict[str, Any] = dict(
                 hidden_states=x if rows is None else x[rows],
                 timestep=timestep if rows is None else timestep[rows],
@@ -289,17 +315,17 @@ class QwenImageStagedModel(StagedModel):
                 img_shapes=img_shapes if rows is None else img_shapes[: len(rows)],
             )
             if mask is not None:  # one member: the model's own masked attention (NOTE [batched step])
-                return model(**kwargs, return_dict=False)[0]
-            return self.parallel_call(model, self.parallel, g, s, **kwargs)
+                return self.plain_call(model, loop, **kwargs)
+            return self.parallel_call(model, self.parallel, g, s, block_loop=loop, **kwargs)
 
         def velocity(
-            embeds: list[torch.Tensor], g: comm.Group | None, s: ParallelSpec | None
+            embeds: list[torch.Tensor], g: comm.Group | None, s: ParallelSpec | None, pass_idx: int
         ) -> torch.Tensor:
             # in the transformer's dtype: true CFG combines there (NOTE [state dtypes])
             embeds = [e.to(dev, dtype) for e in embeds]
             lengths = [int(e.shape[1]) for e in embeds]
             if len(set(lengths)) == 1:
-                return forward(None, cat_rows(embeds), None, g, s)
+                return forward(pass_idx, None, cat_rows(embeds), None, g, s)
             if self.one_member(g, s):
                 # padded at the end: the real tokens keep their rotary rows (the text's start after the
                 # image's), and the mask drops the padding from the joint attention's keys
@@ -309,11 +335,11 @@ class QwenImageStagedModel(StagedModel):
                 for i, e in enumerate(embeds):
                     text[i, : lengths[i]] = e[0]
                     mask[i, : lengths[i]] = True
-                return forward(None, text, mask, g, s)
+                return forward(pass_idx, None, text, mask, g, s)
             # gfdit.attention takes no mask: one sub-batch per text length
             out: torch.Tensor | None = None
             for rows in sub_batches(lengths):
-                part = forward(rows, cat_rows([embeds[i] for i in rows]), None, g, s)
+                part = forward(pass_idx, rows, cat_rows([embeds[i] for i in rows]), None, g, s)
                 if out is None:
                     out = part.new_empty((len(embeds), *part.shape[1:]))
                 out[rows] = part
@@ -322,7 +348,7 @@ class QwenImageStagedModel(StagedModel):
 
         with torch.no_grad():
             # the passes in turn, or CFG-parallel on the two halves of the group (NOTE [CFG-parallel])
-            v, v_neg = self.guided_batch_predictions(states, group, spec, velocity)
+            v, v_neg = self.guided_batch_predictions(states, group, spec, velocity, cached)
             result = []
             for i, state in enumerate(states):
                 vi = v[i : i + 1]
@@ -332,7 +358,10 @@ class QwenImageStagedModel(StagedModel):
                     vi = comb * (
                         torch.norm(vi, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True)
                     )
-                result.append(self.sampler.step(state, vi))  # per state: its own sampler history
+                new = self.sampler.step(state, vi)  # per state: its own sampler history
+                if cached is not None:
+                    new = dataclasses.replace(new, cache=cached.next_cache(i))
+                result.append(new)
         return result
 
     # -- decode ------------------------------------------------------------------------------------------

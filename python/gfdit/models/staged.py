@@ -32,6 +32,11 @@ the same gathered output on every member and the guidance and the sampler's upda
 arithmetic on it. Hence shrinking a group moves nothing, and growing one is ``migrate(state, group, src)``:
 a fixed-size int64 header that says the shapes and dtypes (history included; absent history costs nothing),
 then the tensors, from one holder to the group, bit for bit in their own dtypes (bfloat16 included).
+A request that caches steps (``initial_state(..., cache=spec)``) also carries its step cache (gfdit.models.cache,
+NOTE [step cache algorithms]): its scalars (counters, the passes' decision state, layouts) are identical on
+every member too, but its token-indexed tensors are sharded like the hidden states, each member keeping its
+own shard (NOTE [sharded step cache]): the one part of a state that differs between members. Before a group
+grows, ``gather_cache`` makes it whole on the holders, and ``migrate`` then carries it to the new members.
 
 NOTE [state dtypes]
 With a transformer in bfloat16 (``load(..., dtype=torch.bfloat16)``, as real checkpoints run), every op of a
@@ -50,15 +55,15 @@ float32.
 
 NOTE [state placement]
 While a model holds a state, its tensors that the transformer and the sampler touch every step (latent, text
-embeddings, sampler history, UniPC's last sample) live on the model's device (``StagedModel.device``: the
-transformer's), so a step on a GPU moves nothing between host and device; the schedule (sigmas, timesteps,
-history_timesteps) stays on the CPU, as diffusers keeps its schedulers' sigmas, so reading the step's
-timestep never waits for the device. ``StagedModel.place_state`` puts a state there (a no-op when it is);
-``denoise_step``, ``initial_state`` and ``migrate`` do it. ``migrate`` moves each tensor where it lives on
-the source: CUDA tensors with the device collectives into CUDA tensors on the receivers' devices (every
-member of a migration then needs a world with a device), CPU tensors over the host transport (the header
-says which, NOTE [state header]). ``pack_state``/``unpack_state``/``state_digest`` are device-independent:
-they copy to the CPU. ``decode`` returns a CPU tensor.
+embeddings, sampler history, UniPC's last sample, the step cache's tensors) live on the model's device
+(``StagedModel.device``: the transformer's), so a step on a GPU moves nothing between host and device; the
+schedule (sigmas, timesteps, history_timesteps) stays on the CPU, as diffusers keeps its schedulers' sigmas,
+so reading the step's timestep never waits for the device. ``StagedModel.place_state`` puts a state there (a
+no-op when it is); ``denoise_step``, ``initial_state`` and ``migrate`` do it. ``migrate`` moves each tensor
+where it lives on the source: CUDA tensors with the device collectives into CUDA tensors on the receivers'
+devices (every member of a migration then needs a world with a device), CPU tensors over the host transport
+(the header says which, NOTE [state header]). ``pack_state``/``unpack_state``/``state_digest`` are
+device-independent: they copy to the CPU. ``decode`` returns a CPU tensor.
 
 NOTE [CFG-parallel]
 With ``spec.cfg == 2`` the two guidance passes of a step run at once on the two halves of the group: the
@@ -70,11 +75,12 @@ exchange: member i of the first half and member i of the second half all_gather 
 (each half's output is the same on all its members). The pairs are disjoint: each member sends and receives
 one latent-sized tensor in the transformer's output dtype, the dtype the guidance combines in
 (NOTE [state dtypes]), so CFG-parallel gives exactly what the passes in turn give. The guidance formula and
-the sampler's update are then the same local arithmetic as with cfg 1, so NOTE [portable denoise state]
-holds. Refused with gfdit.InvalidUsage before any collective, alike on every member (they all pass the same
-state, group and spec): cfg 2 without guidance (one pass per step, nothing to split), a group whose size is
-not ``spec.degree`` (odd sizes included) or that does not include the caller, and cfg 2 without a gfdit
-world.
+the sampler's update are then the same local arithmetic as with cfg 1, so NOTE [portable denoise state] holds.
+With step caches, each half keeps its own pass's cache and the pair also exchanges that pass's cache scalars
+(NOTE [sharded step cache], 2). Refused with gfdit.InvalidUsage before any collective, alike on every member
+(they all pass the same state, group and spec): cfg 2 without guidance (one pass per step, nothing to split),
+a group whose size is not ``spec.degree`` (odd sizes included) or that does not include the caller, and cfg 2
+without a gfdit world.
 
 NOTE [batched step]
 ``denoise_batch(states, group, spec)`` advances several requests by one step each with one transformer
@@ -87,6 +93,9 @@ norm rescaling per state) and the sampler's step (which holds per-state history)
 local arithmetic as ``denoise_step``, which is ``denoise_batch`` of one state. What cannot share one forward
 runs as sub-batches, one forward each, in the order in which their first states appear in the list (the same
 on every member: they all pass the same list):
+- Every model: states with another step cache kind (None, fbcache, teacache: one forward runs one kind of
+  cached block loop, NOTE [step cache algorithms] in gfdit.models.cache); each row keeps its own cache and
+  decision.
 - Wan: states whose step runs the other expert (Wan 2.2 A14B's transformer_2 below boundary_ratio, with its
   own guidance_scale_2 rule), or whose text has another length (max_sequence_length: Wan's cross-attention
   sees the zero padding of its text, so padding further would change the result).
@@ -97,13 +106,13 @@ on every member: they all pass the same list):
   (gfdit.models.qwenimage), so on a larger group each pass runs one sub-batch per text length: the negative
   " " prompts share one, so the unconditional pass still batches.
 With ``spec.cfg == 2`` each half runs its pass for the whole batch and the exchange carries the B predictions
-(NOTE [CFG-parallel]). Hence each state gets what ``denoise_step`` gives it alone, up to the float rounding of a
-batched forward (float32: within 1e-5 on the latent), with identical noise (it is the state's own); a list of
-one state gives exactly ``denoise_step``'s; and every member of the group gets bit-identical states (NOTE
-[portable denoise state]). Refused with gfdit.InvalidUsage before any collective, alike on every member: an
-empty list, a state that is done, states whose latent grids differ (one forward is one token sequence), and a
-mix of states with and without guidance (CFG and non-CFG requests are kept apart by rule: their steps run two
-passes and one).
+(NOTE [CFG-parallel]). Hence each state gets what ``denoise_step`` gives it alone, up to the float rounding of
+a batched forward (float32: within 1e-5 on the latent), with identical noise (it is the state's own); a list
+of one state gives exactly ``denoise_step``'s; and every member of the group gets bit-identical states (NOTE
+[portable denoise state]; a step cache's shards aside). Refused with gfdit.InvalidUsage before any collective,
+alike on every member: an empty list, a state that is done, states whose latent grids differ (one forward is
+one token sequence), and a mix of states with and without guidance (CFG and non-CFG requests are kept apart by
+rule: their steps run two passes and one).
 """
 
 from __future__ import annotations
@@ -122,6 +131,7 @@ from gfdit import comm
 from gfdit._C import DType, Error, InvalidUsage
 from gfdit.attention.spec import ParallelSpec
 from gfdit.comm.dtypes import DTYPE_TO_TORCH, TORCH_TO_DTYPE
+from gfdit.models import cache as step_cache
 from gfdit.models import patch_decode
 from gfdit.models.adapter import DiffusersModule
 
@@ -176,6 +186,8 @@ class DenoiseState:
     the multistep solver's earlier model outputs, oldest first; history_timesteps [n], their timesteps;
     last_sample, UniPC's corrector input; lower_order_nums and this_order, the solver's warm-up count and
     UniPC's last predictor order.
+    cache: the request's step cache (gfdit.models.cache.StepCache: NOTE [step cache algorithms]), None
+    without one.
     """
 
     latent: torch.Tensor
@@ -192,6 +204,7 @@ class DenoiseState:
     lower_order_nums: int = 0
     this_order: int = 0
     guidance_scale_2: float | None = None
+    cache: step_cache.StepCache | None = None
 
     @property
     def num_steps(self) -> int:
@@ -366,6 +379,9 @@ class StagedModel(abc.ABC):
             for name in DEVICE_TENSORS
             if isinstance(t := getattr(state, name), torch.Tensor) and t.device != dev
         }
+        cache = step_cache.place(state.cache, dev)
+        if cache is not state.cache:
+            moved["cache"] = cache
         return dataclasses.replace(state, **moved) if moved else state
 
     def latent_dtype(self, conditioning: Conditioning) -> torch.dtype:
@@ -410,11 +426,15 @@ class StagedModel(abc.ABC):
         guidance_scale: float | None = None,
         grid: tuple[int, int, int] | None = None,
         guidance_scale_2: float | None = None,
+        cache: Any = None,
     ) -> DenoiseState:
         """The state before step 0. latent: from ``init_latent`` (its grid is derived from the shape unless
         given). Guidance > 1 needs a negative embedding in the conditioning. guidance_scale_2: the scale of
         the steps a second expert runs (Wan 2.2's low-noise transformer_2, as WanPipeline's
-        ``guidance_scale_2``; None: guidance_scale); only for models with two experts."""
+        ``guidance_scale_2``; None: guidance_scale); only for models with two experts. cache: a step cache
+        spec (kind, threshold, warmup, max_skip: the runtime's CacheSpec or gfdit.models.cache.CacheConfig; see
+        NOTE [step cache algorithms]) of a kind in ``cache_kinds``, else gfdit.InvalidUsage naming ``cache``;
+        None or kind "none": no caching."""
         steps = self.defaults.num_inference_steps if num_inference_steps is None else num_inference_steps
         scale = self.defaults.guidance_scale if guidance_scale is None else float(guidance_scale)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -429,6 +449,9 @@ class StagedModel(abc.ABC):
                 f"gfdit.models: guidance_scale_2 is for models with two experts (Wan 2.2's transformer_2 and "
                 f"boundary_ratio); {self.name} has one"
             )
+        config = None if cache is None else step_cache.config_of(cache, self.cache_kinds)
+        if config is not None:
+            self._check_cache(config)
         grid = self._grid_of(latent) if grid is None else _grid_tuple(grid)
         sigmas, timesteps = self.schedule(steps, grid)
         neg = conditioning.negative_prompt_embeds if scale > 1.0 else None
@@ -443,10 +466,30 @@ class StagedModel(abc.ABC):
             guidance_scale=scale,
             grid=grid,
             guidance_scale_2=None if guidance_scale_2 is None else float(guidance_scale_2),
+            cache=None if config is None else step_cache.StepCache.empty(config, 2 if scale > 1.0 else 1),
         )
 
     #: Whether some steps run a second expert (Wan 2.2 A14B); see initial_state's guidance_scale_2.
     two_experts: bool = False
+
+    #: The step cache kinds this model runs (NOTE [step cache algorithms] in gfdit.models.cache); a model of
+    #: one's own has none until its block loop is described there.
+    cache_kinds: tuple[str, ...] = ()
+
+    def _check_cache(self, config: step_cache.CacheConfig) -> None:
+        """Refuses (gfdit.InvalidUsage naming cache) a step cache this model's configuration cannot run."""
+
+    def gather_cache(self, state: DenoiseState, group: comm.Group | None) -> DenoiseState:
+        """The state with its step cache whole (NOTE [sharded step cache], 4): every member of ``group`` (the
+        state's current holders) calls it and gets every pass's cache whole; a pass whose layout has a rank
+        outside the group is reset on every member alike. The runtime runs it at a regroup, before migrating
+        the state to new members. A state without a cache is returned as it is (no collective)."""
+        if not isinstance(state, DenoiseState):
+            raise InvalidUsage(f"gfdit.models: gather_cache needs a DenoiseState, got {type(state).__name__}")
+        if state.cache is None:
+            return state
+        state = self.place_state(state)
+        return dataclasses.replace(state, cache=step_cache.gather(state.cache, group, self.device))
 
     def _grid_of(self, latent: torch.Tensor) -> tuple[int, int, int]:
         if latent.dim() != 5:
@@ -554,15 +597,17 @@ class StagedModel(abc.ABC):
         states: list[DenoiseState],
         group: comm.Group | None,
         spec: ParallelSpec | None,
-        velocity: Callable[[list[torch.Tensor], comm.Group | None, ParallelSpec | None], torch.Tensor],
+        velocity: Callable[[list[torch.Tensor], comm.Group | None, ParallelSpec | None, int], torch.Tensor],
+        caches: step_cache.CachedStep | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(conditional, unconditional) predictions of one step of a batch (NOTE [batched step]) on every member
         of ``group`` (unconditional None without guidance), [B, ...], row i state i's. ``velocity(embeds, group,
-        spec)`` runs one transformer pass over the pass's text embeddings of every state (a list, in the states'
-        order) and returns its whole batched output (in the transformer's output dtype, on the model's device;
-        NOTE [state dtypes]). spec.cfg 1: the passes in turn on the whole group; 2: one per half of the group at
-        once, then one exchange (NOTE [CFG-parallel]). The states were checked by ``check_batch`` (all with
-        guidance or all without)."""
+        spec, pass_idx)`` runs one transformer pass (0 conditional, 1 unconditional) over the pass's text
+        embeddings of every state (a list, in the states' order) and returns its whole batched output (in the
+        transformer's output dtype, on the model's device; NOTE [state dtypes]). spec.cfg 1: the passes in turn
+        on the whole group; 2: one per half of the group at once, then one exchange (NOTE [CFG-parallel]), and
+        with ``caches`` (the step's cache work) one exchange of the passes' cache scalars. The states were
+        checked by ``check_batch`` (all with guidance or all without)."""
         first = states[0]
         negatives = [s.negative_prompt_embeds for s in states] if first.do_cfg else None
         return StagedModel._guided_passes(
@@ -572,6 +617,7 @@ class StagedModel(abc.ABC):
             group,
             spec,
             velocity,
+            caches,
         )
 
     @staticmethod
@@ -581,15 +627,16 @@ class StagedModel(abc.ABC):
         guidance_scale: float,
         group: comm.Group | None,
         spec: ParallelSpec | None,
-        velocity: Callable[[Any, comm.Group | None, ParallelSpec | None], torch.Tensor],
+        velocity: Callable[[Any, comm.Group | None, ParallelSpec | None, int], torch.Tensor],
+        caches: step_cache.CachedStep | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The passes of ``guided_batch_predictions``, with the embeddings ``velocity`` takes."""
         do_cfg = guidance_scale > 1.0
         if spec is None or spec.cfg == 1:
-            cond = velocity(cond_embeds, group, spec)
+            cond = velocity(cond_embeds, group, spec, 0)
             if not do_cfg:
                 return cond, None
-            return cond, velocity(neg_embeds, group, spec)
+            return cond, velocity(neg_embeds, group, spec, 1)
         if not do_cfg:
             raise InvalidUsage(
                 f"gfdit.models: spec cfg=2 (CFG-parallel) needs guidance, but the state has guidance_scale "
@@ -618,10 +665,12 @@ class StagedModel(abc.ABC):
         sub = world.new_group(ranks[:half] if conditional else ranks[half:])
         embeds = cond_embeds if conditional else neg_embeds
         # exchanged in the dtype the guidance combines in: the same predictions as the passes in turn
-        mine = velocity(embeds, sub, spec.per_pass()).contiguous()
+        mine = velocity(embeds, sub, spec.per_pass(), 0 if conditional else 1).contiguous()
         pair = world.new_group([ranks[me % half], ranks[half + me % half]])
         both = torch.empty((2 * mine.shape[0], *mine.shape[1:]), dtype=mine.dtype, device=mine.device)
         world.all_gather_into_tensor(both, mine, group=pair)
+        if caches is not None:  # the other pass's decisions and cache scalars (NOTE [sharded step cache], 2)
+            caches.exchange(pair, 0 if conditional else 1, ranks[half:] if conditional else ranks[:half])
         return both[: mine.shape[0]], both[mine.shape[0] :]
 
     @staticmethod
@@ -630,15 +679,34 @@ class StagedModel(abc.ABC):
         wrapper: torch.nn.Module,
         group: comm.Group | None,
         spec: ParallelSpec | None,
+        block_loop: step_cache.CachedBlocks | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
         """The transformer's output: the plain model when group is None and gfdit is not initialised,
-        else the parallel wrapper on the group (the world for None)."""
+        else the parallel wrapper on the group (the world for None). block_loop: a step cache's loop for
+        the call (NOTE [parallel call], 5, in gfdit.models.core)."""
         if group is None and not comm.is_initialized():
             if spec is not None and spec.degree != 1:
                 raise InvalidUsage("gfdit.models: a parallel spec needs gfdit.init and a group")
+            return StagedModel.plain_call(model, block_loop, **kwargs)
+        if block_loop is None:
+            return wrapper(**kwargs, return_dict=False, group=group, spec=spec)[0]
+        return wrapper(**kwargs, return_dict=False, group=group, spec=spec, block_loop=block_loop)[0]
+
+    @staticmethod
+    def plain_call(
+        model: torch.nn.Module, block_loop: step_cache.CachedBlocks | None, **kwargs: Any
+    ) -> torch.Tensor:
+        """The plain model's output for ``kwargs``, with a step cache's loop in place of its blocks for the call
+        when one is given (put back when the call returns or raises)."""
+        if block_loop is None:
             return model(**kwargs, return_dict=False)[0]
-        return wrapper(**kwargs, return_dict=False, group=group, spec=spec)[0]
+        block_loop.check(model, kwargs)
+        undo = block_loop.install(model)
+        try:
+            return model(**kwargs, return_dict=False)[0]
+        finally:
+            undo()
 
     @staticmethod
     def one_member(group: comm.Group | None, spec: ParallelSpec | None) -> bool:
@@ -656,6 +724,20 @@ class StagedModel(abc.ABC):
                 f"{spec.degree} members, but the call runs on one"
             )
         return n == 1
+
+
+def transformer_dtype(model: torch.nn.Module) -> torch.dtype:
+    """``model.dtype`` as diffusers computes it (what the pipelines cast the transformer's inputs to), remembered
+    per model while its first parameter keeps its dtype (a cast of the model changes it, and is seen): the
+    property scans every submodule for casting hooks, about 2 ms a step for a 24-block tiny model, which the
+    pipelines pay once per call and a step of a staged model would pay every step."""
+    first = next(model.parameters()).dtype
+    memo = model.__dict__.get("_gfdit_dtype")
+    if memo is None or memo[0] != first:
+        dtype: torch.dtype = model.dtype  # type: ignore[assignment]  # a diffusers ModelMixin's property
+        memo = (first, dtype)
+        model.__dict__["_gfdit_dtype"] = memo
+    return memo[1]
 
 
 def sub_batches(keys: list[Any]) -> list[list[int]]:
@@ -677,11 +759,14 @@ def cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
 # NOTE [state header]
 # int64[HEADER_LEN]: MAGIC, VERSION, status (0 ok; 1 the source had no state), step_idx, guidance_scale
 # (float64 bits), grid f, h, w, lower_order_nums, this_order, has guidance_scale_2, its float64 bits, in
-# migrate's header (not pack_state's) at _DEVICE_MASK_AT a bit per tensor of STATE_TENSORS that the source holds
-# on CUDA (NOTE [state placement]), zeros up to _TENSORS_AT (a header of an older gfdit has zeros there: no
-# guidance_scale_2, nothing on CUDA), then per tensor of
-# STATE_TENSORS: dtype code (-1: None), ndim, 6 dims. The payload is the tensors' bytes, contiguous, in
-# STATE_TENSORS order; a None tensor (no negative prompt, no sampler history) has no bytes.
+# migrate's header (not pack_state's) at _DEVICE_MASK_AT a bit per tensor of ALL_TENSORS that the source holds
+# on CUDA (NOTE [state placement]), zeros up to _TENSORS_AT, then per tensor of ALL_TENSORS (STATE_TENSORS, then
+# the step cache's: each pass's ref and residual, gfdit.models.cache.TENSOR_NAMES): dtype code (-1: None),
+# ndim, 6 dims; then at _CACHE_AT the step cache's scalars (gfdit.models.cache.header_of: its kind, 0 for no
+# cache, its config, the counters, and per pass its decision state and layout). The payload is the tensors'
+# bytes, contiguous, in ALL_TENSORS order; a None tensor (no negative prompt, no sampler history, no cache, or a
+# shard that migrate does not carry: NOTE [sharded step cache], 5) has no bytes. VERSION 3 added the step
+# cache; a header of another version is refused.
 STATE_TENSORS = (
     "latent",
     "prompt_embeds",
@@ -693,13 +778,16 @@ STATE_TENSORS = (
     "last_sample",
 )
 # The tensors a held state keeps on the model's device (NOTE [state placement]); the others are the schedule.
+# The step cache's tensors live there too (gfdit.models.cache.place).
 DEVICE_TENSORS = ("latent", "prompt_embeds", "negative_prompt_embeds", "history", "last_sample")
+ALL_TENSORS = STATE_TENSORS + step_cache.TENSOR_NAMES
 _MAX_DIMS = 6
 _DEVICE_MASK_AT = 12
 _TENSORS_AT = 16
-HEADER_LEN = _TENSORS_AT + len(STATE_TENSORS) * (2 + _MAX_DIMS)
+_CACHE_AT = _TENSORS_AT + len(ALL_TENSORS) * (2 + _MAX_DIMS)
+HEADER_LEN = _CACHE_AT + step_cache.HEADER_LEN
 MAGIC = 0x6766646974  # "gfdit"
-VERSION = 2
+VERSION = 3
 # the element types a state's tensors may have, as the header codes them (gfdit._C.DType values)
 _STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
 
@@ -714,6 +802,13 @@ def _bits_f64(x: int) -> float:
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _tensors_of(state: DenoiseState) -> dict[str, torch.Tensor | None]:
+    """The state's tensors by the names of ALL_TENSORS."""
+    out: dict[str, torch.Tensor | None] = {name: getattr(state, name) for name in STATE_TENSORS}
+    out.update(step_cache.tensors_of(state.cache))
+    return out
 
 
 @overload
@@ -734,8 +829,9 @@ def pack_state(state: DenoiseState, with_payload: bool = True) -> tuple[torch.Te
     head += [0, 0] if g2 is None else [1, _f64_bits(g2)]
     head += [0] * (_TENSORS_AT - len(head))
     parts = []
-    for name in STATE_TENSORS:
-        t = getattr(state, name)
+    tensors = _tensors_of(state)
+    for name in ALL_TENSORS:
+        t = tensors[name]
         if t is None:
             head += [-1, 0] + [0] * _MAX_DIMS
             continue
@@ -746,6 +842,7 @@ def pack_state(state: DenoiseState, with_payload: bool = True) -> tuple[torch.Te
         head += [int(TORCH_TO_DTYPE[t.dtype]), t.dim()] + list(t.shape) + [0] * (_MAX_DIMS - t.dim())
         if with_payload:
             parts.append(_bytes(t))
+    head += step_cache.header_of(state.cache)
     header[: len(head)] = torch.tensor(head, dtype=torch.int64)
     if not with_payload:
         return header, None
@@ -759,15 +856,22 @@ def _layout(header: torch.Tensor) -> list[tuple[torch.dtype, tuple[int, ...]] | 
         raise InvalidUsage("gfdit.models: not a gfdit state header (magic or version mismatch)")
     out = []
     pos = _TENSORS_AT
-    for _ in STATE_TENSORS:
+    for _ in ALL_TENSORS:
         code, ndim = h[pos], h[pos + 1]
         out.append(None if code < 0 else (DTYPE_TO_TORCH[DType(code)], tuple(h[pos + 2 : pos + 2 + ndim])))
         pos += 2 + _MAX_DIMS
     return out
 
 
+def _state_of(header: torch.Tensor, tensors: dict[str, torch.Tensor | None]) -> DenoiseState:
+    """The DenoiseState of a header and its tensors (by the names of ALL_TENSORS)."""
+    cache = step_cache.from_header(header[_CACHE_AT:].tolist(), tensors)
+    plain = {name: tensors[name] for name in STATE_TENSORS}
+    return DenoiseState(**_scalars(header), **plain, cache=cache)  # type: ignore[arg-type]
+
+
 def _scalars(header: torch.Tensor) -> dict[str, Any]:
-    """The DenoiseState fields of a header that are not tensors."""
+    """The DenoiseState fields of a header that are not tensors (the step cache aside)."""
     h = header.tolist()
     return {
         "step_idx": int(h[3]),
@@ -799,7 +903,7 @@ def unpack_state(header: torch.Tensor, payload: torch.Tensor) -> DenoiseState:
         )
     tensors: dict[str, torch.Tensor | None] = {}
     offset = 0
-    for name, item in zip(STATE_TENSORS, layout):
+    for name, item in zip(ALL_TENSORS, layout):
         if item is None:
             tensors[name] = None
             continue
@@ -807,11 +911,12 @@ def unpack_state(header: torch.Tensor, payload: torch.Tensor) -> DenoiseState:
         n = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
         tensors[name] = payload[offset : offset + n].clone().view(dtype).reshape(shape)
         offset += n
-    return DenoiseState(**_scalars(header), **tensors)  # type: ignore[arg-type]
+    return _state_of(header, tensors)
 
 
 def state_digest(state: DenoiseState) -> str:
-    """sha256 of the packed state: equal digests on two ranks mean bit-identical states."""
+    """sha256 of the packed state: equal digests on two ranks mean bit-identical states (a step cache's
+    shards included: members of a sequence-parallel group hold different ones, NOTE [sharded step cache])."""
     header, payload = pack_state(state)
     return hashlib.sha256(header.numpy().tobytes() + payload.numpy().tobytes()).hexdigest()
 
@@ -841,8 +946,10 @@ def migrate(
     of the fixed-size header (shapes, dtypes, step, guidance, grid, the sampler's counters; NOTE [state
     header]), then one broadcast per state tensor (the sampler's history included) straight into freshly allocated tensors: no packing copy on the source and no unpacking
     copy on the receivers, and the staged broadcast pipelines the source's and the receivers' copies. Call
-    it on [holder, *new members]: members that already hold the state need not take part. On ``src`` the
-    given state is returned as is; elsewhere fresh tensors, on the CPU for the tensors the source holds on
+    it on [holder, *new members]: members that already hold the state need not take part. A step cache goes
+    with the state as NOTE [sharded step cache] (5) says: what the source holds whole (after ``gather_cache``)
+    becomes whole on every member. On ``src`` the given state is returned as is (its cache's layouts updated
+    so); elsewhere fresh tensors, on the CPU for the tensors the source holds on
     the CPU, and on ``device`` (None: the world's device) for those it holds on CUDA, moved with the device
     collectives (NOTE [state placement]). If ``src`` has no state, every member raises gfdit.InvalidUsage
     (after the header, so nobody waits for the tensors); a receiver without a device for a source's CUDA
@@ -853,12 +960,15 @@ def migrate(
     if int(src) not in g.ranks:
         raise InvalidUsage(f"gfdit.models: migrate source {src} is not in group {g.ranks}")
     me = world.rank
+    sent = None  # on the source: the state as the receivers get it
     if me == src:
         if isinstance(state, DenoiseState):
-            header, _ = pack_state(state, with_payload=False)
+            sent = state
+            if state.cache is not None:
+                sent = dataclasses.replace(state, cache=step_cache.for_migration(state.cache, src))
+            header, _ = pack_state(sent, with_payload=False)
             mask = 0
-            for i, name in enumerate(STATE_TENSORS):
-                t = getattr(state, name)
+            for i, t in enumerate(_tensors_of(sent).values()):
                 if isinstance(t, torch.Tensor) and t.device.type == "cuda":
                     mask |= 1 << i
             header[_DEVICE_MASK_AT] = mask
@@ -880,21 +990,25 @@ def migrate(
                 "device to receive it on (gfdit.init device=... on every member)"
             )
     tensors: dict[str, torch.Tensor | None] = {}
-    for i, (name, item) in enumerate(zip(STATE_TENSORS, _layout(header))):
+    held = _tensors_of(sent) if sent is not None else {}
+    for i, (name, item) in enumerate(zip(ALL_TENSORS, _layout(header))):
         if item is None:
             tensors[name] = None
             continue
         dtype, shape = item
         if me == src:
-            t = getattr(state, name).detach().contiguous()  # where it lives: CPU or the world's device
+            t = held[name].detach().contiguous()  # type: ignore[union-attr]  # where it lives: CPU or the device
         else:
             t = _receive_buffer(world, shape, dtype, recv_device if mask >> i & 1 else None)
         if t.numel():
             world.broadcast(t, src, group=g)
         tensors[name] = t
     if me == src:
-        return state  # type: ignore[return-value]
-    return DenoiseState(**_scalars(header), **tensors)  # type: ignore[arg-type]
+        assert isinstance(state, DenoiseState)
+        if state.cache is None:
+            return state
+        return dataclasses.replace(state, cache=step_cache.on_source_after_migration(state.cache, src))
+    return _state_of(header, tensors)
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -2,7 +2,10 @@
 
 Same code paths as the real models (diffusers' own classes), a few thousand times smaller: two blocks,
 four heads of 16 channels. ``tiny_wan(seed)`` / ``tiny_qwen_image(seed)`` give the same weights in every
-process for the same seed; nothing is downloaded.
+process for the same seed; nothing is downloaded. ``deep_transformer(name)`` is a deep one in diffusers' default
+initialisation, where step caching has something to find (NOTE [deep tiny models]);
+``gfdit.models.loading.save_deep(name, path)`` writes a tiny staged model's folder with it (there, above the
+pipelines that import this module).
 """
 
 from __future__ import annotations
@@ -62,6 +65,39 @@ def tiny_qwen_image(seed: int = 0, **overrides: Any) -> DiffusersModule:
     from diffusers import QwenImageTransformer2DModel
 
     return _randomize(QwenImageTransformer2DModel(**{**QWEN_IMAGE_CONFIG, **overrides}), seed)
+
+
+# NOTE [deep tiny models]
+# Step caches (FBCache, TeaCache) skip a step's remaining transformer blocks when the first block's residual
+# (or the timestep-modulated input) changed little since the last full step, relative to its size. Trained
+# Wan and Qwen-Image models change it by a few percent to about twenty percent per step over 30-50 steps,
+# which is what the published thresholds (0.05-0.2) are tuned to. The tiny models' own weights
+# (``_randomize``: norm weights near 2, for peaked attention) make it change by 30-140% per step, so no
+# sensible threshold skips anything; diffusers' default initialisation (nn.Linear's uniform(+-1/sqrt(fan_in)),
+# norm weights 1, the modulation tables' randn / sqrt(dim)) gives a 24-block tiny Wan at 128x128x9 with
+# guidance 5-11% per step over 30 steps: the trained models' regime, at about 200 ms a step on one core.
+# The default initialisation draws from torch's global generator; ``deep_transformer`` seeds a forked copy of it,
+# so the same seed gives the same weights in every process and the caller's generator is left as it was.
+DEEP_MODELS = ("tiny-wan", "tiny-qwen-image")
+
+
+def deep_transformer(name: str, *, layers: int = 24, seed: int = 0) -> DiffusersModule:
+    """The transformer of ``gfdit.models.loading.save_deep``: the tiny model's config with ``layers`` blocks,
+    diffusers' default initialisation drawn from ``seed`` (NOTE [deep tiny models]), float32, in eval mode."""
+    from diffusers import QwenImageTransformer2DModel, WanTransformer3DModel
+
+    if name not in DEEP_MODELS:
+        raise ValueError(f"deep tiny models are {DEEP_MODELS}, not {name!r}")
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"layers must be a positive integer, got {layers!r}")
+    cls, config = (
+        (WanTransformer3DModel, WAN_CONFIG)
+        if name == "tiny-wan"
+        else (QwenImageTransformer2DModel, QWEN_IMAGE_CONFIG)
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return cls(**{**config, "num_layers": layers}).eval()
 
 
 def wan_inputs(

@@ -23,6 +23,7 @@ as separate sub-batches, each state with its own guidance scale (guidance_scale_
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 from gfdit import comm
 from gfdit._C import InvalidUsage
 from gfdit.attention.spec import ParallelSpec
+from gfdit.models import cache as step_cache
 from gfdit.models.adapter import DiffusersModule
 from gfdit.models.staged import (
     CONFIG_FILE,
@@ -43,6 +45,7 @@ from gfdit.models.staged import (
     load_diffusers_model,
     read_json,
     sub_batches,
+    transformer_dtype,
     write_gfdit_config,
 )
 
@@ -102,6 +105,7 @@ class WanStagedModel(StagedModel):
     """Wan 2.x text-to-video; see the module docstring. Output: float32 video [3, F, H, W] in [0, 1]."""
 
     is_video = True
+    cache_kinds = step_cache.KINDS
 
     def __init__(
         self,
@@ -221,13 +225,19 @@ class WanStagedModel(StagedModel):
     def _step_states(
         self, states: list[DenoiseState], group: comm.Group | None, spec: ParallelSpec | None
     ) -> list[DenoiseState]:
-        # one sub-batch per expert and text length, in the order of first appearance (NOTE [batched step])
+        # one sub-batch per expert, text length and cache kind, in the order of first appearance (NOTE
+        # [batched step])
         keys = []
         for s in states:
             neg = s.negative_prompt_embeds
             model, _ = self._expert(float(s.timesteps[s.step_idx]))
             keys.append(
-                (model is self.transformer, s.prompt_embeds.shape[1], 0 if neg is None else neg.shape[1])
+                (
+                    model is self.transformer,
+                    s.prompt_embeds.shape[1],
+                    0 if neg is None else neg.shape[1],
+                    step_cache.kind_of(s),
+                )
             )
         out: list[DenoiseState | None] = [None] * len(states)
         for rows in sub_batches(keys):
@@ -242,7 +252,7 @@ class WanStagedModel(StagedModel):
         # the schedule is on the CPU: no wait for the device
         ts = [s.timesteps[s.step_idx] for s in states]
         model, wrapper = self._expert(float(ts[0]))
-        dev, dtype = model.device, model.dtype
+        dev, dtype = model.device, transformer_dtype(model)
         x = cat_rows([s.latent.to(dev, dtype) for s in states])
         if self.expand_timesteps:
             _, _, f, h, w = states[0].latent.shape
@@ -253,14 +263,18 @@ class WanStagedModel(StagedModel):
         else:
             timestep = cat_rows([t.expand(1).to(dev) for t in ts])  # [B]
 
+        # the step cache's work (NOTE [step cache algorithms]); None without caching: the calls are as ever
+        cached = step_cache.CachedStep.of(states, 0 if model is self.transformer else 1, "wan")
+
         def velocity(
-            embeds: list[torch.Tensor], g: comm.Group | None, s: ParallelSpec | None
+            embeds: list[torch.Tensor], g: comm.Group | None, s: ParallelSpec | None, pass_idx: int
         ) -> torch.Tensor:
             out = self.parallel_call(
                 model,
                 wrapper,
                 g,
                 s,
+                block_loop=None if cached is None else cached.loop(pass_idx, None, g),
                 hidden_states=x,
                 timestep=timestep,
                 encoder_hidden_states=cat_rows([e.to(dev, dtype) for e in embeds]),
@@ -269,7 +283,7 @@ class WanStagedModel(StagedModel):
 
         with torch.no_grad():
             # the passes in turn, or CFG-parallel on the two halves of the group (NOTE [CFG-parallel])
-            v, v_uncond = self.guided_batch_predictions(states, group, spec, velocity)
+            v, v_uncond = self.guided_batch_predictions(states, group, spec, velocity, cached)
             result = []
             for i, state in enumerate(states):
                 vi = v[i : i + 1]
@@ -280,7 +294,10 @@ class WanStagedModel(StagedModel):
                         scale = state.guidance_scale_2
                     ui = v_uncond[i : i + 1]
                     vi = ui + scale * (vi - ui)
-                result.append(self.sampler.step(state, vi))  # per state: its own sampler history
+                new = self.sampler.step(state, vi)  # per state: its own sampler history
+                if cached is not None:
+                    new = dataclasses.replace(new, cache=cached.next_cache(i))
+                result.append(new)
         return result
 
     # -- decode ------------------------------------------------------------------------------------------

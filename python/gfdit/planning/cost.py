@@ -50,8 +50,12 @@ MODES: dict[str, Any] = {layout_mode_name(m): m for m in LayoutMode.__members__.
 # it (STAGES). gfdit-profile/1 is the same but for one name: it called the denoise stage "step". load_profile
 # reads both, a /1 file's "step" entries as "denoise"; each format takes only its own stage names. Older still,
 # an entry without "cfg" (written before CFG-parallel) is cfg 1, one without "batch" (written before batches)
-# batch 1, and one without "samples" has 0.
+# batch 1, and one without "samples" has 0. An optional "caches" object holds what `gfdit profile --caches`
+# measured of each step cache (NOTE [step caches] in include/gfdit/step_cache.h): {"fbcache": {"step_ratio": a
+# cached step over a full one, "skip": [[threshold, probability a pass past its warm-up reuses it], ...],
+# "source": how}, "teacache": ...}; a profile without it predicts from the model's published figures, if any.
 PROFILE_FORMAT = "gfdit-profile/2"
+_CACHE_KINDS = ("fbcache", "teacache")
 _STAGES_OF_FORMAT: dict[str, dict[str, Any]] = {
     PROFILE_FORMAT: STAGES,
     "gfdit-profile/1": {("step" if s == Stage.DENOISE else n): s for n, s in STAGES.items()},
@@ -209,6 +213,31 @@ def load_profile(path: str | Path) -> Profile:
             )
         out.append(entry)
     p.entries = out
+    caches = data.get("caches", {})
+    if not isinstance(caches, dict) or set(caches) - set(_CACHE_KINDS):
+        raise InvalidUsage(
+            f"gfdit.planning.cost: profile {path}: caches must be an object with keys among {list(_CACHE_KINDS)}"
+        )
+    curves = []
+    for kind, c in caches.items():
+        where = f"profile {path}: caches.{kind}"
+        if not isinstance(c, dict):
+            raise InvalidUsage(f"gfdit.planning.cost: {where} must be an object")
+        ratio = float(_checked(c.get("step_ratio", 0.0), "a number >= 0", f"{where}: step_ratio"))
+        setattr(p, f"{kind}_step_ratio", ratio)
+        points = c.get("skip", [])
+        if not isinstance(points, list) or not all(
+            isinstance(x, list) and len(x) == 2 and all(isinstance(v, int | float) for v in x) for x in points
+        ):
+            raise InvalidUsage(
+                f"gfdit.planning.cost: {where}: skip must be a list of [threshold, probability]"
+            )
+        if points:
+            try:
+                curves.append(_rt.SkipCurve(kind, [tuple(x) for x in points], str(c.get("source", ""))))
+            except InvalidUsage as e:
+                raise InvalidUsage(f"gfdit.planning.cost: {where}: {e.message}") from None
+    p.skip_curves = curves
     return p
 
 
@@ -229,7 +258,22 @@ def profile_to_json(profile: Profile) -> dict[str, Any]:
             | {k: getattr(e, k) for k in _ENTRY_FIELDS}
             for e in profile.entries
         ],
-    }
+    } | _caches_json(profile)
+
+
+def _caches_json(profile: Profile) -> dict[str, Any]:
+    """The "caches" key of a profile file (see PROFILE_FORMAT), or nothing when nothing of them was measured."""
+    out: dict[str, Any] = {}
+    curves = {_rt.cache_kind_name(c.kind): c for c in profile.skip_curves}
+    for kind in _CACHE_KINDS:
+        ratio = getattr(profile, f"{kind}_step_ratio")
+        curve = curves.get(kind)
+        if ratio <= 0 and curve is None:
+            continue
+        out[kind] = {"step_ratio": ratio}
+        if curve is not None:
+            out[kind] |= {"skip": [list(p) for p in curve.points], "source": curve.source}
+    return {"caches": out} if out else {}
 
 
 def write_profile(path: str | Path, profile: Profile, extra: dict[str, Any] | None = None) -> None:

@@ -62,6 +62,9 @@ def simulate_trace(
     record_intervals: bool = False,
     regroup_s: float | None = None,
     regroup_every_change: bool | None = None,
+    cache: str | None = None,
+    cache_seed: int = 0,
+    skip_curves: Sequence[Any] = (),
 ) -> Replay:
     """Runs the trace through the simulator: the control plane and ``policy`` (a built-in's name or a
     ``gfdit.Policy`` object, the same one an engine takes) on ``cluster``'s ranks, stage times from the cost
@@ -70,7 +73,10 @@ def simulate_trace(
 
     ``regroup_s``: the cost of forming a group (None: the cluster's hardware value, about a microsecond for
     gfdit's group-free collectives). ``regroup_every_change``: charge it each time a request's group changes
-    rather than on the first use of a rank set (None: the simulator's default)."""
+    rather than on the first use of a rank set (None: the simulator's default). ``cache``: the step cache of the
+    requests that name none (NOTE [step caches]); which of their steps reuse it is drawn from the cost model's
+    skip curve with ``cache_seed`` (NOTE [simulated execution]); ``skip_curves`` (``gfdit._C.runtime.SkipCurve``
+    objects) stand in for the cost model's own of their kinds."""
     from gfdit._C import cost as cost_c
     from gfdit._C import runtime as rt
 
@@ -83,6 +89,8 @@ def simulate_trace(
     cl = cost_c.cluster(cluster, num_ranks)  # unknown names: InvalidUsage listing the valid ones
     check_policy(policy, int(cl.num_ranks))
     cm = cost.cost_model(model, cluster, profile=prof)
+    if skip_curves:
+        cm = cost_c.with_skip_curves(cm, list(skip_curves))
     sim_requests = [
         rt.SimRequest(
             id=r.id,
@@ -94,6 +102,7 @@ def simulate_trace(
             guidance_scale=None,
             deadline_s=r.deadline_s,
             priority=r.priority,
+            cache=r.cache if r.cache is not None else cache,
         )
         for r in requests
     ]
@@ -117,6 +126,7 @@ def simulate_trace(
         policy,
         max_inflight_steps=max_inflight_steps,
         record_intervals=record_intervals,
+        cache_seed=cache_seed,
         **overheads,
     )
     t0 = time.perf_counter()
@@ -334,6 +344,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         help="steps of one request dispatched ahead of completions (as the engine)",
     )
     parser.add_argument("--profile", help="profile file from `gfdit profile`: stage times from measurements")
+    parser.add_argument(
+        "--cache",
+        default=None,
+        help="the step cache of every request whose trace line names none ('fbcache:0.08', ...; README, 'Step "
+        "caching'): which steps reuse it is drawn from the cost model's skip curve",
+    )
 
 
 def report(replay: Replay, args: argparse.Namespace, command: str) -> int:
@@ -367,6 +383,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             profile=args.profile,
             max_inflight_steps=args.max_inflight_steps,
             record_intervals=bool(args.plot),
+            cache=args.cache,
         )
     except InvalidUsage as e:
         print(f"gfdit {command}: {e.message}", file=sys.stderr)

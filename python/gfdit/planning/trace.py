@@ -1,7 +1,8 @@
 """Request traces (JSONL, one request per line) and the metrics of a trace replay.
 
 A line is ``{"id", "arrival_s", "model", "height", "width", "num_frames", "num_inference_steps",
-"deadline_s"}`` plus an optional ``"priority"`` (int, default 0). ``num_frames`` is 1 for images;
+"deadline_s"}`` plus an optional ``"priority"`` (int, default 0) and ``"cache"`` (the request's step cache as
+``gfdit.Request`` takes it, "fbcache:0.08"; absent or null: none). ``num_frames`` is 1 for images;
 ``arrival_s`` and ``deadline_s`` are seconds after the trace's start (``deadline_s`` may be null).
 
 ``load_trace`` refuses a malformed trace with ``gfdit.InvalidUsage`` naming the line and the reason;
@@ -35,6 +36,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "num_inference_steps": ((int,), True),
     "deadline_s": ((int, float, type(None)), True),
     "priority": ((int,), False),
+    "cache": ((str, type(None)), False),
 }
 
 
@@ -51,10 +53,11 @@ class TraceRequest:
     num_inference_steps: int
     deadline_s: float | None = None
     priority: int = 0
+    cache: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The request as a trace line (a dict in the field order of the format)."""
-        return {name: getattr(self, name) for name in _FIELDS}
+        """The request as a trace line (a dict in the field order of the format; no cache: no "cache")."""
+        return {name: getattr(self, name) for name in _FIELDS if name != "cache" or self.cache is not None}
 
 
 def _type_name(types: tuple[type, ...]) -> str:
@@ -73,13 +76,15 @@ def _model_arch(name: str) -> Any:
     return cost.model_arch(name)
 
 
-def check_size(model: str, height: int, width: int, num_frames: int, num_steps: int) -> None:
-    """Refuses (InvalidUsage naming the field) a request size that ``model`` cannot serve: the engine's own
-    check at submit (``gfdit._C.runtime.check_request``), so a trace is held to the same rules."""
+def check_size(
+    model: str, height: int, width: int, num_frames: int, num_steps: int, cache: str | None = None
+) -> None:
+    """Refuses (InvalidUsage naming the field) a request size (or step cache) that ``model`` cannot serve: the
+    engine's own check at submit (``gfdit._C.runtime.check_request``), so a trace is held to the same rules."""
     from gfdit._C import runtime
 
     try:
-        runtime.check_request(model, height, width, num_frames, num_steps)
+        runtime.check_request(model, height, width, num_frames, num_steps, cache=cache)
     except InvalidUsage as e:
         raise InvalidUsage(e.message, param=e.param) from None
 
@@ -123,7 +128,7 @@ def _parse_line(text: str, model: str | None) -> TraceRequest:
     if model is not None and req.model != model:
         raise InvalidUsage(f"model {req.model!r} differs from the model being served, {model!r}")
     _model_arch(req.model)  # unknown models are refused by name, before their sizes are looked at
-    check_size(req.model, req.height, req.width, req.num_frames, req.num_inference_steps)
+    check_size(req.model, req.height, req.width, req.num_frames, req.num_inference_steps, req.cache)
     return req
 
 

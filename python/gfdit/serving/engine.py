@@ -423,6 +423,8 @@ class Engine:
                     end_ns=s.end_ns,
                     regroup=bool(s.regroup),
                     batch=int(s.batch),
+                    cached_steps=int(s.cached_steps),
+                    cached_passes=int(s.cached_passes),
                 )
             )
         transitions = [(t.state.name, t.step, t.t_ns) for t in rr.transitions]

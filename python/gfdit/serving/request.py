@@ -30,6 +30,9 @@ class Request:
     seed: int = 0
     deadline_s: float | None = None  # seconds after submit
     priority: int = 0  # larger is more urgent (policies that use priorities)
+    # the step cache: "fbcache:0.08", "teacache:0.1,warmup=2,max_skip=3", a gfdit.CacheSpec, or None (off); see
+    # NOTE [step caches] in include/gfdit/step_cache.h
+    cache: Any = None
 
     def message(self) -> Any:
         """This request as the typed message the engine checks (``gfdit._C.runtime.GenerationRequest``); a field
@@ -54,6 +57,8 @@ class Stage:
     cfg: int = 1  # 2: CFG-parallel (the first half of ranks ran the conditional pass, the second the other)
     regroup: bool = False  # a denoise task on other ranks than the previous one (NOTE [regroups])
     batch: int = 1  # requests the task stepped in one batched forward, this one included (NOTE [batches])
+    cached_steps: int = 0  # a denoise task: steps whose every transformer pass reused the step cache
+    cached_passes: int = 0  # ... and the passes that did
 
 
 @dataclasses.dataclass
@@ -64,6 +69,16 @@ class Result:
     reason: str
     timeline: list[Stage]
     transitions: list[tuple[str, int, int]]  # (state, step, t_ns)
+
+    @property
+    def cached_steps(self) -> int:
+        """Steps whose every transformer pass reused the step cache (0 without one; NOTE [step caches])."""
+        return sum(s.cached_steps for s in self.timeline if s.kind == "denoise")
+
+    @property
+    def cached_passes(self) -> int:
+        """Transformer passes that reused the step cache (a step with guidance runs two)."""
+        return sum(s.cached_passes for s in self.timeline if s.kind == "denoise")
 
 
 class RequestFailed(RuntimeError):

@@ -84,7 +84,15 @@ class Worker:
     def _init_world(self, epoch: int, workers: list[int]) -> None:
         if comm.is_initialized():
             comm.destroy()
+        old_rank_of = self.rank_of
         self.rank_of = {w: i for i, w in enumerate(workers)}
+        if old_rank_of and self.states:
+            # step caches name the ranks that hold their shards (NOTE [step caches]): renumber them for the new
+            # world; a rank whose worker is gone maps to nothing, and its shards count as lost
+            from gfdit.models.cache import remap_cache_ranks
+
+            mapping = {r: self.rank_of[w] for w, r in old_rank_of.items() if w in self.rank_of}
+            self.states = {rid: remap_cache_ranks(st, mapping) for rid, st in self.states.items()}
         self.world = comm.init(
             self.rank_of[self.id],
             len(workers),
@@ -117,6 +125,7 @@ class Worker:
         info.vae_stride_s = int(getattr(m, "scale_spatial", 0) or getattr(m, "vae_scale", 8))
         info.vae_stride_t = int(getattr(m, "scale_temporal", 1) or 1) if m.is_video else 1
         info.two_experts = bool(getattr(m, "two_experts", False))
+        info.cache_kinds = list(getattr(m, "cache_kinds", ()))  # a StagedModel of one's own may have none
         info.defaults = rt.ModelDefaults(
             height=d.height,
             width=d.width,
@@ -156,22 +165,27 @@ class Worker:
             ids = [rid] + [other for other, _ in task.batch]
             group, spec = self._group(task.ranks), ParallelSpec.of(task.layout)
             for _ in range(task.num_steps):
-                states = self.model.denoise_batch([self.states[i] for i in ids], group=group, spec=spec)
-                for i, state in zip(ids, states, strict=True):
-                    self.states[i] = state  # a later failure leaves every member's last completed step here
-                    self.loop.progress(i, int(state.step_idx))
+                before = [self.states[i] for i in ids]
+                states = self.model.denoise_batch(before, group=group, spec=spec)
+                for i, old, state in zip(ids, before, states, strict=True):
+                    self.loop.progress(i, int(state.step_idx), *_cache_delta(old, state))
+                    # a later failure leaves every member's last completed step here
+                    self.states[i] = _without_spent_cache(state)
         elif kind == Kind.DENOISE:
             state = self.states[rid]  # the loop checked that this worker holds it at step_begin
             group, spec = self._group(task.ranks), ParallelSpec.of(task.layout)  # cfg 2: two passes split
             for k in range(task.step_begin, task.step_begin + task.num_steps):
-                state = self.model.denoise_step(state, k, group=group, spec=spec)
+                old, state = state, self.model.denoise_step(state, k, group=group, spec=spec)
+                self.loop.progress(rid, k + 1, *_cache_delta(old, state))
+                state = _without_spent_cache(state)
                 self.states[rid] = state  # a later failure leaves the last completed step here
-                self.loop.progress(rid, k + 1)
         elif kind == Kind.MIGRATE:
             group, src = self._group(task.ranks), self.rank_of[task.src_rank]
             state = self.model.migrate(self.states.get(rid), group, src)
             self.states[rid] = state
             self.loop.progress(rid, int(state.step_idx))
+        elif kind == Kind.GATHER:  # NOTE [cache gathers] in src/runtime/control.cpp
+            self.states[rid] = self.model.gather_cache(self.states[rid], self._group(task.ranks))
         elif kind == Kind.DECODE:  # on a group: NOTE [parallel decode] in src/runtime/control.cpp
             ranks = list(task.ranks)
             group = self._group(ranks) if len(ranks) > 1 else None
@@ -204,9 +218,32 @@ class Worker:
             num_inference_steps=req.num_inference_steps,
             guidance_scale=req.guidance_scale,
             grid=tuple(shape[2:]),
-            # only when asked: a StagedModel of one's own need not know the keyword
+            # only when asked: a StagedModel of one's own need not know the keywords
             **({"guidance_scale_2": req.guidance_scale_2} if req.guidance_scale_2 is not None else {}),
+            **({"cache": req.cache} if req.cache.on() else {}),
         )
+
+
+def _cache_counts(state: Any) -> tuple[int, int]:
+    """(cached steps, cached passes) a state's step cache has counted since step 0; (0, 0) without a cache."""
+    cache = getattr(state, "cache", None)
+    if cache is None:
+        return 0, 0
+    return int(cache.cached_steps), int(cache.cached_passes)
+
+
+def _cache_delta(before: Any, after: Any) -> tuple[int, int]:
+    """What one step added to the step cache's counts (the worker loop sums a task's; NOTE [step caches])."""
+    (s0, p0), (s1, p1) = _cache_counts(before), _cache_counts(after)
+    return max(0, s1 - s0), max(0, p1 - p0)
+
+
+def _without_spent_cache(state: Any) -> Any:
+    """The state without its step cache once its steps are done: the decode never reads it, and a migration to
+    the decode's ranks need not carry it."""
+    if getattr(state, "cache", None) is not None and state.done:
+        return dataclasses.replace(state, cache=None)
+    return state
 
 
 class InheritedFd:

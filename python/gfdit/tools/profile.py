@@ -10,7 +10,11 @@ says which requests run and why. For every shape and every batch size b of ``--b
 batch 1 is every other measurement), b requests submitted at once run their steps together on rank 0 (one
 batched forward per step: NOTE [batches] in src/runtime/control.cpp, guidance as the model's default), which
 gives the step time of a batch (``ProfileEntry.batch``): with it a profiled cost model prices batches up to the
-largest measured one, and the built-in policies batch on it. Control-plane latencies come from ``Engine.ping``.
+largest measured one, and the built-in policies batch on it. With ``--caches`` it also measures each step cache
+(NOTE [step caches] in include/gfdit/step_cache.h) on the first shape, on one rank: for each threshold of
+``--cache-thresholds`` one request of ``--cache-steps`` steps, whose timeline says which passes reused the cache
+(the skip curve the simulator draws from), and the time of a step whose passes all did against a full one.
+Control-plane latencies come from ``Engine.ping``.
 When the ranks outnumber the cores, two-rank groups running at once give the collective efficiency (how much
 of its share of the cores a collective task gets done), which the simulator's core sharing uses.
 
@@ -250,9 +254,63 @@ class PinnedPolicy:
         return _Pinned()
 
 
-def _request(shape: tuple[int, int, int], steps: int, seed: int, prompt: str) -> Request:
+def _request(
+    shape: tuple[int, int, int], steps: int, seed: int, prompt: str, cache: str | None = None
+) -> Request:
     h, w, f = shape
-    return Request(prompt=prompt, height=h, width=w, num_frames=f, num_inference_steps=steps, seed=seed)
+    return Request(
+        prompt=prompt, height=h, width=w, num_frames=f, num_inference_steps=steps, seed=seed, cache=cache
+    )
+
+
+# The warm-up of the step caches' measuring requests: short, so that most of their steps can reuse the cache,
+# and not 0, so that the first steps (whose change is the largest) are computed as any request's are.
+CACHE_WARMUP = 2
+
+
+def _measure_caches(
+    eng: Any,
+    policy: Any,
+    kinds: Sequence[str],
+    thresholds: Sequence[float],
+    shape: tuple[int, int, int],
+    steps: int,
+    timeout_s: float,
+    model: str,
+) -> tuple[list[Any], dict[str, float]]:
+    """Each step cache of ``kinds`` at each threshold on rank 0: one request of ``steps`` steps (warm-up
+    CACHE_WARMUP, no limit in a row) per threshold. Returns the skip curves (threshold, the share of the passes
+    past the warm-up that reused the cache) and, per kind, the median step whose passes all reused it over the
+    median full step (0 where a kind never had both)."""
+    guidance = float(eng.model_info.defaults.guidance_scale) > 1.0
+    passes = 2 if guidance else 1
+    curves, ratios = [], {}
+    one = LayoutSpec(1, 1)
+    for kind in kinds:
+        points, full, cached = [], [], []
+        for i, thr in enumerate(thresholds):
+            text = f"{kind}:{thr},warmup={CACHE_WARMUP},max_skip=-1"
+            spec = rt.CacheSpec.parse(text)
+            eligible = sum(not spec.always_full(k, steps) for k in range(steps))
+            policy.plan = [Phase((0,), one, steps)]
+            prompt = "profile {}x{}x{} ".format(*shape) + kind
+            res = eng.submit(_request(shape, steps, 7000 + i, prompt, text)).result(timeout=timeout_s)
+            for s in res.timeline:
+                if s.kind != "denoise" or s.step_begin == 0:  # the first forward is not counted
+                    continue
+                dt = (s.end_ns - s.start_ns) / 1e9
+                if s.cached_steps == s.num_steps:
+                    cached.append(dt)
+                elif s.cached_passes == 0:
+                    full.append(dt)
+            points.append((float(thr), res.cached_passes / max(1, eligible * passes)))
+        source = (
+            f"measured by gfdit profile on {model}, {shape[0]}x{shape[1]}x{shape[2]}, {steps} steps, one rank, "
+            f"warm-up {CACHE_WARMUP}"
+        )
+        curves.append(rt.SkipCurve(kind, points, source))
+        ratios[kind] = statistics.median(cached) / statistics.median(full) if cached and full else 0.0
+    return curves, ratios
 
 
 def _run(
@@ -352,12 +410,23 @@ def measure(
     model_path: str | None = None,
     device: Any = None,
     progress: Callable[[int, int], None] | None = None,
+    caches: Sequence[str] = (),
+    cache_thresholds: Sequence[float] = (0.04, 0.08, 0.12, 0.2),
+    cache_steps: int = 30,
 ) -> Any:
     """Measures every stage of ``model`` on this machine at ``world_size`` ranks, and the step of each batch size
     in ``batches`` (at degree 1); returns the profile (a ``gfdit.planning.cost.Profile``: ``cost.write_profile``
     writes the file ``gfdit profile`` writes). ``model_path`` and ``device`` are the engine's
     (``gfdit.Engine``); ``progress(done, total)`` is called after each measured request or batch (NOTE
-    [profile requests])."""
+    [profile requests]). ``caches``: the step caches to measure ("fbcache", "teacache") at ``cache_thresholds``
+    with requests of ``cache_steps`` steps (the module's docstring)."""
+    for kind in caches:
+        if kind not in ("fbcache", "teacache"):
+            raise InvalidUsage(f"--caches: {kind!r} is not a step cache (fbcache, teacache)")
+    if caches and (cache_steps <= CACHE_WARMUP + 1 or not all(t > 0 for t in cache_thresholds)):
+        raise InvalidUsage(
+            f"--cache-steps must be more than {CACHE_WARMUP + 1} and --cache-thresholds positive numbers"
+        )
     if world_size < 1:
         raise InvalidUsage(f"--world-size must be positive, got {world_size}")
     if steps < 1 or repeats < 1:
@@ -405,6 +474,7 @@ def measure(
             lay for lay in layouts if lay.degree > 1 and lay.ring == 1 and lay.mode == "usp" and lay.cfg == 1
         ]
         total = len(shapes) * (len(warmups) + len(layouts) + repeats * len(migrations) + len(batches)) + 1
+        total += 1 if caches else 0
         done = 0
 
         def tick() -> None:
@@ -465,6 +535,18 @@ def measure(
                 log(
                     f"  {shape[0]}x{shape[1]}x{shape[2]} ({tokens} tokens) done at {time.perf_counter() - t0:.1f} s"
                 )
+        curves: list[Any] = []
+        ratios: dict[str, float] = {}
+        if caches:
+            curves, ratios = _measure_caches(
+                eng, policy, caches, cache_thresholds, shapes[0], cache_steps, timeout_s, model
+            )
+            tick()
+            if log:
+                for c in curves:
+                    kind = rt.cache_kind_name(c.kind)
+                    pts = ", ".join(f"{t:g}: {p:.2f}" for t, p in c.points)
+                    log(f"  {kind}: skip {pts}; cached step {ratios[kind]:.3f} of a full one")
         collective = _collective_efficiency(eng, policy, facts, shapes, samples, steps, timeout_s)
         if log:
             log(f"  collective efficiency {collective:.3f} at {time.perf_counter() - t0:.1f} s")
@@ -488,6 +570,9 @@ def measure(
         )
         for k, v in sorted(samples.items(), key=lambda kv: (int(cost.STAGES[kv[0].stage]), *kv[0][1:]))
     ]
+    prof.skip_curves = curves
+    prof.fbcache_step_ratio = ratios.get("fbcache", 0.0)
+    prof.teacache_step_ratio = ratios.get("teacache", 0.0)
     return prof
 
 
@@ -515,6 +600,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--model", help="model to measure (tiny-wan, tiny-qwen-image)")
     parser.add_argument("--world-size", type=int, help="ranks (worker processes)")
     parser.add_argument("--out", help="profile file to write (JSON)")
+    parser.add_argument("--path", help="local diffusers folder of the model (as gfdit serve --path)")
     parser.add_argument(
         "--collectives",
         action="store_true",
@@ -541,6 +627,19 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         default="2,4",
         help="batch sizes whose step to measure on one rank, B,B,... (default 2,4; empty: none, and the profile "
         "prices no batch)",
+    )
+    parser.add_argument(
+        "--caches",
+        default="",
+        help="step caches to measure, fbcache,teacache (default: none): their skip curves and cached step times",
+    )
+    parser.add_argument(
+        "--cache-thresholds",
+        default="0.04,0.08,0.12,0.2",
+        help="the thresholds each of --caches is measured at (default 0.04,0.08,0.12,0.2)",
+    )
+    parser.add_argument(
+        "--cache-steps", type=int, default=30, help="steps of each --caches request (default 30)"
     )
 
 
@@ -584,6 +683,13 @@ def run(args: argparse.Namespace, command: str) -> int:
     try:
         shapes = parse_shapes(args.shapes) if args.shapes else None
         batches = parse_batches(args.batches)
+        caches = [c.strip() for c in args.caches.split(",") if c.strip()]
+        try:
+            thresholds = [float(t) for t in args.cache_thresholds.split(",") if t.strip()]
+        except ValueError:
+            raise InvalidUsage(
+                f"--cache-thresholds: {args.cache_thresholds!r} is not a list of numbers"
+            ) from None
         profile = measure(
             args.model,
             args.world_size,
@@ -592,6 +698,10 @@ def run(args: argparse.Namespace, command: str) -> int:
             repeats=args.repeats,
             log=lambda s: print(s, flush=True),
             batches=batches,
+            model_path=args.path,
+            caches=caches,
+            cache_thresholds=thresholds,
+            cache_steps=args.cache_steps,
         )
     except InvalidUsage as e:
         print(f"gfdit {command}: {e.message}", file=sys.stderr)

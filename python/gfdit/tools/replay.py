@@ -72,6 +72,7 @@ def _engine_request(
         seed=r.id,
         deadline_s=rel_deadline,
         priority=r.priority,
+        cache=r.cache,
     )
 
 

@@ -90,6 +90,18 @@ def _published_schema(app: FastAPI, *, max_n: int, keyed: bool) -> dict:
     return schema
 
 
+def _checked_cache(engine: Any, cache: str | None) -> str | None:
+    """The server's default step cache in canonical text, or None: a spec the engine's model refuses is refused
+    now (gfdit.InvalidUsage naming cache), not at every request."""
+    if cache is None:
+        return None
+    from gfdit.serving.request import Request as EngineRequest
+
+    engine.check(EngineRequest(prompt="-", cache=cache))
+    spec = EngineRequest(prompt="-", cache=cache).message().cache
+    return str(spec) if spec.on() else None
+
+
 def create_app(
     engine: Any,
     *,
@@ -102,6 +114,8 @@ def create_app(
     loop_stall_s: float = 1.0,
     job_ttl_s: float = defaults.JOB_TTL_S,
     max_video_bytes: int = defaults.MAX_VIDEO_BYTES,
+    cache: str | None = None,
+    request_cache: bool = True,
 ) -> FastAPI:
     """The ASGI app serving ``engine`` under the model name ``model``.
 
@@ -112,7 +126,9 @@ def create_app(
     longer to make room). loop_stall_s: /health answers 503 when the control loop has not woken for this long.
     job_ttl_s: finished video jobs (and their MP4) are forgotten this long after they end. max_video_bytes: the
     MP4s of finished jobs kept in memory at most; past it the oldest finished jobs are forgotten early (the
-    newest is kept whatever its size).
+    newest is kept whatever its size). cache: the step cache of a request that names none (its text; None: none),
+    checked here against the engine's model; request_cache: whether a request may name its own (False: a body's
+    ``cache`` is refused with 400).
     """
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"gfdit serve: max_queue must be a positive integer, got {max_queue!r}")
@@ -130,6 +146,8 @@ def create_app(
         encoders=Encoders(),
         live=live.ActivityRecorder(),
         health=EngineProbe(engine),
+        cache=_checked_cache(engine, cache),
+        request_cache=bool(request_cache),
     )
 
     engine.add_progress_listener(server.live.on_progress)  # the live page hears where requests run

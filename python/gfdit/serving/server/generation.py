@@ -20,10 +20,12 @@ from gfdit.serving.server.schemas import GenerationRequest
 from gfdit.serving.server.state import ServerState
 
 
-def check_common(server: ServerState, b: GenerationRequest) -> tuple[int, int, int]:
+def check_common(server: ServerState, b: GenerationRequest) -> tuple[int, int, int, str | None]:
     """Checks what only HTTP knows of the fields images and videos share (the model's name, a prompt that is
-    not blank); returns (width, height, seed). Every value the engine checks (sizes against the model, steps,
-    guidance, the deadline, seed and priority) is the engine's to refuse (``check``)."""
+    not blank, a step cache on a server that does not take one from its requests); returns (width, height, seed,
+    cache: the body's, else the server's default). Every value the engine checks (sizes against the model, steps,
+    guidance, the deadline, seed, priority, the cache's settings and kind) is the engine's to refuse
+    (``check``)."""
     if b.model is not None and b.model != server.model:
         raise APIError(
             404,
@@ -34,11 +36,19 @@ def check_common(server: ServerState, b: GenerationRequest) -> tuple[int, int, i
     if not b.prompt.strip():
         raise APIError(400, "prompt must not be empty", param="prompt")
     width, height = b.width_height((server.info.defaults.width, server.info.defaults.height))
-    return width, height, secrets.randbits(31) if b.seed is None else b.seed
+    if b.cache is not None and not server.request_cache:
+        raise APIError(
+            400,
+            "this server does not take a request's step cache (gfdit serve --forbid-request-cache); every request "
+            f"runs with its default, {server.cache or 'none'}",
+            param="cache",
+        )
+    cache = b.cache if b.cache is not None else server.cache
+    return width, height, secrets.randbits(31) if b.seed is None else b.seed, cache
 
 
 def engine_request(
-    b: GenerationRequest, width: int, height: int, num_frames: int, seed: int
+    b: GenerationRequest, width: int, height: int, num_frames: int, seed: int, cache: str | None = None
 ) -> EngineRequest:
     return EngineRequest(
         prompt=b.prompt,
@@ -52,6 +62,7 @@ def engine_request(
         seed=seed,
         deadline_s=None if b.slo_ms is None else b.slo_ms / 1000.0,
         priority=b.priority,
+        cache=cache,
     )
 
 

@@ -23,8 +23,8 @@ def to_engine_requests(server: ServerState, b: ImageGenerationRequest) -> list:
     n = 1 if b.n is None else b.n
     if n > server.max_n:  # the schema says so too (create_app publishes max_n)
         raise APIError(400, f"n {n} is over this server's max_n of {server.max_n}", param="n")
-    width, height, seed = gen.check_common(server, b)
-    return [gen.engine_request(b, width, height, 1, seed + i) for i in range(n)]
+    width, height, seed, cache = gen.check_common(server, b)
+    return [gen.engine_request(b, width, height, 1, seed + i, cache) for i in range(n)]
 
 
 @router.post(

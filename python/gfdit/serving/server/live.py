@@ -55,6 +55,9 @@ class Span:
     regroup: bool  # a denoise span on other ranks than the request's previous denoise span
     cfg: int = 1  # 2: CFG-parallel
     batch: int = 1  # requests its denoise steps ran together in one batched forward, this one included
+    cached_steps: int = (
+        0  # of its denoise steps, those whose every pass reused the step cache (NOTE [step caches])
+    )
 
 
 @dataclasses.dataclass
@@ -153,10 +156,13 @@ class ActivityRecorder:
                 and last.ranks == list(st.ranks)
                 and (last.ulysses, last.ring, last.mode, last.cfg) == (st.ulysses, st.ring, st.mode, st.cfg)
                 and last.batch == max(1, st.batch)
+                # cached steps and computed ones stay apart, so the page can mark the cached ones
+                and (last.cached_steps > 0) == (st.cached_steps > 0)
                 and last.step_begin + last.num_steps == st.step_begin
                 and st.start_ns - last.end_ns <= MERGE_GAP_NS
             ):
                 last.num_steps += st.num_steps
+                last.cached_steps += st.cached_steps
                 last.end_ns = max(last.end_ns, st.end_ns)
                 continue
             regroup = bool(st.regroup)  # the control plane's mark (NOTE [regroups])
@@ -175,6 +181,7 @@ class ActivityRecorder:
                 regroup=regroup,
                 cfg=st.cfg,
                 batch=max(1, st.batch),
+                cached_steps=int(st.cached_steps) if st.kind == "denoise" else 0,
             )
             spans.append(span)
         times = [t for _, _, t in result.transitions]
@@ -266,6 +273,7 @@ class ActivityRecorder:
             "end_s": (s.end_ns - now) / 1e9,
             "regroup": s.regroup,
             "batch": s.batch,
+            "cached_steps": s.cached_steps,
         }
 
     def _prune(self, now: int) -> None:
@@ -306,7 +314,9 @@ def timeline(request: Request) -> dict:
     (per rank), ``queued`` and ``running`` (engine requests), ``latency`` (count, mean_s, p50_s, p95_s of the
     requests that finished in the window, submit to done), ``spans`` (request_id, kind, ranks, ulysses, ring,
     mode, cfg, layout, step_begin, num_steps, start_s, end_s, regroup, batch: the requests a denoise span's steps
-    ran together, this one included; a decode's ranks are its group, NOTE [parallel decode]), ``live`` (requests running now:
+    ran together, this one included, cached_steps: of a denoise span's steps, those whose every pass reused the
+    step cache, and a span's steps are all cached or all computed but for a task of several steps; a decode's ranks
+    are its group, NOTE [parallel decode]), ``live`` (requests running now:
     request_id, state, ranks, step, num_steps, since_s: since when it runs on these ranks, earlier: the rank
     sets it held before, each with start_s and end_s) and ``requests`` (one line per finished request:
     request_id, end_s, latency_s, num_steps, max_degree, regroups).

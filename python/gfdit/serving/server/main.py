@@ -92,6 +92,17 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
         help="MP4s of finished video jobs kept in memory at most; past it the oldest jobs are forgotten",
     )
     p.add_argument(
+        "--cache",
+        default=None,
+        help="the step cache of requests that name none: 'fbcache[:THRESHOLD]' or 'teacache[:THRESHOLD]' with "
+        "optional ',warmup=N,max_skip=M' (README, 'Step caching'); default: none",
+    )
+    p.add_argument(
+        "--forbid-request-cache",
+        action="store_true",
+        help="refuse (400) a request body's cache field: every request runs with --cache",
+    )
+    p.add_argument(
         "--grace-s",
         type=float,
         default=30.0,
@@ -119,6 +130,14 @@ def run(args: argparse.Namespace, command: str) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.cache is not None:  # before any worker starts: a typo costs nothing
+        from gfdit._C.runtime import CacheSpec
+
+        try:
+            CacheSpec.parse(args.cache)
+        except Error as e:
+            print(f"gfdit serve: --cache: {e.message}", file=sys.stderr)
+            return 2
     try:
         cost_model: Any = None  # the cached profile (NOTE [cached profiles] in gfdit.tools.profile_cache)
         if args.profile is not None:
@@ -139,14 +158,20 @@ def run(args: argparse.Namespace, command: str) -> int:
         print(f"gfdit serve: {e}", file=sys.stderr)
         return 2
     with engine:
-        app = create_app(
-            engine,
-            model=args.model,
-            api_key=args.api_key,
-            max_queue=args.max_queue,
-            job_ttl_s=args.job_ttl_s,
-            max_video_bytes=int(args.max_video_mb * 2**20),
-        )
+        try:
+            app = create_app(
+                engine,
+                model=args.model,
+                api_key=args.api_key,
+                max_queue=args.max_queue,
+                job_ttl_s=args.job_ttl_s,
+                max_video_bytes=int(args.max_video_mb * 2**20),
+                cache=args.cache,
+                request_cache=not args.forbid_request_cache,
+            )
+        except Error as e:  # --cache that the model refuses (the engine stops on leaving `with`)
+            print(f"gfdit serve: --cache: {e.message}", file=sys.stderr)
+            return 2
         config = uvicorn.Config(
             app,
             host=args.host,

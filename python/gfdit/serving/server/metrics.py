@@ -56,8 +56,9 @@ class _EngineCollector(Collector):
 
 
 class Metrics:
-    """Requests by kind and outcome, latencies, stage times, decodes by degree, request steps by batch, SLO
-    results, busy seconds per rank, and what the engine counts, read when scraped."""
+    """Requests by kind and outcome, latencies, stage times, decodes by degree, request steps by batch and by
+    whether they reused the step cache, SLO results, busy seconds per rank, and what the engine counts, read when
+    scraped."""
 
     def __init__(self, engine: Any, admission: Admission) -> None:
         self.registry = r = CollectorRegistry()
@@ -108,6 +109,18 @@ class Metrics:
             ["batch"],
             registry=r,
         )
+        self.steps = Counter(
+            "gfdit_denoise_steps",
+            "denoising steps of finished requests by whether every transformer pass of the step reused the "
+            'request\'s step cache (cached="true") or not (NOTE [step caches] in include/gfdit/step_cache.h)',
+            ["cached"],
+            registry=r,
+        )
+        self.cached_passes = Counter(
+            "gfdit_cached_passes",
+            "transformer passes of finished requests that reused the step cache (a step with guidance runs two)",
+            registry=r,
+        )
         self.busy = Counter(
             "gfdit_rank_busy_seconds",
             "seconds each rank spent running tasks (a batched step shared out among its requests)",
@@ -132,6 +145,9 @@ class Metrics:
             batch = max(1, st.batch)
             if st.kind == "denoise":
                 self.request_steps.labels(str(batch)).inc(st.num_steps)
+                self.steps.labels("true").inc(st.cached_steps)
+                self.steps.labels("false").inc(max(0, st.num_steps - st.cached_steps))
+                self.cached_passes.inc(st.cached_passes)
             if st.end_ns > st.start_ns:
                 dt = (st.end_ns - st.start_ns) / 1e9
                 self.stage.labels(st.kind).observe(dt / max(1, st.num_steps))

@@ -86,6 +86,12 @@ class GenerationRequest(BaseModel):
     seed: StrictInt | None = Field(None, description="absent: a random one")
     slo_ms: Number | None = Field(None, description="the deadline in milliseconds after the request arrives")
     priority: StrictInt = Field(0, description="larger is more urgent (policies that use priorities)")
+    cache: Text | None = Field(
+        None,
+        description="the step cache: 'fbcache[:THRESHOLD]' or 'teacache[:THRESHOLD]' with optional "
+        "',warmup=N,max_skip=M', or 'none'; absent: the server's default (gfdit serve --cache)",
+        examples=["fbcache:0.08", "teacache:0.1,warmup=2,max_skip=3", "none"],
+    )
 
     def width_height(self, default: tuple[int, int]) -> tuple[int, int]:
         """(width, height) of ``size`` ("WIDTHxHEIGHT"), or ``default`` (the model's) when absent or "auto"."""

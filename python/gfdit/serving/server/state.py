@@ -61,6 +61,8 @@ class ServerState:
     encoders: Encoders
     live: ActivityRecorder
     health: EngineProbe
+    cache: str | None = None  # the step cache of a request that names none (gfdit serve --cache)
+    request_cache: bool = True  # whether a request may name its own (False: --forbid-request-cache)
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     # /health: the control loop's wake-up count last seen, and since when (monotonic)
     loop_wakeups: int = -1

@@ -69,7 +69,7 @@ async def _create(
         raise APIError(
             400, f"the model {server.model!r} makes images; use /v1/images/generations", param="model"
         )
-    width, height, seed = gen.check_common(server, b)
+    width, height, seed, cache = gen.check_common(server, b)
     num_frames = b.num_frames
     if num_frames is None and b.seconds is not None:
         try:
@@ -85,7 +85,7 @@ async def _create(
         num_frames = int(seconds * b.fps) // t * t + 1  # the VAE takes 1 + stride_t * k frames
     if num_frames is None:
         num_frames = server.info.defaults.num_frames
-    req = gen.engine_request(b, width, height, num_frames, seed)
+    req = gen.engine_request(b, width, height, num_frames, seed, cache)
     # bad fields are refused (400) before a full queue (429); frames counted from seconds are the seconds' fault
     gen.check(
         server, [req], {"num_frames": "seconds"} if b.num_frames is None and b.seconds is not None else {}

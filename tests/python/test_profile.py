@@ -8,6 +8,7 @@ import json
 
 import pytest
 from gfdit._C import InvalidUsage
+from gfdit._C import runtime as rt
 from gfdit.planning import cost
 from gfdit.tools import profile
 
@@ -190,6 +191,41 @@ def test_batch_profile_prices_batches(tmp_path, monkeypatch):
     with pytest.raises(InvalidUsage, match="batch 5 is outside the measured batches"):
         step(5)  # the profile's max_batch is the largest measured: 4
     assert step(4) < 4 * step(1), (step(1), step(4))  # tiny-qwen-image 64x64: ~2.4x for 4 on this machine
+
+
+@pytest.mark.timeout(120)
+def test_cache_profile_measures_skip_curves(tmp_path):
+    """--caches: per kind and threshold one request on rank 0 whose timeline says which passes reused the cache.
+    tiny-wan's own weights change their first block's residual by 30-140% a step (NOTE [deep tiny models]), so a
+    threshold of 0.01 reuses nothing and one of 5 every pass it may; the curve and the cached step's share travel
+    through the profile file into the profiled cost model (NOTE [step caches])."""
+    prof = profile.measure(
+        "tiny-wan",
+        1,
+        [(32, 32, 5)],
+        steps=1,
+        repeats=1,
+        batches=(),
+        caches=("fbcache", "teacache"),
+        cache_thresholds=(0.01, 5.0),
+        cache_steps=6,
+    )
+    curves = {rt.cache_kind_name(c.kind): dict(c.points) for c in prof.skip_curves}
+    assert curves["fbcache"] == {0.01: 0.0, 5.0: 1.0}
+    assert curves["teacache"][0.01] == 0.0 and curves["teacache"][5.0] > 0.5
+    assert 0 < prof.fbcache_step_ratio < 1 and 0 < prof.teacache_step_ratio < 1
+    path = tmp_path / "profile.json"
+    cost.write_profile(path, prof)
+    back = cost.load_profile(path)
+    assert [tuple(c.points) for c in back.skip_curves] == [tuple(c.points) for c in prof.skip_curves]
+    cm = cost.cost_model("tiny-wan", "cpu", profile=back)
+    assert cm.skip_rate("fbcache", 5.0) == 1.0 and cm.skip_rate("fbcache", 2.5) == pytest.approx(2.49 / 4.99)
+    g = cost.model_arch("tiny-wan").default_guidance
+    full = cm.seconds(cost.Stage.DENOISE, 32, 32, 5, guidance_scale=g)
+    cached = cm.seconds(cost.Stage.DENOISE, 32, 32, 5, guidance_scale=g, cached="fbcache")
+    assert cached == pytest.approx(full * prof.fbcache_step_ratio)
+    with pytest.raises(InvalidUsage, match="--caches"):
+        profile.measure("tiny-wan", 1, [(32, 32, 5)], caches=("blockcache",))
 
 
 def test_collectives_profile_needs_a_gpu_and_says_so(capsys):

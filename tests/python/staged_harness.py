@@ -44,6 +44,25 @@ def model(name: str):
     return _MODELS[name]
 
 
+def two_experts(base, scheduler_config: dict | None = None):
+    """A Wan 2.2 A14B-like staged model on ``base``'s parts (a tiny staged Wan): its transformer above
+    boundary_ratio 0.875 x 1000, a second tiny transformer (seed 11) below; ``scheduler_config``: base's when
+    None."""
+    from gfdit.models import tiny, wan_pipeline
+
+    return wan_pipeline.WanStagedModel(
+        name="wan2.2",
+        tokenizer=base.tokenizer,
+        text_encoder=base.text_encoder,
+        vae=base.vae,
+        transformer=base.transformer,
+        transformer_2=tiny.tiny_wan(11),
+        scheduler_config=base.scheduler_config if scheduler_config is None else scheduler_config,
+        defaults=base.defaults,
+        boundary_ratio=0.875,
+    )
+
+
 def _schedulers() -> dict:
     from gfdit.models.wan_pipeline import WAN21_SCHEDULER
 

@@ -190,20 +190,7 @@ def test_unguided_batch_one_state_and_refusals(name):
 def test_wan_two_experts_split_into_sub_batches():
     # Wan 2.2 A14B: transformer above boundary_ratio * 1000, transformer_2 below, each a sub-batch; the
     # low-noise steps use each state's guidance_scale_2 when it has one
-    from gfdit.models import tiny, wan_pipeline
-
-    base = sh.model("tiny-wan@unipc")
-    m = wan_pipeline.WanStagedModel(
-        name="wan2.2",
-        tokenizer=base.tokenizer,
-        text_encoder=base.text_encoder,
-        vae=base.vae,
-        transformer=base.transformer,
-        transformer_2=tiny.tiny_wan(11),
-        scheduler_config=sh.SCHEDULERS["unipc"],
-        defaults=base.defaults,
-        boundary_ratio=0.875,
-    )
+    m = sh.two_experts(sh.model("tiny-wan@unipc"), sh.SCHEDULERS["unipc"])
     shape = m.latent_shape()
 
     def state(prompt, seed, scale, scale_2):

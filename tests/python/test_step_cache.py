@@ -155,6 +155,30 @@ def test_caching_off_is_bit_identical():
         assert torch.equal(back.cache.pass_caches[1].residual, cached.cache.pass_caches[1].residual)
 
 
+def _pipeline(m, family: str, transformer=None) -> tuple:
+    """The diffusers pipeline of staged model ``m``'s parts (``transformer``: its own unless another is given),
+    quiet, and the size options of the tests' requests."""
+    t = m.transformer if transformer is None else transformer
+    scheduler = m.sampler.scheduler_class.from_config(m.scheduler_config)
+    if family == "wan":
+        from diffusers import WanPipeline
+
+        pipe = WanPipeline(
+            tokenizer=m.tokenizer, text_encoder=m.text_encoder, vae=m.vae, transformer=t, scheduler=scheduler
+        )
+        opts = {"height": 32, "width": 48, "num_frames": 9, "guidance_scale": 4.0}
+    else:
+        from diffusers import QwenImagePipeline
+
+        pipe = QwenImagePipeline(
+            scheduler=scheduler, vae=m.vae, text_encoder=m.text_encoder, tokenizer=m.tokenizer, transformer=t
+        )
+        pipe.prompt_template_encode_start_idx = m.prompt_template_drop
+        opts = {"height": 48, "width": 80, "true_cfg_scale": 4.0}
+    pipe.set_progress_bar_config(disable=True)
+    return pipe, opts
+
+
 def _cache_dit_run(folder: str, family: str, config, steps: int, seed: int):
     """The pipeline with cache-dit on a model loaded afresh from ``folder`` (cache-dit patches the transformer
     it is given): the final latent and the per-pass cached steps."""
@@ -163,30 +187,7 @@ def _cache_dit_run(folder: str, family: str, config, steps: int, seed: int):
     from cache_dit import DBCacheConfig
 
     m = gm.load(LOADERS[family], path=folder)
-    if family == "wan":
-        from diffusers import WanPipeline
-
-        pipe = WanPipeline(
-            tokenizer=m.tokenizer,
-            text_encoder=m.text_encoder,
-            vae=m.vae,
-            transformer=m.transformer,
-            scheduler=m.sampler.scheduler_class.from_config(m.scheduler_config),
-        )
-        opts = {"height": 32, "width": 48, "num_frames": 9, "guidance_scale": 4.0}
-    else:
-        from diffusers import QwenImagePipeline
-
-        pipe = QwenImagePipeline(
-            scheduler=m.sampler.scheduler_class.from_config(m.scheduler_config),
-            vae=m.vae,
-            text_encoder=m.text_encoder,
-            tokenizer=m.tokenizer,
-            transformer=m.transformer,
-        )
-        pipe.prompt_template_encode_start_idx = m.prompt_template_drop
-        opts = {"height": 48, "width": 80, "true_cfg_scale": 4.0}
-    pipe.set_progress_bar_config(disable=True)
+    pipe, opts = _pipeline(m, family)
     cache_dit.enable_cache(
         pipe,
         cache_config=DBCacheConfig(
@@ -355,32 +356,8 @@ def test_teacache_matches_a_plain_reference(folders, family, threshold):
     ref_model = gm.load(LOADERS[family], path=folders[family])  # the reference patches its transformer
     t = ref_model.transformer
     ref = _TeaCacheReference(t, family, threshold, warmup, steps)
-    if family == "wan":
-        from diffusers import WanPipeline
-
-        pipe = WanPipeline(
-            tokenizer=ref_model.tokenizer,
-            text_encoder=ref_model.text_encoder,
-            vae=ref_model.vae,
-            transformer=t,
-            scheduler=ref_model.sampler.scheduler_class.from_config(ref_model.scheduler_config),
-        )
-        t.forward = ref.wan_forward
-        opts = {"height": 32, "width": 48, "num_frames": 9, "guidance_scale": 4.0}
-    else:
-        from diffusers import QwenImagePipeline
-
-        pipe = QwenImagePipeline(
-            scheduler=ref_model.sampler.scheduler_class.from_config(ref_model.scheduler_config),
-            vae=ref_model.vae,
-            text_encoder=ref_model.text_encoder,
-            tokenizer=ref_model.tokenizer,
-            transformer=t,
-        )
-        pipe.prompt_template_encode_start_idx = ref_model.prompt_template_drop
-        t.forward = ref.qwen_forward
-        opts = {"height": 48, "width": 80, "true_cfg_scale": 4.0}
-    pipe.set_progress_bar_config(disable=True)
+    t.forward = ref.wan_forward if family == "wan" else ref.qwen_forward
+    pipe, opts = _pipeline(ref_model, family, t)
     out = pipe(
         PROMPT,
         negative_prompt=NEGATIVE,
@@ -521,20 +498,8 @@ def test_a_step_on_the_other_expert_starts_the_pass_again():
     # change reaches reuses the cache at every step it may, except the first one of the other expert
     import gfdit.models as gm
     import staged_harness as sh
-    from gfdit.models import tiny, wan_pipeline
 
-    base = sh.model("tiny-wan")
-    two = wan_pipeline.WanStagedModel(
-        name="wan2.2",
-        tokenizer=base.tokenizer,
-        text_encoder=base.text_encoder,
-        vae=base.vae,
-        transformer=base.transformer,
-        transformer_2=tiny.tiny_wan(11),
-        scheduler_config=base.scheduler_config,
-        defaults=base.defaults,
-        boundary_ratio=0.875,
-    )
+    two = sh.two_experts(sh.model("tiny-wan"))
     steps = 6
     timesteps = two.schedule(steps, (3, 4, 6))[1]
     first_low = next(k for k, t in enumerate(timesteps.tolist()) if t < 875)

@@ -189,20 +189,10 @@ def test_wan22_two_experts_equal_wan_pipeline(tmp_path):
     # (transformer_2) below, with the UniPC Wan ships; the boundary falls between steps of this schedule.
     import gfdit.models as gm
     from diffusers import WanPipeline
-    from gfdit.models import tiny, wan_pipeline
+    from gfdit.models import wan_pipeline
 
     base = wan_pipeline.build_tiny(scheduler_config=sh.SCHEDULERS["unipc"])
-    two = wan_pipeline.WanStagedModel(
-        name="wan2.2",
-        tokenizer=base.tokenizer,
-        text_encoder=base.text_encoder,
-        vae=base.vae,
-        transformer=base.transformer,
-        transformer_2=tiny.tiny_wan(11),
-        scheduler_config=sh.SCHEDULERS["unipc"],
-        defaults=base.defaults,
-        boundary_ratio=0.875,
-    )
+    two = sh.two_experts(base)
     two.save_pretrained(tmp_path)
     m = gm.load("wan2.2", path=tmp_path)
     assert m.transformer_2 is not None and m.boundary_ratio == 0.875

@@ -179,6 +179,20 @@ def _pipeline(m, family: str, transformer=None) -> tuple:
     return pipe, opts
 
 
+def _latent(pipe, opts: dict, m, steps: int, seed: int) -> torch.Tensor:
+    """The final latent of the tests' request through a diffusers pipeline (``_pipeline``)."""
+    out = pipe(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        num_inference_steps=steps,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="latent",
+        max_sequence_length=m.defaults.max_sequence_length,
+        **opts,
+    )
+    return out.frames if hasattr(out, "frames") else out.images
+
+
 def _cache_dit_run(folder: str, family: str, config, steps: int, seed: int):
     """The pipeline with cache-dit on a model loaded afresh from ``folder`` (cache-dit patches the transformer
     it is given): the final latent and the per-pass cached steps."""
@@ -200,19 +214,10 @@ def _cache_dit_run(folder: str, family: str, config, steps: int, seed: int):
         ),
     )
     try:
-        out = pipe(
-            PROMPT,
-            negative_prompt=NEGATIVE,
-            num_inference_steps=steps,
-            generator=torch.Generator().manual_seed(seed),
-            output_type="latent",
-            max_sequence_length=m.defaults.max_sequence_length,
-            **opts,
-        )
+        latent = _latent(pipe, opts, m, steps, seed)
         stats = cache_dit.summary(pipe, logging=False)[0]
     finally:
         cache_dit.disable_cache(pipe)
-    latent = out.frames if family == "wan" else out.images
     return latent, list(stats.cached_steps), list(stats.cfg_cached_steps)
 
 
@@ -358,16 +363,7 @@ def test_teacache_matches_a_plain_reference(folders, family, threshold):
     ref = _TeaCacheReference(t, family, threshold, warmup, steps)
     t.forward = ref.wan_forward if family == "wan" else ref.qwen_forward
     pipe, opts = _pipeline(ref_model, family, t)
-    out = pipe(
-        PROMPT,
-        negative_prompt=NEGATIVE,
-        num_inference_steps=steps,
-        generator=torch.Generator().manual_seed(seed),
-        output_type="latent",
-        max_sequence_length=m.defaults.max_sequence_length,
-        **opts,
-    )
-    want = out.frames if family == "wan" else out.images
+    want = _latent(pipe, opts, m, steps, seed)
     got = [[k for k, f in enumerate(flags) if f[p]] for p in (0, 1)]
     err = _rel(state.latent, want.float())
     print(f"{family} teacache {threshold}: reference skips {ref.skipped}, gfdit {got}, err {err:.3g}")

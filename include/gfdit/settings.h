@@ -47,6 +47,13 @@ int yieldUs(bool own_core);
 bool waitsFixed();
 /// GFDIT_COPY_TABLE: the host copy table as set (nullptr while unset; an empty value is returned as is).
 const char* copyTable();
+/// GFDIT_NET_ADDRESS: the IPv4 address of this rank's network edges (nullptr while unset or empty).
+const char* netAddress();
+/// GFDIT_NET_EDGES: whether ranks of one host whose node ids differ talk over the network ("nodes"; false while
+/// unset, empty or "auto"; another value throws InvalidUsage).
+bool netEdgesByNode();
+/// GFDIT_NODE_IDS as set (nullptr while unset or empty).
+const char* nodeIds();
 /// GFDIT_PID_LIVENESS: whether peers' pids are trusted where namespaces match (true while unset or empty,
 /// else std::atoi != 0).
 bool pidLiveness();

@@ -98,6 +98,15 @@ class World {
 
   /// The device of this world's device transport, or -1.
   int device() const;
+  /// The node rank `rank` runs on (0 .. numNodes - 1, in the order of first appearance): ranks whose hosts share
+  /// memory share a node, unless GFDIT_NODE_IDS says otherwise.
+  int nodeOf(int rank) const;
+  /// The host name rank `rank` reported.
+  const std::string& hostOf(int rank) const;
+  /// Whether this rank talks to `rank` over the network (NOTE [network edges] in src/collectives/net_edges.h).
+  bool remote(int rank) const;
+  /// The TCP port this rank's network edges listen on, or -1 when every peer is in shared memory.
+  int netPort() const;
   /// Reports an error a device transport found asynchronously (a bounded device-side wait that expired).
   void checkDevice();
 

@@ -94,6 +94,7 @@ void Engine::checkUsable() const {
 // ---- waiting ----
 
 void Engine::notify(int peer) {
+  if (isRemote(peer)) return;  // its network thread rings its bell when the store lands (NOTE [network edges])
   RegionHeader* h = regions_[peer].header;
   core::ringBell(&h->doorbell, &h->num_waiters);
 }
@@ -127,6 +128,7 @@ void Engine::broadcastFailure(const std::string& message) {
   for (int p = 0; p < size(); ++p) {
     if (p != rank_) notify(p);
   }
+  if (remote_ != nullptr) remote_->broadcastFailure(message);
 }
 
 // The reason a peer's world broke, or "" while it is fine (acquire: the reason was written before).
@@ -257,6 +259,13 @@ bool Engine::descRoom(int peer) const {
 
 uint64_t Engine::publish(int peer, const MessageDesc& desc) {
   uint64_t seq = ++send_seq_[peer];
+  if (isRemote(peer)) {  // the bytes the peer will read, then the descriptor and the signal (NOTE [network edges])
+    size_t span = desc.rows == 0 ? desc.bytes : (desc.rows - 1) * desc.stride + desc.row_bytes;
+    plan_.transport->publish(peer, seq);
+    remote_->publish(peer, seq, desc, self().base + desc.region_offset, span);
+    ++stats_.messages_sent;
+    return seq;
+  }
   InEdge& e = regions_[peer].in_edges[rank_];
   e.desc[seq % 2] = desc;
   // The transport first: a device transport enqueues "bytes complete" before the peer can learn of them.
@@ -443,6 +452,10 @@ BufferView Engine::sourceView(int peer, const MessageDesc& d) const {
 }
 
 void Engine::ack(int peer, uint64_t seq) {
+  if (isRemote(peer)) {  // the peer's bytes were copied here before its signal: nothing of it is read after
+    remote_->ack(peer, seq);
+    return;
+  }
   // release: our reads of the peer's bytes are done (or, on a device transport, enqueued behind a device-side
   // wait) before the peer may overwrite them.
   edge::storeRelease(&regions_[peer].out_edges[rank_].ack, seq);
@@ -708,6 +721,11 @@ void Engine::putWithSignal(int peer, uint8_t* dst, const void* src, size_t bytes
   // release: the bytes above are visible to whoever acquires the new count.
   edge::storeRelease(&regions_[peer].in_edges[rank_].put_signal, ++puts_sent_[peer]);
   notify(peer);
+}
+
+void Engine::putRemote(int peer, uint64_t heap_offset, const void* src, size_t bytes) {
+  GFDIT_CHECK_CODE(kInternal, isRemote(peer)) << "putRemote to rank " << peer << ", which is in shared memory";
+  remote_->put(peer, heap_offset, src, bytes, ++puts_sent_[peer]);
 }
 
 void Engine::waitSignal(int peer, uint64_t count) {

@@ -47,6 +47,25 @@ inline Kind kindOf(uint32_t op) { return static_cast<Kind>((op >> 16) & 0xff); }
 /// "all_gather(float32, cuda)".
 std::string describeOp(uint32_t op);
 
+/// What the engine writes into the regions of peers it cannot map (ranks of other hosts): those stores, and the
+/// bytes such a peer reads, travel over the network instead (NOTE [network edges] in net_edges.h). Every call is
+/// bounded by the world's timeout and throws naming the edge.
+class RemoteEdges {
+ public:
+  virtual ~RemoteEdges() = default;
+  /// Whether `peer`'s region here is a mirror (a remote peer).
+  virtual bool remote(int peer) const = 0;
+  /// Message `seq` to `peer`: its descriptor and the `span` bytes it describes, at `bytes` in this rank's region.
+  virtual void publish(int peer, uint64_t seq, const edge::MessageDesc& desc, const uint8_t* bytes, size_t span) = 0;
+  /// This rank consumed message `seq` from `peer`.
+  virtual void ack(int peer, uint64_t seq) = 0;
+  /// `bytes` of src into `peer`'s heap at `heap_offset`, then its count of puts from this rank = `count`.
+  virtual void put(int peer, uint64_t heap_offset, const void* src, size_t bytes, uint64_t count) = 0;
+  /// This rank's world broke (NOTE [failure broadcast]): the reason to every remote peer.
+  virtual void broadcastFailure(const std::string& reason) = 0;
+  virtual void setTimeout(std::chrono::milliseconds) {}
+};
+
 /// One rank's host region as mapped here: where the protocol's words are.
 struct HostRegion {
   uint8_t* base = nullptr;
@@ -144,6 +163,9 @@ class Engine {
   void checkAbort();
   /// Runs when the world breaks, before the error is thrown (a device transport stops its pending work).
   void setOnFailure(std::function<void()> f) { on_failure_ = std::move(f); }
+  /// The edges to remote peers (owned by the world; nullptr: every peer in shared memory).
+  void setRemote(RemoteEdges* remote) { remote_ = remote; }
+  bool isRemote(int peer) const { return remote_ != nullptr && remote_->remote(peer); }
 
   /// Starts a collective of `kind` on a group of n on transport t (begun on `stream`): the plan to fill.
   Plan& start(Kind kind, int n, Transport& t, void* stream, DType dtype = DType::kFloat32,
@@ -159,6 +181,8 @@ class Engine {
 
   // ---- one-sided (host transport) ----
   void putWithSignal(int peer, uint8_t* dst, const void* src, size_t bytes, const CopySelector& copier);
+  /// A put to a remote peer's heap (NOTE [network edges]).
+  void putRemote(int peer, uint64_t heap_offset, const void* src, size_t bytes);
   void waitSignal(int peer, uint64_t count);
 
  private:
@@ -224,6 +248,7 @@ class Engine {
   const uint64_t* abort_word_ = nullptr;
   uint64_t abort_base_ = 0;
   std::function<void()> on_failure_;
+  RemoteEdges* remote_ = nullptr;
   WorldStats stats_;
 };
 

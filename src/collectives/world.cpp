@@ -2,6 +2,7 @@
 // plan for the protocol engine (protocol.h), which moves its bytes through a transport (transport.h).
 #include "gfdit/world.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "gfdit/settings.h"
 #include "heap.h"
 #include "liveness.h"
+#include "net_edges.h"
 #include "protocol.h"
 #include "shm.h"
 #include "transport.h"
@@ -54,6 +56,39 @@ uint64_t nextGeneration(const std::string& key_prefix) {
 }
 
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// A remote peer's region as this rank sees it: private zero-filled memory of the same layout, which the network
+// edges write (NOTE [network edges]); pages are taken as they are touched.
+class Mirror {
+ public:
+  explicit Mirror(size_t bytes) : bytes_(bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    GFDIT_CHECK_CODE(kSystemError, p != MAP_FAILED) << "gfdit: cannot map " << bytes << " bytes for a remote region";
+    data_ = static_cast<uint8_t*>(p);
+  }
+  ~Mirror() { ::munmap(data_, bytes_); }
+  Mirror(const Mirror&) = delete;
+  Mirror& operator=(const Mirror&) = delete;
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The node labels GFDIT_NODE_IDS gives (one per rank), or none.
+std::vector<std::string> nodeLabels(int world_size) {
+  std::vector<std::string> out;
+  const char* v = settings::nodeIds();
+  if (v == nullptr) return out;
+  std::string text(v);
+  std::replace(text.begin(), text.end(), ',', ' ');
+  std::istringstream is(text);
+  for (std::string w; is >> w;) out.push_back(w);
+  GFDIT_CHECK(static_cast<int>(out.size()) == world_size).param("GFDIT_NODE_IDS")
+      << "GFDIT_NODE_IDS='" << v << "' names " << out.size() << " ranks; the world has " << world_size;
+  return out;
+}
 
 // The bytes a view spans from its first to its last byte, [first, second).
 std::pair<uintptr_t, uintptr_t> extent(const BufferView& v) {
@@ -121,6 +156,10 @@ struct World::Impl {
   std::unique_ptr<protocol::Engine> engine;
   std::unique_ptr<CpuTransport> cpu;
   std::unique_ptr<Transport> device;
+  std::vector<std::unique_ptr<Mirror>> mirrors;  // by rank: remote peers' regions as this rank sees them
+  std::unique_ptr<net::NetEdges> net;            // destroyed first: its threads write into the mirrors
+  std::vector<int> node_of;
+  std::vector<std::string> hosts;
 
   Transport& transport(void* stream) {
     if (stream == nullptr) return *cpu;
@@ -226,19 +265,80 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   h->heap_bytes = heap_bytes;
   impl->heartbeat = std::make_unique<core::Heartbeat>(&h->heartbeat);
 
-  // Rendezvous: publish the name, map every peer, then unlink our name once every peer has mapped it.
+  // Rendezvous: where every rank runs (NOTE [network edges]): ranks whose hosts share memory map each other's
+  // regions; the others talk over the network, each through a mirror of the other's region. Node ids follow the
+  // hosts (GFDIT_NODE_IDS stands in for them, and with GFDIT_NET_EDGES=nodes its nodes talk over the network too).
   std::string prefix = options.key_prefix + "/" + std::to_string(nextGeneration(options.key_prefix)) + "/";
+  const std::vector<std::string> labels = nodeLabels(world_size);
+  const bool by_node = settings::netEdgesByNode();
+  GFDIT_CHECK(!by_node || !labels.empty()).param("GFDIT_NET_EDGES")
+      << "GFDIT_NET_EDGES=nodes needs GFDIT_NODE_IDS: which ranks are on which node";
+  store.set(prefix + "host/" + std::to_string(rank), net::hostKey() + " " + net::hostName());
+  std::vector<std::string> keys(world_size);
+  impl->hosts.resize(world_size);
+  for (int p = 0; p < world_size; ++p) {
+    std::istringstream is(p == rank ? net::hostKey() + " " + net::hostName()
+                                    : store.get(prefix + "host/" + std::to_string(p)));
+    is >> keys[p] >> impl->hosts[p];
+  }
+  impl->node_of.assign(world_size, 0);
+  {
+    std::vector<std::string> seen;
+    for (int p = 0; p < world_size; ++p) {
+      const std::string& node = labels.empty() ? keys[p] : labels[p];
+      auto it = std::find(seen.begin(), seen.end(), node);
+      impl->node_of[p] = static_cast<int>(it - seen.begin());
+      if (it == seen.end()) seen.push_back(node);
+    }
+  }
+  std::vector<bool> remote(world_size, false);
+  bool any_remote = false;
+  for (int p = 0; p < world_size; ++p) {
+    remote[p] = p != rank && (keys[p] != keys[rank] || (by_node && impl->node_of[p] != impl->node_of[rank]));
+    any_remote = any_remote || remote[p];
+  }
+  GFDIT_CHECK(!any_remote || options.device < 0)
+      << "gfdit: a world with a device (WorldOptions::device) spans hosts here, but device collectives across hosts "
+         "are not built yet (NVSHMEM puts and staging through the host are future work): make a host world";
+  // nodes emulated on one host (GFDIT_NET_EDGES=nodes) talk over loopback; other hosts over an interface
+  bool only_this_host = true;
+  for (int p = 0; p < world_size; ++p) only_this_host = only_this_host && (!remote[p] || keys[p] == keys[rank]);
+  const std::string address = net::listenAddress(only_this_host);
+  if (any_remote) {
+    impl->net = std::make_unique<net::NetEdges>(rank, world_size, prefix, address, impl->options.timeout, remote);
+  }
   store.set(prefix + "region/" + std::to_string(rank),
-            impl->regions[rank].name() + " " + std::to_string(total) + " " + std::to_string(slot_bytes));
+            impl->regions[rank].name() + " " + std::to_string(total) + " " + std::to_string(slot_bytes) + " " +
+                (impl->net != nullptr ? address + " " + std::to_string(impl->net->port()) : "- 0"));
+  impl->mirrors.resize(world_size);
+  std::vector<net::RemotePeer> remotes;
   for (int p = 0; p < world_size; ++p) {
     if (p == rank) continue;
     std::istringstream is(store.get(prefix + "region/" + std::to_string(p)));
-    std::string name;
+    std::string name, peer_address;
     size_t bytes = 0, peer_slot = 0;
-    is >> name >> bytes >> peer_slot;
+    int port = 0;
+    is >> name >> bytes >> peer_slot >> peer_address >> port;
     GFDIT_CHECK(peer_slot == slot_bytes) << "gfdit: rank " << p << " uses staging slots of " << peer_slot
                                          << " bytes, rank " << rank << " of " << slot_bytes
                                          << ": every rank needs the same slot size";
+    if (remote[p]) {
+      GFDIT_CHECK(port > 0) << "gfdit: rank " << p << " (host " << impl->hosts[p] << ") cannot share memory with rank "
+                            << rank << " (host " << impl->hosts[rank] << ") and has no network edges";
+      GFDIT_CHECK(bytes == total) << "gfdit: rank " << p << "'s region is " << bytes << " bytes, rank " << rank << "'s "
+                                  << total << ": ranks of other hosts need the same heap and slots";
+      // the same layout as ours (every rank computes it from the same sizes), as the peer's header says it
+      impl->mirrors[p] = std::make_unique<Mirror>(bytes);
+      auto* mh = reinterpret_cast<RegionHeader*>(impl->mirrors[p]->data());
+      *mh = *h;
+      mh->rank = p;
+      mh->pid = 0;  // a pid of another host means nothing here: liveness is the heartbeat (NOTE [liveness])
+      mh->pid_ns = 0;
+      mh->failed = 0;
+      mh->heartbeat = 0;
+      remotes.push_back({p, peer_address, port, impl->hosts[p]});
+      continue;
+    }
     impl->regions[p] = core::SharedMemory::open(name, bytes);
     auto* ph = reinterpret_cast<const RegionHeader*>(impl->regions[p].data());
     GFDIT_CHECK(ph->magic == edge::kRegionMagic && ph->version == edge::kLayoutVersion &&
@@ -256,13 +356,16 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   std::vector<core::PeerLiveness> liveness(world_size);
   auto stale = core::heartbeatStaleBound();
   for (int p = 0; p < world_size; ++p) {
-    host.push_back(protocol::HostRegion::at(impl->regions[p].data()));
-    bases.push_back(impl->regions[p].data());
+    uint8_t* base = remote[p] ? impl->mirrors[p]->data() : impl->regions[p].data();
+    host.push_back(protocol::HostRegion::at(base));
+    bases.push_back(base);
     const RegionHeader* ph = host.back().header;
     if (p != rank) liveness[p] = core::PeerLiveness(&ph->heartbeat, ph->pid, ph->pid_ns, stale);
   }
+  if (impl->net != nullptr) impl->net->connect(remotes, host);
   impl->engine = std::make_unique<protocol::Engine>(rank, std::move(host), impl->options.timeout, spin);
   impl->engine->setLiveness(std::move(liveness));
+  impl->engine->setRemote(impl->net.get());
   impl->cpu = std::make_unique<CpuTransport>(rank, std::move(bases), staging_off, slot_bytes, num_slots, heap_off,
                                              heap_bytes, copier);
   if (options.device >= 0) {
@@ -294,6 +397,7 @@ void World::setTimeout(std::chrono::milliseconds timeout) {
   impl_->options.timeout = timeout;
   impl_->engine->setTimeout(timeout);
   if (impl_->device != nullptr) impl_->device->setTimeout(timeout);
+  if (impl_->net != nullptr) impl_->net->setTimeout(timeout);
 }
 Group World::newGroup(const int* ranks, int num_ranks) const {
   return Group::create(ranks, num_ranks, impl_->size, impl_->rank);
@@ -308,6 +412,16 @@ uint32_t World::messageTag() const { return impl_->engine->messageTag(); }
 bool World::usable() const { return impl_->engine->usable(); }
 void World::watchAbort(const uint64_t* word) { impl_->engine->watchAbort(word); }
 int World::device() const { return impl_->device != nullptr ? impl_->options.device : -1; }
+int World::nodeOf(int rank) const {
+  GFDIT_CHECK(rank >= 0 && rank < impl_->size) << "rank " << rank << " is outside [0, " << impl_->size << ")";
+  return impl_->node_of[rank];
+}
+const std::string& World::hostOf(int rank) const {
+  GFDIT_CHECK(rank >= 0 && rank < impl_->size) << "rank " << rank << " is outside [0, " << impl_->size << ")";
+  return impl_->hosts[rank];
+}
+bool World::remote(int rank) const { return impl_->engine->isRemote(rank); }
+int World::netPort() const { return impl_->net != nullptr ? impl_->net->port() : -1; }
 void World::checkDevice() {
   if (impl_->device == nullptr) return;
   std::lock_guard<std::mutex> lock(impl_->engine->mutex());
@@ -701,6 +815,10 @@ void World::putWithSignal(int peer, const void* src, size_t bytes, size_t remote
       << "'s heap of " << peer_heap << " bytes";
   std::lock_guard<std::mutex> lock(m.engine->mutex());
   m.engine->checkUsable();
+  if (m.engine->isRemote(peer)) {
+    m.engine->putRemote(peer, remote_heap_offset, src, bytes);
+    return;
+  }
   uint8_t* dst = m.cpu->peerBase(peer) + m.engine->region(peer).header->heap_offset + remote_heap_offset;
   m.engine->putWithSignal(peer, dst, src, bytes, m.cpu->copier());
 }

@@ -50,6 +50,12 @@ const std::vector<Setting>& table() {
       {"GFDIT_COPY_TABLE", "inf:memcpy", "string",
        "The host copy table, BOUND:PATH entries by ascending message size (\"65536:memcpy,inf:stream\"; paths "
        "memcpy, stream); device paths are refused (GFDIT_CUDA_COPY_TABLE is the device's)."},
+      // ---- worlds across hosts (src/collectives/net_edges.cpp) ----
+      {"GFDIT_NET_ADDRESS", "the first up, non-loopback IPv4 address, else 127.0.0.1", "string",
+       "The IPv4 address a rank listens on for the network edges to ranks of other hosts (NOTE [network edges])."},
+      {"GFDIT_NET_EDGES", "auto", "string",
+       "\"auto\": network edges between ranks that cannot share memory (other hosts); \"nodes\": also between ranks "
+       "of one host whose node ids differ (GFDIT_NODE_IDS), to emulate several machines on one."},
       // ---- liveness of peers (src/core/liveness.cpp) ----
       {"GFDIT_PID_LIVENESS", "1", "bool",
        "0 stops trusting the pids of peers in the same pid namespace: only heartbeats tell a dead peer (NOTE "
@@ -78,8 +84,9 @@ const std::vector<Setting>& table() {
        "Where gfdit.Engine's workers run when it is given no device: unset or \"cpu\" the CPU, \"cuda\" worker w "
        "on device w modulo the visible ones, \"cuda:N\" (or N) every worker on device N (Python)."},
       {"GFDIT_NODE_IDS", "", "string",
-       "The node id of every rank, e.g. \"0,0,1,1\" (commas or spaces between); unset or empty: every rank on "
-       "one node. Parallel layouts place Ring and Ulysses by it (Python, gfdit.comm.topology)."},
+       "The node id of every rank, e.g. \"0,0,1,1\" (commas or spaces between), in place of the nodes a world "
+       "derives from its ranks' hosts; unset or empty: derived. Parallel layouts place Ring and Ulysses by the "
+       "nodes (World::nodeOf, gfdit.comm.topology)."},
       {"GFDIT_FAULT_INJECTION", "0", "bool",
        "1 lets tests make a worker fail or hang on purpose with a prompt starting \"gfdit-fault:\" "
        "(\"gfdit-fault:raise\", \"gfdit-fault:sleep=30\"); off otherwise (Python, NOTE [fault injection])."},
@@ -153,6 +160,18 @@ int yieldUs(bool own_core) {
 bool waitsFixed() { return nonEmpty("GFDIT_SPIN_US") != nullptr || nonEmpty("GFDIT_YIELD_US") != nullptr; }
 
 const char* copyTable() { return lookup("GFDIT_COPY_TABLE"); }
+
+const char* netAddress() { return nonEmpty("GFDIT_NET_ADDRESS"); }
+
+bool netEdgesByNode() {
+  const char* v = nonEmpty("GFDIT_NET_EDGES");
+  if (v == nullptr || std::string(v) == "auto") return false;
+  GFDIT_CHECK(std::string(v) == "nodes").param("GFDIT_NET_EDGES")
+      << "GFDIT_NET_EDGES=" << v << ": \"auto\" or \"nodes\"";
+  return true;
+}
+
+const char* nodeIds() { return nonEmpty("GFDIT_NODE_IDS"); }
 
 bool pidLiveness() {
   const char* v = lookup("GFDIT_PID_LIVENESS");

@@ -163,6 +163,13 @@ void register_world(py::module_& m) {
            "Raises an error a device transport found asynchronously (a device-side wait that expired).")
       .def_property_readonly("rank", &World::rank)
       .def_property_readonly("size", &World::size)
+      .def("node_of", &World::nodeOf, py::arg("rank"),
+           "The node `rank` runs on: ranks whose hosts share memory share one (GFDIT_NODE_IDS overrides).")
+      .def("host_of", &World::hostOf, py::arg("rank"), "The host name `rank` reported.")
+      .def("remote", &World::remote, py::arg("rank"),
+           "Whether this rank talks to `rank` over the network (NOTE [network edges]).")
+      .def_property_readonly("net_port", &World::netPort,
+                             "The TCP port of this rank's network edges, or -1 when every peer shares its memory.")
       .def_property_readonly("timeout_s",
                              [](const World& w) { return static_cast<double>(w.options().timeout.count()) / 1000.0; })
       .def_property_readonly("slot_bytes", [](const World& w) { return w.options().slot_bytes; })

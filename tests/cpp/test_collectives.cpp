@@ -53,15 +53,39 @@ void allGatherCase(World& w, bool heap_input) {
 
 }  // namespace
 
-class Collectives : public ::testing::TestWithParam<int> {};
+// A world of `ranks` ranks, its nodes emulated over the network or not: with `net`, ranks alternate between two
+// nodes (0, 1, 0, 1, ...) that talk over the network (GFDIT_NET_EDGES=nodes, NOTE [network edges]), so one world
+// mixes edges in shared memory and edges over TCP.
+struct Edges {
+  int ranks;
+  bool net;
+};
+
+void PrintTo(const Edges& e, std::ostream* os) { *os << e.ranks << (e.net ? " ranks, network edges" : " ranks"); }
+
+class Collectives : public ::testing::TestWithParam<Edges> {
+ protected:
+  void SetUp() override {
+    if (!GetParam().net) return;
+    std::string ids;
+    for (int r = 0; r < GetParam().ranks; ++r) ids += (r ? "," : "") + std::to_string(r % 2);
+    node_ids_ = std::make_unique<gfdit::testing::ScopedEnv>("GFDIT_NODE_IDS", ids.c_str());
+    net_edges_ = std::make_unique<gfdit::testing::ScopedEnv>("GFDIT_NET_EDGES", "nodes");
+  }
+  int ranks() const { return GetParam().ranks; }
+
+ private:
+  std::unique_ptr<gfdit::testing::ScopedEnv> node_ids_;
+  std::unique_ptr<gfdit::testing::ScopedEnv> net_edges_;
+};
 
 TEST_P(Collectives, AllGather) {
-  EXPECT_EQ(runRanks(GetParam(), [](World& w) { allGatherCase(w, false); }, smallSlots()), "");
+  EXPECT_EQ(runRanks(ranks(), [](World& w) { allGatherCase(w, false); }, smallSlots()), "");
 }
 
 TEST_P(Collectives, AllGatherFromHeap) {
   EXPECT_EQ(runRanks(
-                GetParam(),
+                ranks(),
                 [](World& w) {
                   allGatherCase(w, true);
                   RANK_CHECK(w.size() == 1 || w.stats().zero_copy_sends > 0);
@@ -72,7 +96,7 @@ TEST_P(Collectives, AllGatherFromHeap) {
 
 TEST_P(Collectives, AllToAll) {
   EXPECT_EQ(runRanks(
-                GetParam(),
+                ranks(),
                 [](World& w) {
                   Group g = w.worldGroup();
                   int n = w.size(), me = w.rank();
@@ -92,7 +116,7 @@ TEST_P(Collectives, AllToAll) {
 TEST_P(Collectives, AllToAllStridedViews) {
   // The Ulysses shuffle: [S_local, H, D] -> [S, H/n, D], expressed as strided views.
   EXPECT_EQ(runRanks(
-                GetParam(),
+                ranks(),
                 [](World& w) {
                   Group g = w.worldGroup();
                   int n = w.size(), me = w.rank();
@@ -118,7 +142,7 @@ TEST_P(Collectives, AllToAllStridedViews) {
 
 TEST_P(Collectives, ReduceScatterAndAllReduce) {
   EXPECT_EQ(runRanks(
-                GetParam(),
+                ranks(),
                 [](World& w) {
                   Group g = w.worldGroup();
                   int n = w.size(), me = w.rank();
@@ -159,7 +183,7 @@ TEST_P(Collectives, ReduceScatterAndAllReduce) {
 
 TEST_P(Collectives, AllReduceGivesIdenticalBitsEverywhere) {
   EXPECT_EQ(runRanks(
-                GetParam(),
+                ranks(),
                 [](World& w) {
                   Group g = w.worldGroup();
                   int n = w.size();
@@ -185,7 +209,7 @@ TEST_P(Collectives, AllReduceGivesIdenticalBitsEverywhere) {
 
 TEST_P(Collectives, BroadcastSendRecvBarrier) {
   EXPECT_EQ(runRanks(
-                GetParam(),
+                ranks(),
                 [](World& w) {
                   Group g = w.worldGroup();
                   int n = w.size(), me = w.rank();
@@ -219,7 +243,7 @@ TEST_P(Collectives, BroadcastSendRecvBarrier) {
 
 TEST_P(Collectives, PutWithSignal) {
   EXPECT_EQ(runRanks(
-                GetParam(),
+                ranks(),
                 [](World& w) {
                   int n = w.size(), me = w.rank();
                   if (n == 1) return;
@@ -244,7 +268,7 @@ TEST_P(Collectives, PutWithSignal) {
 }
 
 TEST_P(Collectives, DefaultSlotsLargeMessages) {
-  EXPECT_EQ(runRanks(GetParam(),
+  EXPECT_EQ(runRanks(ranks(),
                      [](World& w) {
                        Group g = w.worldGroup();
                        int n = w.size();
@@ -267,7 +291,7 @@ TEST_P(Collectives, DefaultSlotsLargeMessages) {
 TEST_P(Collectives, ProdNaNWrapAndAliasing) {
   EXPECT_EQ(
       runRanks(
-          GetParam(),
+          ranks(),
           [](World& w) {
             Group g = w.worldGroup();
             int n = w.size(), me = w.rank();
@@ -335,7 +359,7 @@ TEST_P(Collectives, ProdNaNWrapAndAliasing) {
 
 TEST_P(Collectives, OverlappingOutputsSizesAndPutBoundsAreRefused) {
   EXPECT_EQ(runRanks(
-                GetParam(),
+                ranks(),
                 [](World& w) {
                   Group g = w.worldGroup();
                   int n = w.size(), me = w.rank();
@@ -381,7 +405,7 @@ TEST_P(Collectives, OverlappingOutputsSizesAndPutBoundsAreRefused) {
 
 TEST_P(Collectives, SymmetricAllocAgreesAfterHeapsDiverged) {
   EXPECT_EQ(runRanks(
-                GetParam(),
+                ranks(),
                 [](World& w) {
                   Group g = w.worldGroup();
                   int n = w.size(), me = w.rank();
@@ -422,7 +446,11 @@ TEST_P(Collectives, SymmetricAllocAgreesAfterHeapsDiverged) {
             "");
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives,
+                         ::testing::Values(Edges{1, false}, Edges{2, false}, Edges{3, false}, Edges{4, false}),
+                         [](const ::testing::TestParamInfo<Edges>& i) { return std::to_string(i.param.ranks); });
+INSTANTIATE_TEST_SUITE_P(NetworkEdges, Collectives, ::testing::Values(Edges{2, true}, Edges{3, true}, Edges{4, true}),
+                         [](const ::testing::TestParamInfo<Edges>& i) { return std::to_string(i.param.ranks); });
 
 TEST(Collectives, SubgroupsInAnyOrder) {
   EXPECT_EQ(runRanks(4,

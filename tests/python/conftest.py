@@ -18,6 +18,7 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 import mp_harness  # noqa: E402
+import netns_cluster  # noqa: E402
 from gfdit.tools import profile_cache  # noqa: E402
 
 
@@ -190,6 +191,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "multirank(n): the test starts an n-rank world")
     config.addinivalue_line("markers", "ws8: a test_collectives test that also runs at world size 8")
     config.addinivalue_line("markers", "slow: not in make test-fast (the tiers: above)")
+    config.addinivalue_line("markers", "cluster(**kwargs): the arguments of the `cluster` fixture's cluster")
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +215,22 @@ def pytest_collection_modifyitems(config, items):
         if marker and marker.args and int(marker.args[0]) > mp_harness.MAX_WORLD:
             reason = f"world size {marker.args[0]} > GFDIT_TEST_MAX_WORLD={mp_harness.MAX_WORLD}"
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(params=["netns", "local"])
+def cluster(request):
+    """An emulated cluster of 2 nodes in each mode of netns_cluster, so that a test is written once for both:
+    "netns", nodes in namespaces of their own on shaped links (skipped, with the reason, where this host
+    cannot make them: it needs root), and "local", nodes that are labels on this host.
+    @pytest.mark.cluster(nodes=3, rate="500mbit", ...) passes other arguments (LocalNodes ignores shaping)."""
+    marker = request.node.get_closest_marker("cluster")
+    kwargs = dict(marker.kwargs) if marker else {}
+    if request.param == "netns":
+        reason = netns_cluster.namespace_support()
+        if reason is not None:
+            pytest.skip(reason)
+        made = netns_cluster.EmulatedCluster(**kwargs)
+    else:
+        made = netns_cluster.LocalNodes(**kwargs)
+    with made as cl:  # torn down also when the test fails or times out
+        yield cl

@@ -277,12 +277,20 @@ class World:
     ) -> HeapBlock: ...
     def heap_offset(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> int: ...
     def heap_used(self, device: bool = False) -> int: ...
+    def host_of(self, rank: typing.SupportsInt | typing.SupportsIndex) -> str:
+        """
+        The host name `rank` reported.
+        """
     def in_heap(
         self, arg0: typing.SupportsInt | typing.SupportsIndex, arg1: typing.SupportsInt | typing.SupportsIndex
     ) -> bool: ...
     def new_group(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> Group:
         """
         A group of the given ranks: local, no communication.
+        """
+    def node_of(self, rank: typing.SupportsInt | typing.SupportsIndex) -> int:
+        """
+        The node `rank` runs on: ranks whose hosts share memory share one (GFDIT_NODE_IDS overrides).
         """
     def put_with_signal(
         self,
@@ -309,6 +317,10 @@ class World:
         op: ReduceOp,
         stream: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> None: ...
+    def remote(self, rank: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        """
+        Whether this rank talks to `rank` over the network (NOTE [network edges]).
+        """
     def send(
         self,
         data: typing.SupportsInt | typing.SupportsIndex,
@@ -346,6 +358,11 @@ class World:
         """
     @property
     def message_tag(self) -> int: ...
+    @property
+    def net_port(self) -> int:
+        """
+        The TCP port of this rank's network edges, or -1 when every peer shares its memory.
+        """
     @property
     def num_slots(self) -> int: ...
     @property

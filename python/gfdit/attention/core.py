@@ -424,7 +424,7 @@ def attention(
 
     group: a gfdit Group (None: the world). spec: ParallelSpec with ulysses * ring == len(group)
     (None: pure Ulysses); ulysses may be anything up to H (uneven heads: the first H % ulysses Ulysses
-    members take one more). topology: for placement="auto" (None: ``Topology.from_env``).
+    members take one more). topology: for placement="auto" (None: ``Topology.of_world``, the nodes the world found).
     seq_splits: every member's S_local, in group order (the same list on every member). With it the
     validated plan is kept and later calls with the same arguments skip the metadata exchange (NOTE
     [attention plan cache]); without it every call exchanges.
@@ -455,7 +455,7 @@ def attention(
         raise InvalidUsage(f"gfdit.attention: joint must be 'front' or 'rear', got {joint!r}")
     if spec.placement == "auto" and spec.ulysses > 1 and spec.ring > 1:
         if topology is None:
-            topology = Topology.from_env(world.world_size)
+            topology = Topology.of_world(world)
         placement = resolve_placement(spec, g.ranks, topology)
     else:
         placement = "ulysses-low" if spec.placement == "auto" else spec.placement

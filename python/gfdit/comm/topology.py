@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from gfdit import settings
 from gfdit._C import InvalidUsage
@@ -15,8 +16,9 @@ NODE_IDS_ENV = "GFDIT_NODE_IDS"
 class Topology:
     """The node id of every rank of the world: ``node_ids[rank]``. Ranks with equal ids share a node.
 
-    ``Topology.from_env(world_size)`` reads ``GFDIT_NODE_IDS`` (e.g. ``"0,0,1,1"``); without it every rank is
-    on node 0.
+    ``Topology.of_world(world)`` is what the world found at its rendezvous: ranks whose hosts share memory share
+    a node (``GFDIT_NODE_IDS`` overrides). ``Topology.from_env(world_size)`` reads ``GFDIT_NODE_IDS`` alone
+    (e.g. ``"0,0,1,1"``); without it every rank is on node 0.
     """
 
     node_ids: tuple[int, ...]
@@ -52,6 +54,11 @@ class Topology:
                 f"gfdit: {len(ids)} node ids {list(ids)} given for a world of {world_size} ranks"
             )
         return topo
+
+    @classmethod
+    def of_world(cls, world: Any) -> Topology:
+        """The nodes of a ``gfdit.comm.World``'s ranks, as its rendezvous derived them from their hosts."""
+        return cls(tuple(world.node_of(r) for r in range(world.world_size)))
 
     @classmethod
     def from_env(cls, world_size: int | None = None) -> Topology:

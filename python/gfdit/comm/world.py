@@ -227,6 +227,26 @@ class World:
         self.rank = rank
         self.world_size = world_size
 
+    # ---- where the ranks run ----
+
+    def node_of(self, rank: int) -> int:
+        """The node ``rank`` runs on: ranks whose hosts share memory share one, numbered in rank order
+        (``GFDIT_NODE_IDS`` overrides; NOTE [network edges] in src/collectives/net_edges.h)."""
+        return int(self._w.node_of(rank))
+
+    def host_of(self, rank: int) -> str:
+        """The host name ``rank`` reported."""
+        return str(self._w.host_of(rank))
+
+    def remote(self, rank: int) -> bool:
+        """Whether this rank talks to ``rank`` over the network instead of shared memory."""
+        return bool(self._w.remote(rank))
+
+    @property
+    def net_port(self) -> int:
+        """The TCP port of this rank's network edges (-1: every peer shares its memory)."""
+        return int(self._w.net_port)
+
     # ---- device ----
 
     @property

@@ -59,6 +59,10 @@ struct WorldStats {
   uint64_t blocking_waits = 0;   ///< waits that gave up spinning and blocked
   uint64_t collectives = 0;      ///< collective instances run with peers (send and recv count one each)
   uint64_t all_gathers = 0;      ///< of which all_gather
+  /// Bytes of the protocol's frames sent to ranks of other hosts (network edges; keep-alive beats not counted).
+  uint64_t net_bytes_sent = 0;
+  /// Bytes of the protocol's frames received from ranks of other hosts (keep-alive beats not counted).
+  uint64_t net_bytes_received = 0;
 };
 
 /// One rank's view of the world: its region, every peer's region, and the collectives.

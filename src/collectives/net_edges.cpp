@@ -7,12 +7,15 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -39,17 +42,25 @@ constexpr int kHelloTimeoutMs = 5000;
 constexpr std::chrono::milliseconds kKeepAlivePeriod{100};
 // How long a rank that leaves the world waits for its peers to close their side of each stream.
 constexpr std::chrono::milliseconds kLinger{1000};
+// A connection's read-ahead buffer: a small frame (head, descriptor, payload) and those behind it in one read.
+constexpr size_t kReadAheadBytes = 64 << 10;
+// From this many bytes of a payload still to come the reader hands the socket its destination instead.
+constexpr size_t kDirectReadBytes = 16 << 10;
+// The most payload rows one sendmsg gathers (the system's bound on an iovec is 1024).
+constexpr size_t kMaxIov = 1024;
+// The most of a FAIL's reason that is kept.
+constexpr size_t kMaxReasonBytes = 1 << 16;
 
-enum FrameType : uint32_t { kPublish = 1, kAck = 2, kPut = 3, kHeartbeat = 4, kFail = 5, kBye = 6 };
+enum FrameType : uint32_t { kPublish = 1, kAck = 2, kPut = 3, kHeartbeat = 4, kFail = 5, kBye = 6, kWant = 7 };
 
 // The head of every frame after the HELLO: what it is, then `head_bytes` of typed head (a descriptor), then
 // `payload_bytes` of bytes.
 struct FrameHead {
   uint32_t type;
   uint32_t head_bytes;
-  uint64_t a;  // PUBLISH, ACK: seq; PUT: heap offset
+  uint64_t a;  // PUBLISH: seq; PUT: heap offset
   uint64_t b;  // PUBLISH: region offset of the bytes; PUT: the put count
-  uint64_t c;
+  uint64_t ack;  // every frame: the last of the receiver's messages the sender consumed (0: nothing new)
   uint64_t payload_bytes;
 };
 
@@ -156,15 +167,60 @@ std::string listenAddress(bool peers_on_this_host) {
   return found;
 }
 
+// A payload as rows of row_bytes, stride apart (one row: contiguous).
+struct NetEdges::Rows {
+  const uint8_t* base = nullptr;
+  uint64_t rows = 0;
+  uint64_t row_bytes = 0;
+  uint64_t stride = 0;
+  uint64_t bytes() const { return rows * row_bytes; }
+  static Rows contiguous(const void* p, uint64_t n) {
+    return Rows{static_cast<const uint8_t*>(p), n > 0 ? 1u : 0u, n, n};
+  }
+};
+
+// The frame a connection is reading, and the bytes read ahead of it (NOTE [network edges]): whoever holds
+// Conn::recv_mu reads on from here.
+struct FrameReader {
+  enum Phase { kHead, kTyped, kPayload };
+  std::vector<uint8_t> ahead = std::vector<uint8_t>(kReadAheadBytes);
+  size_t rd = 0;  // [rd, wr) of `ahead` not yet taken
+  size_t wr = 0;
+  Phase phase = kHead;
+  size_t got = 0;  // bytes of the head, or of the typed head, so far
+  FrameHead f{};
+  edge::MessageDesc d{};
+  // where the payload goes: rows of row_bytes, stride apart, from dst (nullptr: read and dropped)
+  uint8_t* dst = nullptr;
+  uint64_t row_bytes = 0;
+  uint64_t stride = 0;
+  uint64_t done = 0;  // payload bytes taken
+  std::string reason;
+  bool ended = false;  // the stream ended (BYE, its end, an error, a malformed frame): nothing more is read
+
+  // The next `n` payload bytes' place (within one row); nullptr while they are dropped.
+  uint8_t* cursor() const { return dst == nullptr ? nullptr : dst + (done / row_bytes) * stride + done % row_bytes; }
+  uint64_t rowLeft() const { return row_bytes - done % row_bytes; }
+  uint64_t payloadLeft() const { return f.payload_bytes - done; }
+};
+
 struct NetEdges::Conn {
   int peer = -1;
   int fd = -1;
   RemotePeer where;
   std::mutex send_mu;
+  std::mutex recv_mu;  // held by whoever reads: the connection's thread, or the rank's own while it waits
+  FrameReader reader;
   std::thread receiver;
   std::atomic<bool> failed{false};
   std::atomic<bool> closed{false};         // the peer said BYE
-  std::atomic<bool> receiver_done{false};  // the receiving thread ended (BYE, the stream's end or an error)
+  std::atomic<bool> receiver_done{false};  // reading ended (BYE, the stream's end or an error)
+  std::atomic<int64_t> last_send_ns{0};    // steady clock of the last frame sent (a beat too)
+  std::atomic<uint64_t> pending_ack{0};    // the peer's last message consumed here and not yet told (0: none)
+  std::atomic<bool> missed{false};         // its thread left bytes to the rank's thread (see receiveLoop)
+  std::atomic<bool> peer_wants{false};     // the peer waits for this rank's acknowledgements: no holding back
+  std::atomic<bool> want_sent{false};      // this rank asked the peer for its acknowledgements (WANT)
+  int ep = -1;                             // its thread's epoll set: the socket, edge-triggered (see arm)
   std::string describe(int self) const {
     std::ostringstream os;
     os << "edge " << self << "<->" << peer << " (rank " << peer << " on " << where.host << ", " << where.address << ":"
@@ -211,7 +267,7 @@ NetEdges::~NetEdges() {
   for (auto& c : conns_) {
     if (c == nullptr || c->fd < 0) continue;
     try {
-      if (!c->failed && !c->closed) sendFrame(c->peer, kBye, 0, 0, 0, nullptr, 0, nullptr, 0);
+      if (!c->failed && !c->closed) sendFrame(c->peer, kBye, 0, 0, nullptr, 0, Rows{});
     } catch (...) {  // a peer already gone: nothing to say goodbye to
     }
     ::shutdown(c->fd, SHUT_WR);
@@ -233,6 +289,7 @@ NetEdges::~NetEdges() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
   for (auto& c : conns_) {
     if (c != nullptr && c->fd >= 0) ::close(c->fd);
+    if (c != nullptr && c->ep >= 0) ::close(c->ep);
   }
 }
 
@@ -379,7 +436,15 @@ void NetEdges::connect(const std::vector<RemotePeer>& peers, const std::vector<p
   }
   for (const RemotePeer& p : peers) {
     Conn* c = conns_[p.rank].get();
+    c->ep = ::epoll_create1(EPOLL_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+    if (c->ep >= 0 && ::epoll_ctl(c->ep, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
+      ::close(c->ep);
+      c->ep = -1;  // its thread polls the socket instead, and wakes with the rank's
+    }
     c->receiver = std::thread([this, c] { receiveLoop(c); });
+    connected_.push_back(c);
   }
   keepalive_ = std::thread([this] { keepAlive(); });
 }
@@ -396,99 +461,369 @@ void NetEdges::markFailed(Conn* c, const std::string& why) {
   core::ringBell(&own->doorbell, &own->num_waiters);
 }
 
-// Applies what a peer sends to this rank's memory (NOTE [network edges]).
-void NetEdges::receiveLoop(Conn* c) {
-  struct Done {
-    Conn* c;
-    ~Done() { c->receiver_done = true; }
-  } done{c};
+// Reading ended (caller holds c->recv_mu): the stream's end (error 0) or an error on it. A peer that said BYE, or
+// a world that is closing, is no failure; anything else marks the peer failed (NOTE [network edges]).
+void NetEdges::endStream(Conn* c, int error) {
+  c->reader.ended = true;
+  if (!stopping_ && !c->closed) {
+    markFailed(c, "gfdit: lost the connection of " + c->describe(rank_) +
+                      (error != 0 ? ": " + errnoText(error) : std::string(": closed by the peer")));
+  }
+  c->receiver_done = true;
+}
+
+// The head of a frame is in (caller holds c->recv_mu): checks it and says where its payload goes. false: a
+// malformed frame, which failed the connection.
+bool NetEdges::startPayload(Conn* c) {
+  FrameReader& r = c->reader;
+  const FrameHead& f = r.f;
   const protocol::HostRegion& own = regions_[rank_];
   const protocol::HostRegion& mirror = regions_[c->peer];
-  std::vector<char> reason;
-  while (true) {
-    FrameHead f{};
-    if (!readFull(c->fd, &f, sizeof(f))) break;
-    __atomic_add_fetch(&mirror.header->heartbeat, 1, __ATOMIC_RELEASE);  // any frame is a beat
-    switch (f.type) {
-      case kPublish: {
-        edge::MessageDesc d{};
-        if (f.head_bytes != sizeof(d) || !readFull(c->fd, &d, sizeof(d))) {
-          markFailed(c, "gfdit: a malformed PUBLISH on " + c->describe(rank_));
-          return;
+  r.dst = nullptr;
+  r.row_bytes = std::max<uint64_t>(f.payload_bytes, 1);
+  r.stride = r.row_bytes;
+  r.done = 0;
+  auto malformed = [&](const char* what) {
+    markFailed(c, std::string("gfdit: ") + what + " on " + c->describe(rank_));
+    r.ended = true;
+    c->receiver_done = true;
+    return false;
+  };
+  switch (f.type) {
+    case kPublish: {
+      // the bytes go where the sender's are in its region: contiguous, or the rows of a strided view
+      const edge::MessageDesc& d = r.d;
+      const uint64_t total = mirror.header->total_bytes;
+      uint64_t extent = f.payload_bytes;
+      if (d.rows > 0 && f.payload_bytes > 0) {
+        if (d.row_bytes == 0 || d.stride < d.row_bytes || f.payload_bytes != d.rows * d.row_bytes) {
+          return malformed("a PUBLISH whose rows disagree with its bytes");
         }
-        uint64_t offset = f.b;
-        if (offset > mirror.header->total_bytes || f.payload_bytes > mirror.header->total_bytes - offset ||
-            !readFull(c->fd, mirror.base + offset, f.payload_bytes)) {
-          markFailed(c, "gfdit: bytes of a message lost or out of range on " + c->describe(rank_));
-          return;
-        }
-        edge::InEdge& e = own.in_edges[c->peer];
-        e.desc[f.a % 2] = d;
-        edge::storeRelease(&e.signal, f.a);  // release: the bytes and the descriptor above first
-        break;
+        r.row_bytes = d.row_bytes;
+        r.stride = d.stride;
+        extent = (d.rows - 1) * d.stride + d.row_bytes;
       }
-      case kAck: edge::storeRelease(&own.out_edges[c->peer].ack, f.a); break;
-      case kPut: {
-        uint64_t heap = own.header->heap_bytes;
-        if (f.a > heap || f.payload_bytes > heap - f.a ||
-            !readFull(c->fd, own.base + own.header->heap_offset + f.a, f.payload_bytes)) {
-          markFailed(c, "gfdit: a put lost or out of range on " + c->describe(rank_));
-          return;
-        }
-        edge::storeRelease(&own.in_edges[c->peer].put_signal, f.b);
-        break;
-      }
-      case kHeartbeat: break;
-      case kFail: {
-        reason.assign(static_cast<size_t>(std::min<uint64_t>(f.payload_bytes, 1 << 16)) + 1, '\0');
-        if (!readFull(c->fd, reason.data(), reason.size() - 1)) break;
-        if (edge::loadAcquire(&mirror.header->failed) == 0) {
-          std::snprintf(mirror.header->fail_reason, edge::kFailReasonBytes, "%s", reason.data());
-          edge::storeRelease(&mirror.header->failed, 1);
-        }
-        break;
-      }
-      case kBye: {  // the peer left the world: waits on it end at once, and its side of the stream closes
-        c->closed = true;
-        if (edge::loadAcquire(&mirror.header->failed) == 0) {
-          std::snprintf(mirror.header->fail_reason, edge::kFailReasonBytes,
-                        "rank %d left the world (it closed its network edges)", c->peer);
-          edge::storeRelease(&mirror.header->failed, 1);
-        }
-        ::shutdown(c->fd, SHUT_WR);
-        core::ringBell(&own.header->doorbell, &own.header->num_waiters);
-        c->receiver_done = true;
-        return;
-      }
-      default: markFailed(c, "gfdit: an unknown frame on " + c->describe(rank_)); return;
+      if (f.b > total || extent > total - f.b) return malformed("bytes of a message out of range");
+      r.dst = mirror.base + f.b;
+      return true;
     }
-    core::ringBell(&own.header->doorbell, &own.header->num_waiters);
+    case kPut: {
+      const uint64_t heap = own.header->heap_bytes;
+      if (f.a > heap || f.payload_bytes > heap - f.a) return malformed("a put out of range");
+      r.dst = own.base + own.header->heap_offset + f.a;
+      return true;
+    }
+    case kFail: r.reason.clear(); return true;  // taken from the read-ahead or dropped (see drain)
+    case kAck:
+    case kHeartbeat:
+    case kBye:
+    case kWant:
+      if (f.payload_bytes != 0) return malformed("a frame with an unexpected payload");
+      return true;
+    default: return malformed("an unknown frame");
   }
-  if (!stopping_ && !c->closed) {
-    int e = errno;
-    markFailed(c, "gfdit: lost the connection of " + c->describe(rank_) +
-                      (e != 0 ? ": " + errnoText(e) : std::string(": closed by the peer")));
+}
+
+// A whole frame is in (caller holds c->recv_mu): what it stores lands (NOTE [network edges]). Returns whether a
+// signal, an acknowledgement, a put or a failure landed.
+bool NetEdges::finishFrame(Conn* c) {
+  FrameReader& r = c->reader;
+  const FrameHead& f = r.f;
+  const protocol::HostRegion& own = regions_[rank_];
+  const protocol::HostRegion& mirror = regions_[c->peer];
+  r.phase = FrameReader::kHead;
+  r.got = 0;
+  if (f.type != kHeartbeat) bytes_received_ += sizeof(FrameHead) + f.head_bytes + f.payload_bytes;
+  switch (f.type) {
+    case kPublish: {
+      edge::InEdge& e = own.in_edges[c->peer];
+      e.desc[f.a % 2] = r.d;
+      edge::storeRelease(&e.signal, f.a);  // release: the bytes and the descriptor above first
+      return true;
+    }
+    case kAck: return true;  // its ack landed with its head
+    case kPut: edge::storeRelease(&own.in_edges[c->peer].put_signal, f.b); return true;
+    case kHeartbeat: return false;
+    case kWant:  // from now on this rank's acknowledgements go at once; what it holds back goes now, from the
+                 // keep-alive thread (a reader never sends: it could wait for a peer that waits for its reading)
+      c->peer_wants = true;
+      if (c->pending_ack.load() != 0) {
+        std::lock_guard<std::mutex> lock(keepalive_mu_);
+        flush_asked_ = true;
+        keepalive_cv_.notify_all();
+      }
+      return false;
+    case kFail:
+      if (edge::loadAcquire(&mirror.header->failed) == 0) {
+        std::snprintf(mirror.header->fail_reason, edge::kFailReasonBytes, "%s", r.reason.c_str());
+        edge::storeRelease(&mirror.header->failed, 1);
+      }
+      return true;
+    case kBye:  // the peer left the world: waits on it end at once, and its side of the stream closes
+      c->closed = true;
+      if (edge::loadAcquire(&mirror.header->failed) == 0) {
+        std::snprintf(mirror.header->fail_reason, edge::kFailReasonBytes,
+                      "rank %d left the world (it closed its network edges)", c->peer);
+        edge::storeRelease(&mirror.header->failed, 1);
+      }
+      ::shutdown(c->fd, SHUT_WR);
+      r.ended = true;
+      c->receiver_done = true;
+      return true;
   }
+  return false;
+}
+
+// Reads and applies what the connection holds now, without blocking (caller holds c->recv_mu): frames through the
+// read-ahead buffer, large payloads straight into their place. Returns whether anything landed; rings this rank's
+// doorbell if so.
+bool NetEdges::drain(Conn* c) {
+  FrameReader& r = c->reader;
+  const protocol::HostRegion& own = regions_[rank_];
+  const protocol::HostRegion& mirror = regions_[c->peer];
+  bool landed = false;
+  while (!r.ended) {
+    if (r.rd == r.wr) {  // nothing read ahead: from the socket
+      ssize_t n;
+      const bool direct = r.phase == FrameReader::kPayload && r.dst != nullptr && r.rowLeft() >= kDirectReadBytes;
+      if (direct) {
+        n = ::recv(c->fd, r.cursor(), r.rowLeft(), MSG_DONTWAIT);
+      } else {
+        n = ::recv(c->fd, r.ahead.data(), r.ahead.size(), MSG_DONTWAIT);
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        endStream(c, errno);
+        landed = true;
+        break;
+      }
+      if (n == 0) {
+        endStream(c, 0);
+        landed = true;
+        break;
+      }
+      __atomic_add_fetch(&mirror.header->heartbeat, 1, __ATOMIC_RELEASE);  // any bytes are a beat
+      if (direct) {
+        r.done += static_cast<uint64_t>(n);
+        if (r.payloadLeft() == 0) landed |= finishFrame(c);
+      } else {
+        r.rd = 0;
+        r.wr = static_cast<size_t>(n);
+      }
+      continue;
+    }
+    const size_t avail = r.wr - r.rd;
+    const uint8_t* p = r.ahead.data() + r.rd;
+    switch (r.phase) {
+      case FrameReader::kHead: {
+        size_t k = std::min(avail, sizeof(FrameHead) - r.got);
+        std::memcpy(reinterpret_cast<uint8_t*>(&r.f) + r.got, p, k);
+        r.rd += k;
+        r.got += k;
+        if (r.got < sizeof(FrameHead)) break;
+        r.got = 0;
+        if (r.f.type == kPublish ? r.f.head_bytes != sizeof(edge::MessageDesc) : r.f.head_bytes != 0) {
+          markFailed(c, "gfdit: a malformed frame (type " + std::to_string(r.f.type) + ") on " + c->describe(rank_));
+          r.ended = true;
+          c->receiver_done = true;
+          landed = true;
+          break;
+        }
+        if (r.f.ack != 0) {  // the peer consumed this rank's messages up to it (NOTE [network edges])
+          edge::storeRelease(&own.out_edges[c->peer].ack, r.f.ack);
+          c->want_sent = false;
+          landed = true;
+        }
+        if (r.f.head_bytes > 0) {
+          r.phase = FrameReader::kTyped;
+          break;
+        }
+        if (!startPayload(c)) {
+          landed = true;
+          break;
+        }
+        r.phase = FrameReader::kPayload;
+        if (r.f.payload_bytes == 0) landed |= finishFrame(c);
+        break;
+      }
+      case FrameReader::kTyped: {
+        size_t k = std::min(avail, sizeof(edge::MessageDesc) - r.got);
+        std::memcpy(reinterpret_cast<uint8_t*>(&r.d) + r.got, p, k);
+        r.rd += k;
+        r.got += k;
+        if (r.got < sizeof(edge::MessageDesc)) break;
+        r.got = 0;
+        if (!startPayload(c)) {
+          landed = true;
+          break;
+        }
+        r.phase = FrameReader::kPayload;
+        if (r.f.payload_bytes == 0) landed |= finishFrame(c);
+        break;
+      }
+      case FrameReader::kPayload: {
+        size_t k = static_cast<size_t>(std::min<uint64_t>({avail, r.rowLeft(), r.payloadLeft()}));
+        if (r.f.type == kFail) {
+          k = static_cast<size_t>(std::min<uint64_t>(avail, r.payloadLeft()));
+          size_t keep = std::min(k, kMaxReasonBytes - std::min(kMaxReasonBytes, r.reason.size()));
+          r.reason.append(reinterpret_cast<const char*>(p), keep);
+        } else if (r.dst != nullptr) {
+          std::memcpy(r.cursor(), p, k);
+        }
+        r.rd += k;
+        r.done += k;
+        if (r.payloadLeft() == 0) landed |= finishFrame(c);
+        break;
+      }
+    }
+  }
+  if (landed) core::ringBell(&own.header->doorbell, &own.header->num_waiters);
+  return landed;
+}
+
+// A connection's thread: it reads whenever bytes arrive and the rank's own thread is not reading them already. It
+// never waits for the rank's thread: woken by bytes while that one reads (it holds recv_mu, maybe asleep in
+// NetEdges::wait), it leaves them to it and says so in `missed`, so that the rank's thread reads once more when it
+// lets go (letGo). Edge-triggered, so bytes left to the rank's thread do not wake this one again.
+void NetEdges::receiveLoop(Conn* c) {
+  const int ep = c->ep;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(c->recv_mu, std::try_to_lock);
+      if (!lock.owns_lock()) {
+        c->missed.store(true);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        lock.try_lock();  // it let go meanwhile and may have looked at `missed` before it was set
+      }
+      if (lock.owns_lock()) {
+        c->missed.store(false);  // it reads everything there is now
+        if (c->reader.ended) break;
+        drain(c);
+        if (c->reader.ended) break;
+      }
+    }
+    if (ep >= 0) {
+      epoll_event got{};
+      ::epoll_wait(ep, &got, 1, 100);  // bounded: a reader that ended on the rank's thread is seen above
+    } else {
+      pollfd p{c->fd, POLLIN, 0};
+      ::poll(&p, 1, 100);
+    }
+  }
+  c->receiver_done = true;
+}
+
+// Whether connection c's thread is woken by its bytes (armed) or not (while the rank's thread reads them itself in
+// a wait on remote peers alone: one thread woken per message, not two). Arming again reports bytes that came
+// meanwhile, so its thread reads what the rank's left.
+void NetEdges::arm(Conn* c, bool on) {
+  if (c->ep < 0) return;
+  epoll_event ev{};
+  ev.events = on ? EPOLLIN | EPOLLRDHUP | EPOLLET : 0;
+  ::epoll_ctl(c->ep, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+// The rank's thread stopped reading connection c (it let go of recv_mu): bytes its thread left to it meanwhile
+// are read now (see receiveLoop).
+void NetEdges::letGo(Conn* c) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  while (c->missed.exchange(false)) {
+    std::unique_lock<std::mutex> lock(c->recv_mu, std::try_to_lock);
+    if (!lock.owns_lock()) return;  // its thread reads them
+    if (!c->reader.ended) drain(c);
+  }
+}
+
+bool NetEdges::poll() {
+  bool landed = false;
+  for (Conn* c : connected_) {
+    {
+      std::unique_lock<std::mutex> lock(c->recv_mu, std::try_to_lock);
+      if (!lock.owns_lock()) continue;  // its thread is reading it now
+      if (!c->reader.ended) landed |= drain(c);
+    }
+    letGo(c);
+  }
+  return landed;
+}
+
+void NetEdges::reading(bool on) {
+  for (Conn* c : connected_) arm(c, !on);
+}
+
+bool NetEdges::wait(const uint32_t* bell, uint32_t seen, std::chrono::nanoseconds timeout) {
+  // this thread reads every connection while it waits, so that nothing it waits for is read by another thread
+  // between its look at the doorbell and its sleep in ppoll
+  std::vector<std::unique_lock<std::mutex>> locks;
+  std::vector<pollfd> fds;
+  locks.reserve(connected_.size());
+  fds.reserve(connected_.size());
+  auto done = [&](bool waited) {
+    for (size_t i = 0; i < locks.size(); ++i) {
+      if (!locks[i].owns_lock()) continue;
+      locks[i].unlock();
+      letGo(connected_[i]);
+    }
+    return waited;
+  };
+  for (Conn* c : connected_) {
+    locks.emplace_back(c->recv_mu, std::try_to_lock);
+    if (!locks.back().owns_lock()) return done(false);  // its thread is reading it: the doorbell tells
+    if (!c->reader.ended) fds.push_back({c->fd, POLLIN, 0});
+  }
+  if (fds.empty()) return done(false);  // every connection ended: the liveness checks tell
+  if (core::readBell(bell) != seen) return done(true);
+  bool landed = false;
+  for (Conn* c : connected_) {
+    if (!c->reader.ended) landed |= drain(c);
+  }
+  if (landed) return done(true);
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
+  if (timeout.count() > 0 && ::ppoll(fds.data(), fds.size(), &ts, nullptr) > 0) {
+    for (Conn* c : connected_) {
+      if (!c->reader.ended) drain(c);
+    }
+  }
+  return done(true);
 }
 
 void NetEdges::keepAlive() {
   std::unique_lock<std::mutex> lock(keepalive_mu_);
+  const int64_t period_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(kKeepAlivePeriod).count();
+  auto last_beat = Clock::now();
   while (!stopping_) {
-    keepalive_cv_.wait_for(lock, kKeepAlivePeriod);
+    keepalive_cv_.wait_until(lock, last_beat + kKeepAlivePeriod, [this] { return stopping_ || flush_asked_; });
     if (stopping_) break;
+    flush_asked_ = false;
+    const bool beat = Clock::now() >= last_beat + kKeepAlivePeriod;
+    if (beat) last_beat = Clock::now();
+    lock.unlock();
+    const int64_t now = Clock::now().time_since_epoch().count();
     for (auto& c : conns_) {
-      if (c == nullptr || c->failed || c->closed) continue;
+      if (c == nullptr || c->fd < 0 || c->failed || c->closed) continue;
+      // held back by a rank that has not waited since, and asked for or a beat's time old (NOTE [network edges])
+      if (c->pending_ack.load() != 0 && (beat || c->peer_wants.exchange(false))) {
+        try {
+          sendFrame(c->peer, kAck, 0, 0, nullptr, 0, Rows{});
+        } catch (const Error&) {  // the reader or the next send reports a lost connection
+        }
+        continue;
+      }
+      if (!beat || now - c->last_send_ns.load() < period_ns / 2) continue;  // a frame went out lately: a beat too
       std::unique_lock<std::mutex> send(c->send_mu, std::try_to_lock);
       if (!send.owns_lock()) continue;  // a frame is on its way: that is a beat too
       FrameHead f{};
       f.type = kHeartbeat;
       if (!writeFull(c->fd, &f, sizeof(f), std::chrono::milliseconds(kSendSliceMs))) continue;
+      c->last_send_ns = now;
     }
+    lock.lock();
   }
 }
 
-void NetEdges::sendFrame(int peer, uint32_t type, uint64_t a, uint64_t b, uint64_t c_arg, const void* head,
-                         size_t head_bytes, const void* payload, size_t payload_bytes) {
+void NetEdges::sendFrame(int peer, uint32_t type, uint64_t a, uint64_t b, const void* head, size_t head_bytes,
+                         const Rows& payload) {
   Conn* c = conns_[peer].get();
   GFDIT_CHECK_CODE(kInternal, c != nullptr && c->fd >= 0) << "gfdit: no network edge to rank " << peer;
   FrameHead f{};
@@ -496,10 +831,9 @@ void NetEdges::sendFrame(int peer, uint32_t type, uint64_t a, uint64_t b, uint64
   f.head_bytes = static_cast<uint32_t>(head_bytes);
   f.a = a;
   f.b = b;
-  f.c = c_arg;
-  f.payload_bytes = payload_bytes;
+  f.payload_bytes = payload.bytes();
   // an acknowledgement, a beat or a failure for a peer that left is for nobody; a message to it is an error
-  const bool optional = type == kAck || type == kHeartbeat || type == kFail || type == kBye;
+  const bool optional = type == kAck || type == kHeartbeat || type == kFail || type == kBye || type == kWant;
   auto gone = [&] {
     if (optional) return true;
     GFDIT_THROW(kRemoteError) << "gfdit: rank " << rank_ << " cannot send on " << c->describe(rank_) << ": rank "
@@ -507,62 +841,102 @@ void NetEdges::sendFrame(int peer, uint32_t type, uint64_t a, uint64_t b, uint64
   };
   std::lock_guard<std::mutex> lock(c->send_mu);
   if (c->closed && gone()) return;
+  f.ack = c->pending_ack.exchange(0);  // every frame tells what this rank consumed (NOTE [network edges])
   const auto bound = std::chrono::milliseconds(timeout_ms_.load());
-  auto start = Clock::now();
-  auto push = [&](const void* p, size_t n) -> bool {
-    const auto* bytes = static_cast<const uint8_t*>(p);
-    while (n > 0) {
-      // bounded slices: between them, the peer's state and the clock (NOTE [network edges])
-      if (c->failed) {
-        GFDIT_THROW(kRemoteError) << "gfdit: rank " << rank_ << " cannot send on " << c->describe(rank_)
-                                  << ": the connection is lost";
-      }
-      size_t piece = std::min<size_t>(n, size_t{4} << 20);
-      ssize_t w = ::send(c->fd, bytes, piece, MSG_NOSIGNAL);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          if (Clock::now() - start > bound) {
-            GFDIT_THROW(kTimeout) << "gfdit: timeout after " << std::chrono::duration<double>(bound).count()
-                                  << " s: rank " << rank_ << " could not send on " << c->describe(rank_);
-          }
-          continue;
-        }
-        int e = errno;
-        // a peer that left may have closed the stream before its BYE was read here: the reader tells
-        auto settle = Clock::now() + kLinger;
-        while (!c->receiver_done && Clock::now() < settle) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        if (c->closed && gone()) return false;
-        markFailed(c, "gfdit: lost the connection of " + c->describe(rank_) + ": " + errnoText(e));
-        GFDIT_THROW(kRemoteError) << "gfdit: rank " << rank_ << " lost the connection of " << c->describe(rank_) << ": "
-                                  << errnoText(e);
-      }
-      bytes += w;
-      n -= static_cast<size_t>(w);
-      bytes_sent_ += static_cast<uint64_t>(w);
+  // the frame gathered: head, typed head, then the payload's rows (NOTE [network edges]); up to kMaxIov at a time
+  std::vector<iovec> iov;
+  iov.reserve(2 + std::min<uint64_t>(payload.rows, kMaxIov));
+  size_t next_row = 0;
+  auto refill = [&] {
+    while (iov.size() < kMaxIov && next_row < payload.rows) {
+      iov.push_back({const_cast<uint8_t*>(payload.base + next_row * payload.stride), payload.row_bytes});
+      ++next_row;
     }
-    return true;
   };
-  if (!push(&f, sizeof(f))) return;
-  if (head_bytes > 0 && !push(head, head_bytes)) return;
-  if (payload_bytes > 0) push(payload, payload_bytes);
+  iov.push_back({&f, sizeof(f)});
+  if (head_bytes > 0) iov.push_back({const_cast<void*>(head), head_bytes});
+  refill();
+  size_t first = 0;  // iov[first..] still to go
+  auto last_progress = Clock::now();
+  while (first < iov.size()) {
+    // bounded slices (SO_SNDTIMEO): between them, the peer's state and the clock (NOTE [network edges])
+    if (c->failed) {
+      GFDIT_THROW(kRemoteError) << "gfdit: rank " << rank_ << " cannot send on " << c->describe(rank_)
+                                << ": the connection is lost";
+    }
+    msghdr msg{};
+    msg.msg_iov = iov.data() + first;
+    msg.msg_iovlen = iov.size() - first;
+    ssize_t w = ::sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (Clock::now() - last_progress > bound) {
+          GFDIT_THROW(kTimeout) << "gfdit: timeout after " << std::chrono::duration<double>(bound).count()
+                                << " s: rank " << rank_ << " could not send on " << c->describe(rank_);
+        }
+        continue;
+      }
+      int e = errno;
+      // a peer that left may have closed the stream before its BYE was read here: the reader tells
+      auto settle = Clock::now() + kLinger;
+      while (!c->receiver_done && Clock::now() < settle) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (c->closed && gone()) return;
+      markFailed(c, "gfdit: lost the connection of " + c->describe(rank_) + ": " + errnoText(e));
+      GFDIT_THROW(kRemoteError) << "gfdit: rank " << rank_ << " lost the connection of " << c->describe(rank_) << ": "
+                                << errnoText(e);
+    }
+    last_progress = Clock::now();
+    if (type != kHeartbeat) bytes_sent_ += static_cast<uint64_t>(w);
+    auto left = static_cast<size_t>(w);
+    while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+    if (first < iov.size()) {
+      iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+    if (first == iov.size() && next_row < payload.rows) {  // more rows than one call gathers
+      iov.clear();
+      first = 0;
+      refill();
+    }
+  }
+  c->last_send_ns = Clock::now().time_since_epoch().count();
 }
 
 void NetEdges::publish(int peer, uint64_t seq, const edge::MessageDesc& desc, const uint8_t* bytes, size_t span) {
-  sendFrame(peer, kPublish, seq, desc.region_offset, 0, &desc, sizeof(desc), bytes, span);
+  // a strided view sends its rows, not the gaps between them (NOTE [network edges])
+  Rows rows = Rows::contiguous(bytes, span);
+  if (desc.rows > 0 && span > 0) rows = Rows{bytes, desc.rows, desc.row_bytes, desc.stride};
+  sendFrame(peer, kPublish, seq, desc.region_offset, &desc, sizeof(desc), rows);
 }
 
-void NetEdges::ack(int peer, uint64_t seq) { sendFrame(peer, kAck, seq, 0, 0, nullptr, 0, nullptr, 0); }
+void NetEdges::ack(int peer, uint64_t seq, bool now) {
+  Conn* c = conns_[peer].get();
+  c->pending_ack.store(seq);
+  if (now || c->peer_wants.exchange(false)) sendFrame(peer, kAck, 0, 0, nullptr, 0, Rows{});
+}
+
+void NetEdges::want(int peer) {
+  Conn* c = conns_[peer].get();
+  if (c->failed || c->closed || c->want_sent.exchange(true)) return;  // asked already, and not answered since
+  sendFrame(peer, kWant, 0, 0, nullptr, 0, Rows{});
+}
+
+void NetEdges::flush() {
+  for (Conn* c : connected_) {
+    if (c->pending_ack.load() != 0 && !c->failed && !c->closed) sendFrame(c->peer, kAck, 0, 0, nullptr, 0, Rows{});
+  }
+}
 
 void NetEdges::put(int peer, uint64_t heap_offset, const void* src, size_t bytes, uint64_t count) {
-  sendFrame(peer, kPut, heap_offset, count, 0, nullptr, 0, src, bytes);
+  sendFrame(peer, kPut, heap_offset, count, nullptr, 0, Rows::contiguous(src, bytes));
 }
 
 void NetEdges::broadcastFailure(const std::string& reason) {
   for (auto& c : conns_) {
     if (c == nullptr || c->fd < 0 || c->failed || c->closed) continue;
     try {
-      sendFrame(c->peer, kFail, 0, 0, 0, nullptr, 0, reason.data(), reason.size());
+      sendFrame(c->peer, kFail, 0, 0, nullptr, 0, Rows::contiguous(reason.data(), reason.size()));
     } catch (...) {  // a peer we cannot tell finds out from the connection or its heartbeat
     }
   }

@@ -1,5 +1,7 @@
 #include "protocol.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <sstream>
@@ -17,6 +19,9 @@ using edge::RegionHeader;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// How long a wait on remote peers alone reads their sockets at least before it blocks (see waitDoorbell).
+constexpr std::chrono::microseconds kRemotePoll{200};
 
 const char* kindName(uint32_t op) {
   switch (kindOf(op)) {
@@ -99,9 +104,60 @@ void Engine::notify(int peer) {
   core::ringBell(&h->doorbell, &h->num_waiters);
 }
 
-void Engine::waitDoorbell(uint32_t seen, std::chrono::nanoseconds slice) {
+// Whether every other member of g is a remote peer (its messages come over the network alone).
+bool Engine::onlyRemotePeers(const Group& g) const {
+  if (remote_ == nullptr) return false;
+  for (int j = 0; j < g.size(); ++j) {
+    if (j != g.selfIdx() && !isRemote(g.rankAt(j))) return false;
+  }
+  return true;
+}
+
+void Engine::waitDoorbell(uint32_t seen, std::chrono::nanoseconds slice, bool remote_only) {
   RegionHeader* h = self().header;
-  if (core::waitBell(&h->doorbell, &h->num_waiters, seen, spin_, slice)) ++stats_.blocking_waits;
+  if (remote_ == nullptr) {
+    if (core::waitBell(&h->doorbell, &h->num_waiters, seen, spin_, slice)) ++stats_.blocking_waits;
+    return;
+  }
+  // With network edges the spin reads the sockets too (NOTE [network edges]): a message from another host then
+  // lands on this thread instead of waking a connection's thread that wakes this one. The same budget as
+  // core::waitBell (NOTE [adaptive spin]), observed once per wait that is not over at once; a wait on remote
+  // peers alone goes on reading for kRemotePoll at least, yielding its core between reads (an answer from another
+  // host takes a round trip of the network, tens of microseconds, and a blocked thread costs a wake-up more on
+  // top of it). Then a wait on remote peers alone blocks on their sockets, so that the bytes wake this thread;
+  // any other blocks on the doorbell, which the connections' threads ring for what they read.
+  remote_->flush();  // what a remote peer may be waiting for goes before this rank waits
+  for (uint64_t m = awaiting_acks_; m != 0; m &= m - 1) remote_->want(__builtin_ctzll(m));
+  awaiting_acks_ = 0;
+  struct Reading {  // a wait on remote peers alone: this thread reads their bytes, nobody else need wake for them
+    RemoteEdges* edges;
+    explicit Reading(RemoteEdges* e) : edges(e) {
+      if (edges != nullptr) edges->reading(true);
+    }
+    ~Reading() {
+      if (edges != nullptr) edges->reading(false);
+    }
+  } reading(remote_only ? remote_ : nullptr);
+  auto start = Clock::now();
+  core::Backoff backoff = spin_.current();
+  bool observed = !spin_.adaptive();
+  while (true) {
+    if (core::readBell(&h->doorbell) != seen || remote_->poll()) return;
+    auto now = Clock::now();
+    if (!observed) {
+      spin_.observe(core::preemptionsSinceLastLook(), now);
+      backoff = spin_.current();
+      observed = true;
+    }
+    const auto polling = remote_only ? std::max<Clock::duration>(backoff.spin + backoff.yield, kRemotePoll)
+                                     : Clock::duration(backoff.spin + backoff.yield);
+    if (now - start >= polling) break;
+    if (now - start >= backoff.spin) sched_yield();
+  }
+  ++stats_.blocking_waits;
+  const auto left = slice - (Clock::now() - start);
+  if (remote_only && remote_->wait(&h->doorbell, seen, left)) return;
+  core::blockOnBell(&h->doorbell, &h->num_waiters, seen, left);
 }
 
 void Engine::fail(ErrorCode code, const std::string& message) {
@@ -212,12 +268,22 @@ StagingRing& Engine::ring() { return rings_[static_cast<size_t>(plan_.transport-
 bool Engine::slotFree(size_t k) {
   StagingRing& r = ring();
   uint64_t mask = r.peers[k];
+  bool free = true;
   while (mask != 0) {
     int peer = __builtin_ctzll(mask);
     mask &= mask - 1;
-    if (edge::loadAcquire(&self().out_edges[peer].ack) < r.need[k * kMaxRanks + peer]) return false;
+    if (edge::loadAcquire(&self().out_edges[peer].ack) < r.need[k * kMaxRanks + peer]) {
+      awaitAck(peer);
+      free = false;
+    }
   }
-  return true;
+  return free;
+}
+
+// This rank cannot go on before `peer` acknowledges: a remote peer is asked for it before this rank waits (NOTE
+// [network edges]: it may hold its acknowledgements back until then).
+void Engine::awaitAck(int peer) {
+  if (isRemote(peer)) awaiting_acks_ |= uint64_t{1} << peer;
 }
 
 // The next slot of the ring if it is free, else -1. Slots are taken in FIFO order. A slot's earlier receivers
@@ -252,9 +318,11 @@ void Engine::recordSlotUse(size_t k, int peer, uint64_t seq) {
 
 // ---- messages ----
 
-bool Engine::descRoom(int peer) const {
+bool Engine::descRoom(int peer) {
   uint64_t seq = send_seq_[peer] + 1;
-  return seq <= 2 || edge::loadAcquire(&self().out_edges[peer].ack) >= seq - 2;
+  if (seq <= 2 || edge::loadAcquire(&self().out_edges[peer].ack) >= seq - 2) return true;
+  awaitAck(peer);
+  return false;
 }
 
 uint64_t Engine::publish(int peer, const MessageDesc& desc) {
@@ -451,9 +519,9 @@ BufferView Engine::sourceView(int peer, const MessageDesc& d) const {
   return BufferView::strided(p, d.rows, d.row_bytes, d.stride);
 }
 
-void Engine::ack(int peer, uint64_t seq) {
+void Engine::ack(int peer, uint64_t seq, bool zero_copy) {
   if (isRemote(peer)) {  // the peer's bytes were copied here before its signal: nothing of it is read after
-    remote_->ack(peer, seq);
+    remote_->ack(peer, seq, zero_copy);  // a zero-copy sender waits for it; others learn it with the next frame
     return;
   }
   // release: our reads of the peer's bytes are done (or, on a device transport, enqueued behind a device-side
@@ -482,7 +550,7 @@ bool Engine::progressRecv(int j, int peer) {
     r.consumed += d.bytes;
     ++r.num_consumed;
     recv_seq_[peer] = seq;
-    ack(peer, seq);
+    ack(peer, seq, zc);
     moved = true;
   }
   return moved;
@@ -547,7 +615,7 @@ bool Engine::progressReduce(const Group& g) {
         r.consumed = r.msg.stream_offset + r.msg.bytes;
         ++r.num_consumed;
         t.consumed(g.rankAt(j), r.msg_seq);
-        ack(g.rankAt(j), r.msg_seq);
+        ack(g.rankAt(j), r.msg_seq, (r.msg.flags & edge::kFlagZeroCopy) != 0);
       }
     }
     moved = true;
@@ -664,6 +732,7 @@ void Engine::runPlan(const Group& g) {
   }
   auto last_progress = Clock::now();
   auto last_liveness = last_progress;
+  const bool remote_only = onlyRemotePeers(g);
   while (true) {
     uint32_t bell = doorbell();
     bool moved = false;
@@ -704,7 +773,7 @@ void Engine::runPlan(const Group& g) {
       last_liveness = now;
     }
     plan.transport->flush();  // nothing held back while this rank sleeps (a peer's device may wait for it)
-    waitDoorbell(bell, std::chrono::milliseconds(50));
+    waitDoorbell(bell, std::chrono::milliseconds(50), remote_only);
   }
   // Zero-copy sends: the peers acknowledged on the host; a device transport also waits for their reads.
   for (int j = 0; j < n; ++j) {
@@ -754,7 +823,7 @@ void Engine::waitSignal(int peer, uint64_t count) {
       checkPeer(peer, now, waiting_for);
       last_liveness = now;
     }
-    waitDoorbell(bell, std::chrono::milliseconds(50));
+    waitDoorbell(bell, std::chrono::milliseconds(50), isRemote(peer));
   }
   puts_seen_[peer] = target;
 }

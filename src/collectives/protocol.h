@@ -57,12 +57,32 @@ class RemoteEdges {
   virtual bool remote(int peer) const = 0;
   /// Message `seq` to `peer`: its descriptor and the `span` bytes it describes, at `bytes` in this rank's region.
   virtual void publish(int peer, uint64_t seq, const edge::MessageDesc& desc, const uint8_t* bytes, size_t span) = 0;
-  /// This rank consumed message `seq` from `peer`.
-  virtual void ack(int peer, uint64_t seq) = 0;
+  /// This rank consumed message `seq` from `peer`: the peer learns it with the next frame to it, before this rank
+  /// waits (flush), or at once with `now` (the peer waits for it to finish: a zero-copy message).
+  virtual void ack(int peer, uint64_t seq, bool now) = 0;
+  /// Sends what was held back (acknowledgements) at once.
+  virtual void flush() {}
+  /// This rank waits for `peer`'s acknowledgement: the peer sends what it holds back, and from now on at once.
+  virtual void want(int peer) { (void)peer; }
   /// `bytes` of src into `peer`'s heap at `heap_offset`, then its count of puts from this rank = `count`.
   virtual void put(int peer, uint64_t heap_offset, const void* src, size_t bytes, uint64_t count) = 0;
   /// This rank's world broke (NOTE [failure broadcast]): the reason to every remote peer.
   virtual void broadcastFailure(const std::string& reason) = 0;
+  /// Applies what remote peers sent that has arrived, without blocking, on the calling thread (a waiting rank
+  /// reads its edges itself); whether anything landed (its doorbell rang too).
+  virtual bool poll() { return false; }
+  /// The calling thread reads the remote edges itself (poll, wait) from now on (true), or no longer (false): a
+  /// wait on remote peers alone, during which nobody else needs to be woken by their bytes.
+  virtual void reading(bool on) { (void)on; }
+  /// Blocks until bytes from a remote peer arrive (applied on the calling thread), `*bell` differs from `seen`,
+  /// or `timeout` passed. For a wait on remote peers alone; false where it cannot wait so (another thread is
+  /// reading a connection): the caller blocks on its doorbell instead.
+  virtual bool wait(const uint32_t* bell, uint32_t seen, std::chrono::nanoseconds timeout) {
+    (void)bell;
+    (void)seen;
+    (void)timeout;
+    return false;
+  }
   virtual void setTimeout(std::chrono::milliseconds) {}
 };
 
@@ -189,7 +209,8 @@ class Engine {
   // waiting
   void notify(int peer);
   uint32_t doorbell() const { return core::readBell(&self().header->doorbell); }
-  void waitDoorbell(uint32_t seen, std::chrono::nanoseconds slice);
+  void waitDoorbell(uint32_t seen, std::chrono::nanoseconds slice, bool remote_only = false);
+  bool onlyRemotePeers(const Group& g) const;
   void broadcastFailure(const std::string& message);
   void breakQuietly(const std::string& message) noexcept;
   void runPlan(const Group& g);
@@ -208,7 +229,8 @@ class Engine {
   int priorUses(size_t k, SlotUse* out);
 
   // messages
-  bool descRoom(int peer) const;
+  bool descRoom(int peer);
+  void awaitAck(int peer);
   uint64_t publish(int peer, const edge::MessageDesc& desc);
   edge::MessageDesc baseDesc(int peer, const SendState& s) const;
   bool viewInHeap(const BufferView& v) const;
@@ -220,7 +242,7 @@ class Engine {
   bool progressSharedSend(const Group& g);
   void validate(int peer, const edge::MessageDesc& d, const RecvState& r, uint64_t seq);
   BufferView sourceView(int peer, const edge::MessageDesc& d) const;
-  void ack(int peer, uint64_t seq);
+  void ack(int peer, uint64_t seq, bool zero_copy);
   bool progressRecv(int j, int peer);
   bool progressReduce(const Group& g);
   bool reduceEmptyDone(const Group& g) const;
@@ -249,6 +271,7 @@ class Engine {
   uint64_t abort_base_ = 0;
   std::function<void()> on_failure_;
   RemoteEdges* remote_ = nullptr;
+  uint64_t awaiting_acks_ = 0;  // remote peers whose acknowledgement this rank cannot go on without (awaitAck)
   WorldStats stats_;
 };
 

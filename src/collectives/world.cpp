@@ -405,7 +405,12 @@ Group World::newGroup(const int* ranks, int num_ranks) const {
 Group World::worldGroup() const { return Group::whole(impl_->size, impl_->rank); }
 WorldStats World::stats() const {
   std::lock_guard<std::mutex> lock(impl_->engine->mutex());
-  return impl_->engine->stats();
+  WorldStats s = impl_->engine->stats();
+  if (impl_->net != nullptr) {
+    s.net_bytes_sent = impl_->net->bytesSent();
+    s.net_bytes_received = impl_->net->bytesReceived();
+  }
+  return s;
 }
 void World::setMessageTag(uint32_t tag) { impl_->engine->setMessageTag(tag); }
 uint32_t World::messageTag() const { return impl_->engine->messageTag(); }

@@ -130,7 +130,9 @@ void register_world(py::module_& m) {
       .def_readonly("staged_bytes", &WorldStats::staged_bytes)
       .def_readonly("blocking_waits", &WorldStats::blocking_waits)
       .def_readonly("collectives", &WorldStats::collectives)
-      .def_readonly("all_gathers", &WorldStats::all_gathers);
+      .def_readonly("all_gathers", &WorldStats::all_gathers)
+      .def_readonly("net_bytes_sent", &WorldStats::net_bytes_sent)
+      .def_readonly("net_bytes_received", &WorldStats::net_bytes_received);
 
   py::class_<World, std::shared_ptr<World>>(m, "World")
       .def_static(

@@ -50,6 +50,23 @@ struct ProbeSample {
   int64_t seen_ns = 0;
 };
 
+/// Workers that run on other hosts, behind a relay (NOTE [node agents] in src/runtime/relay.cpp): the engine loop asks
+/// it, instead of a process id, whether such a worker is gone, and asks it to stop one or to abort its collectives.
+/// Every method returns within a bounded time and never throws for a worker it does not know.
+class RemoteWorkers {
+ public:
+  virtual ~RemoteWorkers() = default;
+  /// Whether `worker` is gone (its process ended, or its host was lost); `why` (when given) says what happened.
+  virtual bool gone(int worker, std::string* why) = 0;
+  /// Stops `worker` (asks its host to kill it); its death then comes back through gone().
+  virtual void kill(int worker) = 0;
+  /// Bumps the abort word of the workers on other hosts (World::watchAbort), as QueueSet::requestAbort does here.
+  virtual void abortCollectives() = 0;
+  /// Stops taking tasks from dead `worker`'s dispatch ring, whose rings are about to be reset for a replacement;
+  /// returns once it has (false when it could not make sure in time).
+  virtual bool release(int worker) = 0;
+};
+
 /// What happened since the last EngineLoop::waitUpdates: progress of requests (in order) and the requests that
 /// ended. A request's final progress comes before its result.
 struct EngineUpdates {
@@ -84,7 +101,8 @@ class EngineLoop {
   std::string worldShmPrefix() const { return runtime::worldShmPrefix(queues_->name()); }
   /// Waits until every worker posted its hello (a completion with task_id 0, carrying a ModelInfo: NOTE [typed
   /// messages]) and returns the model they loaded. Throws when a worker reports an error, two workers report
-  /// different models, a process in `pids` exits, or the timeout passes. The requests' limits are then the
+  /// different models, a process in `pids` exits (or a remote worker is gone: setRemote; its pid is ignored), or the
+  /// timeout passes. The requests' limits are then the
   /// model's (RequestLimits::of its registry entry and the hello) until setLimits.
   ModelInfo awaitWorkers(const std::vector<int>& pids, double timeout_s);
   /// What submit(GenerationRequest&) checks requests against.
@@ -129,6 +147,9 @@ class EngineLoop {
   void prepareReplacement(int worker);
   /// The replacement's process id (its death is then noticed like any worker's).
   void setWorkerPid(int worker, int pid);
+  /// `worker` runs on another host behind `host` (a relay): its liveness, its kill and the abort of its collectives
+  /// go through `host` instead of a process id and this host's abort word (NOTE [node agents]).
+  void setRemote(int worker, std::shared_ptr<RemoteWorkers> host);
   /// Why `worker`'s latest replacement was refused at its hello ("" if it was not), and forgets it.
   std::string takeReplacementError(int worker);
   bool closed() const { return closed_; }
@@ -156,8 +177,9 @@ class EngineLoop {
   RealClock clock_;
   std::unique_ptr<ControlPlane> plane_;
   std::vector<int> pids_;
-  std::vector<bool> awaiting_hello_;       ///< a replacement is starting (prepareReplacement)
-  std::vector<std::string> hello_errors_;  ///< takeReplacementError
+  std::vector<std::shared_ptr<RemoteWorkers>> remote_;  ///< by worker; null for a local process
+  std::vector<bool> awaiting_hello_;                    ///< a replacement is starting (prepareReplacement)
+  std::vector<std::string> hello_errors_;               ///< takeReplacementError
   int queue_fd_ = -1;
   std::thread thread_;
   std::mutex plane_mu_;  // held by the control thread while it works (not while it waits)

@@ -56,6 +56,10 @@ const std::vector<Setting>& table() {
       {"GFDIT_NET_EDGES", "auto", "string",
        "\"auto\": network edges between ranks that cannot share memory (other hosts); \"nodes\": also between ranks "
        "of one host whose node ids differ (GFDIT_NODE_IDS), to emulate several machines on one."},
+      // ---- workers on other hosts (src/runtime/relay.cpp) ----
+      {"GFDIT_NODE_TIMEOUT_S", "10", "seconds",
+       "A node agent's connection that brings nothing for this long is lost: on the engine, every worker of that "
+       "host is dead; on the agent, its workers are stopped (Python passes it to the relays, NOTE [node agents])."},
       // ---- liveness of peers (src/core/liveness.cpp) ----
       {"GFDIT_PID_LIVENESS", "1", "bool",
        "0 stops trusting the pids of peers in the same pid namespace: only heartbeats tell a dead peer (NOTE "

@@ -12,6 +12,7 @@ void register_build_info(pybind11::module_& m);
 void register_layout(pybind11::module_& m);
 void register_runtime(pybind11::module_& m);
 void register_engine(pybind11::module_& m);
+void register_relay(pybind11::module_& m);
 void register_simulator(pybind11::module_& m);
 void register_cost(pybind11::module_& m);
 void register_settings(pybind11::module_& m);

@@ -211,6 +211,9 @@ void register_engine(py::module_& m) {
            py::call_guard<py::gil_scoped_release>(), "Readies a dead worker's rings for its replacement.")
       .def("set_worker_pid", &EngineLoop::setWorkerPid, py::arg("worker"), py::arg("pid"),
            py::call_guard<py::gil_scoped_release>())
+      .def("set_remote", &EngineLoop::setRemote, py::arg("worker"), py::arg("host"),
+           py::call_guard<py::gil_scoped_release>(),
+           "The worker runs on another host behind this relay (a NodeRelay): liveness, kill and abort go through it.")
       .def("take_replacement_error", &EngineLoop::takeReplacementError, py::arg("worker"),
            py::call_guard<py::gil_scoped_release>(),
            "Why the worker's latest replacement was refused at its hello ('' if it was not).");

@@ -13,6 +13,7 @@ PYBIND11_MODULE(_C, m) {
   gfdit::python::register_layout(m);  // before cost and runtime: their bindings take its types
   gfdit::python::register_cost(m);
   gfdit::python::register_runtime(m);
+  gfdit::python::register_relay(m);  // before engine: EngineLoop.set_remote takes its RemoteWorkers
   gfdit::python::register_engine(m);
   gfdit::python::register_simulator(m);
   gfdit::python::register_settings(m);

@@ -56,7 +56,8 @@ bool processGone(int pid) {
 
 class EngineLoop::RingExecutor : public Executor {
  public:
-  RingExecutor(QueueSet& q, std::vector<int>& pids) : q_(q), pids_(pids), out_(q) {}
+  RingExecutor(QueueSet& q, std::vector<int>& pids, std::vector<std::shared_ptr<RemoteWorkers>>& remote)
+      : q_(q), pids_(pids), remote_(remote), out_(q) {}
 
   // Never waits (NOTE [control thread]): what does not fit now waits in the worker's backlog, in order.
   void dispatch(const TaskDescriptor& task, const std::vector<int>& workers, const std::string& payload) override {
@@ -70,15 +71,30 @@ class EngineLoop::RingExecutor : public Executor {
     return out_.waiting();
   }
   void forget(int worker) { out_.clear(worker); }
-  void abortCollectives() override { q_.requestAbort(); }
+  // Workers on other hosts watch their own host's abort word: each relay bumps it (NOTE [node agents]).
+  void abortCollectives() override {
+    q_.requestAbort();
+    std::vector<RemoteWorkers*> done;
+    for (const auto& host : remote_) {
+      if (host == nullptr || std::find(done.begin(), done.end(), host.get()) != done.end()) continue;
+      host->abortCollectives();
+      done.push_back(host.get());
+    }
+  }
   void killWorker(int worker) override {
-    if (worker >= 0 && worker < static_cast<int>(pids_.size()) && pids_[worker] > 0) ::kill(pids_[worker], SIGKILL);
+    if (worker < 0 || worker >= static_cast<int>(pids_.size())) return;
+    if (remote_[worker] != nullptr) {
+      remote_[worker]->kill(worker);
+    } else if (pids_[worker] > 0) {
+      ::kill(pids_[worker], SIGKILL);
+    }
   }
   void discardOutput(const OutputRef& ref) override { runtime::discardOutput(ref); }
 
  private:
   QueueSet& q_;
   std::vector<int>& pids_;
+  std::vector<std::shared_ptr<RemoteWorkers>>& remote_;
   Dispatcher out_;
 };
 
@@ -90,7 +106,9 @@ EngineLoop::EngineLoop(EngineOptions options, std::shared_ptr<Policy> policy,
   options_.control.world_size = options_.num_workers;
   queues_ = QueueSet::create(options_.num_workers, options_.ring_bytes);
   output_prefix_ = outputPrefix(queues_->name());
-  executor_ = std::make_unique<RingExecutor>(*queues_, pids_);
+  pids_.assign(options_.num_workers, 0);
+  remote_.assign(options_.num_workers, nullptr);
+  executor_ = std::make_unique<RingExecutor>(*queues_, pids_, remote_);
   plane_ = std::make_unique<ControlPlane>(options_.control, clock_, *executor_, std::move(policy), std::move(cost));
   plane_->setFinishedCallback([this](RequestResult&& r) {
     std::lock_guard<std::mutex> lock(results_mu_);
@@ -120,7 +138,10 @@ ModelInfo EngineLoop::awaitWorkers(const std::vector<int>& pids, double timeout_
   GFDIT_CHECK(!started_) << "awaitWorkers after start";
   GFDIT_CHECK(static_cast<int>(pids.size()) == options_.num_workers)
       << pids.size() << " worker pids for " << options_.num_workers << " workers";
-  pids_ = pids;
+  {
+    std::lock_guard<std::mutex> lock(plane_mu_);
+    pids_ = pids;
+  }
   awaiting_hello_.assign(options_.num_workers, false);
   hello_errors_.assign(options_.num_workers, std::string());
   std::vector<ModelInfo> hello(options_.num_workers);
@@ -147,7 +168,11 @@ ModelInfo EngineLoop::awaitWorkers(const std::vector<int>& pids, double timeout_
     }
     if (got) continue;
     for (int w = 0; w < options_.num_workers; ++w) {
-      GFDIT_CHECK_CODE(kRemoteError, seen[w] || !processGone(pids_[w])) << "worker " << w << " exited during start-up";
+      if (seen[w]) continue;
+      std::string why;
+      const bool gone = remote_[w] != nullptr ? remote_[w]->gone(w, &why) : processGone(pids_[w]);
+      GFDIT_CHECK_CODE(kRemoteError, !gone)
+          << "worker " << w << " exited during start-up" << (why.empty() ? "" : ": ") << why;
     }
     int64_t now = nowNs();
     GFDIT_CHECK_CODE(kTimeout, now < deadline) << "workers not ready within " << timeout_s << " s";
@@ -206,7 +231,7 @@ uint64_t EngineLoop::submit(GenerationRequest& q) { return submit(specOf(q)); }
 
 void EngineLoop::start() {
   GFDIT_CHECK(!started_) << "the engine loop is already started";
-  GFDIT_CHECK(static_cast<int>(pids_.size()) == options_.num_workers) << "awaitWorkers first";
+  GFDIT_CHECK(have_info_) << "awaitWorkers first";
   // kept open for replacements (NOTE [replacements] in control.cpp), whose processes inherit it
   queue_fd_ = ::shm_open(queues_->name().c_str(), O_RDWR | O_CLOEXEC, 0600);
   GFDIT_CHECK_CODE(kSystemError, queue_fd_ >= 0) << "shm_open(" << queues_->name() << "): " << std::strerror(errno);
@@ -349,7 +374,9 @@ void EngineLoop::shutdown() {
 
 void EngineLoop::checkWorkers() {
   for (int w = 0; w < options_.num_workers; ++w) {
-    if ((plane_->alive(w) || plane_->joining(w)) && pids_[w] > 0 && processGone(pids_[w])) plane_->onWorkerDeath(w);
+    if (!plane_->alive(w) && !plane_->joining(w)) continue;
+    const bool gone = remote_[w] != nullptr ? remote_[w]->gone(w, nullptr) : pids_[w] > 0 && processGone(pids_[w]);
+    if (gone) plane_->onWorkerDeath(w);
   }
 }
 
@@ -365,6 +392,9 @@ void EngineLoop::prepareReplacement(int worker) {
   GFDIT_CHECK(!plane_->alive(worker) && !plane_->joining(worker))
       << "worker " << worker << " is alive or joining: there is nothing to replace";
   executor_->forget(worker);
+  // a remote worker's dispatch ring is read by its relay: it lets go of it before the ring is reset
+  GFDIT_CHECK_CODE(kTimeout, remote_[worker] == nullptr || remote_[worker]->release(worker))
+      << "worker " << worker << ": its relay did not let go of its rings in time; try again";
   queues_->resetWorker(worker);
   pids_[worker] = 0;
   awaiting_hello_[worker] = true;
@@ -375,6 +405,12 @@ void EngineLoop::setWorkerPid(int worker, int pid) {
   GFDIT_CHECK(worker >= 0 && worker < options_.num_workers).param("worker") << "worker " << worker;
   std::lock_guard<std::mutex> lock(plane_mu_);
   pids_[worker] = pid;
+}
+
+void EngineLoop::setRemote(int worker, std::shared_ptr<RemoteWorkers> host) {
+  GFDIT_CHECK(worker >= 0 && worker < options_.num_workers).param("worker") << "worker " << worker;
+  std::lock_guard<std::mutex> lock(plane_mu_);
+  remote_[worker] = std::move(host);
 }
 
 std::string EngineLoop::takeReplacementError(int worker) {

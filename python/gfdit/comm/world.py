@@ -696,6 +696,7 @@ def _offsets(splits: Sequence[int]) -> list[int]:
 # ---- the default world, as torch.distributed has a default process group ----
 
 _world: World | None = None
+_NODE_IDS = "GFDIT_NODE_IDS"  # init writes it under torchrun; it is read through gfdit.settings
 
 
 def init(
@@ -708,7 +709,10 @@ def init(
     **options: Any,
 ) -> World:
     """Joins the default world. Without a store, reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun
-    sets them) and opens a torch.distributed.TCPStore.
+    sets them) and opens a torch.distributed.TCPStore (under torchrun, a client of the store its agent serves).
+    The world finds its nodes from the ranks' hosts; only where nodes are emulated on one host
+    (GFDIT_NET_EDGES=nodes) without GFDIT_NODE_IDS, under torchrun, each rank's node is its torchrun node
+    (GROUP_RANK), set as GFDIT_NODE_IDS in this process.
 
     device: None (host only, CPU tensors) or this rank's GPU: an index, "cuda:N", a torch.device, or "cuda"
     (``default_device``: LOCAL_RANK, else the rank, modulo the visible devices). The world then also takes
@@ -726,13 +730,24 @@ def init(
         import torch.distributed as dist
 
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent serves it
         store = dist.TCPStore(
             os.environ.get("MASTER_ADDR", "127.0.0.1"),
             int(os.environ["MASTER_PORT"]),
             world_size,
-            rank == 0,
+            rank == 0 and not agent_store,
             timeout=datetime.timedelta(seconds=secs),
         )
+    if (
+        "GROUP_RANK" in os.environ
+        and settings.get("GFDIT_NET_EDGES") == "nodes"
+        and not settings.get("GFDIT_NODE_IDS")
+    ):
+        # every rank's torchrun node, through the store (keyed by the restart: a restart may renumber the nodes),
+        # written where the world's rendezvous reads the setting
+        key = f"gfdit-nodes/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        store.set(key + str(rank), os.environ["GROUP_RANK"])
+        os.environ[_NODE_IDS] = ",".join(store.get(key + str(r)).decode() for r in range(world_size))
     _world = World(rank, world_size, store, timeout=timeout, heap_bytes=heap_bytes, device=device, **options)
     return _world
 

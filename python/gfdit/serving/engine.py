@@ -7,7 +7,9 @@ field raises gfdit.InvalidUsage whose ``param`` names it). This module starts on
 (``gfdit.serving.worker``), and one thread that waits in C++ for the engine's updates: each request's
 progress, pushed to its ``RequestHandle`` and to the engine's progress listeners, and its result, whose
 decoded output it maps from shared memory without copying. A third thread replaces workers that die
-(NOTE [healing]).
+(NOTE [healing]). Workers may also run on other hosts: their node agents (``gfdit.serving.agent``) connect to the
+engine's node port (``listen``), and a C++ relay carries their tasks and completions (NOTE [node agents] in
+src/runtime/relay.cpp); a fourth thread takes agents that connect to a running engine in the place of a lost host.
 
 NOTE [healing]
 A worker that dies (killed, crashed, or stopped for a missed task deadline) is reaped and replaced by a new
@@ -19,10 +21,14 @@ the model and says hello. The control plane then takes it into the world at the 
 is started again after a delay that doubles each time (REPLACE_BACKOFF_S to REPLACE_BACKOFF_MAX_S), and its
 reason is kept (``stats()["restart_error"]``); when REPLACE_GIVE_UP replacements in a row failed and no worker is
 left, the requests waiting for one fail with that reason, and later ones wait for a replacement that works.
+A worker on another host is replaced the same way by its node agent (the relay's ``start_worker`` in place of a new
+process here) while its host is connected; the workers of a lost host are not replaced until an agent connects to the
+engine again and takes them over (``Engine._take_over``), its workers joining as replacements.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import multiprocessing as mp
@@ -54,6 +60,8 @@ SUPERVISE_S = 0.1  # how often the supervisor looks for dead workers (the contro
 REPLACE_BACKOFF_S = 0.5  # NOTE [healing]: the delay after a replacement's first failure, doubled each time
 REPLACE_BACKOFF_MAX_S = 30.0
 REPLACE_GIVE_UP = 5
+NODE_ACCEPT_S = 0.5  # how long the node thread waits for an agent at a time (then it checks for shutdown)
+JOIN_POLL_S = 0.05  # how often joining a remote worker looks at what its agent reported
 
 log = logging.getLogger("gfdit.engine")
 
@@ -115,6 +123,64 @@ def worker_devices(device: Any, world_size: int) -> list[str | None]:
     return out
 
 
+def parse_address(text: Any, what: str) -> tuple[str, int]:
+    """ "HOST:PORT" as (host, port); anything else raises gfdit.InvalidUsage naming ``what``."""
+    host, sep, port = str(text).rpartition(":")
+    if not isinstance(text, str) or not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidUsage(f"gfdit: {what} {text!r} is not HOST:PORT", param=what)
+    return host, int(port)
+
+
+def node_timeout_s() -> float:
+    """GFDIT_NODE_TIMEOUT_S: how long a silent connection between an engine and a node agent lasts."""
+    text = settings.get("GFDIT_NODE_TIMEOUT_S").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidUsage(f"gfdit: GFDIT_NODE_TIMEOUT_S={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise InvalidUsage(f"gfdit: GFDIT_NODE_TIMEOUT_S={text!r} must be a positive number of seconds")
+    return value
+
+
+class RemoteProcess:
+    """A worker on another host as the engine's supervisor sees a process (NOTE [node agents] in
+    src/runtime/relay.cpp): its pid there, its exit code once its agent reported its end (-1: its host was lost),
+    and kill and join through the relay."""
+
+    def __init__(self, relay: Any, worker_id: int) -> None:
+        self._relay = relay
+        self.worker_id = worker_id
+
+    def state(self) -> Any:
+        return self._relay.worker_state(self.worker_id)
+
+    @property
+    def pid(self) -> int:
+        return int(self.state().pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        st = self.state()
+        return None if st.running else int(st.exit_code)
+
+    @property
+    def connected(self) -> bool:
+        """Whether its host's agent is connected."""
+        return bool(self.state().connected)
+
+    def is_alive(self) -> bool:
+        return bool(self.state().running)
+
+    def kill(self) -> None:
+        self._relay.kill(self.worker_id)
+
+    def join(self, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while self.is_alive() and time.monotonic() < deadline:
+            time.sleep(JOIN_POLL_S)
+
+
 def _check_limits(overrides: dict) -> dict:
     """The Engine(limits=...) overrides, each a known limit with a positive integer."""
     for k, v in overrides.items():
@@ -147,6 +213,13 @@ class Engine:
     (every worker on device N); or a list with one device per worker. Each worker then joins the world with
     its device and holds the model and its states there (see gfdit.serving.worker). Use as a context manager or call
     shutdown().
+    Workers on other hosts (NOTE [node agents] in src/runtime/relay.cpp): local_workers of the world_size workers run
+    here (default: all), the others on hosts whose node agents (``gfdit node-agent --engine HOST:PORT --workers K``)
+    connect to ``listen`` ("HOST:PORT", port 0: any free one, ``node_port`` says which). The engine waits for them
+    (within start_timeout_s); their workers get the ids after this host's, node by node, and the control plane's
+    node_of says which host each runs on. Without a cost_model such an engine plans with none (a profile of this
+    machine says nothing of the others). device applies to the local workers; each agent has its own. on_listen(host,
+    port) is called once the node port listens, before the engine waits for agents (to tell them where it is).
     """
 
     def __init__(
@@ -167,15 +240,44 @@ class Engine:
         device: Any = None,
         replace_workers: bool = True,
         reprofile: bool = False,
+        local_workers: int | None = None,
+        listen: str | None = None,
+        on_listen: Callable[[str, int], None] | None = None,
     ) -> None:
         import torch.distributed as dist
 
         if isinstance(world_size, bool):  # the rest of what the arguments must be, the engine loop checks
             raise InvalidUsage(f"gfdit.Engine: world_size {world_size!r} is not a number", param="world_size")
         overrides = _check_limits(limits or {})  # refused here, before any worker starts
-        devices = worker_devices(device, world_size) if isinstance(world_size, int) else []
+        n_local = world_size if local_workers is None else local_workers
+        if isinstance(world_size, int) and (
+            isinstance(n_local, bool) or not isinstance(n_local, int) or not 0 <= n_local <= world_size
+        ):
+            raise InvalidUsage(
+                f"gfdit.Engine: local_workers {local_workers!r} is not a number of workers in [0, {world_size}]",
+                param="local_workers",
+            )
+        n_remote = world_size - n_local if isinstance(world_size, int) else 0
+        where = parse_address(listen, "listen") if listen is not None else None
+        if n_remote and where is None:
+            raise InvalidUsage(
+                f"gfdit.Engine: {n_remote} of the {world_size} workers run on other hosts: give listen='HOST:PORT', "
+                "where their node agents connect",
+                param="listen",
+            )
+        if n_remote and reprofile:
+            raise InvalidUsage(
+                "gfdit.Engine: reprofile measures a profile of this machine: not for workers on other hosts",
+                param="reprofile",
+            )
+        if n_remote and cost_model is None:
+            cost_model = False  # a profile of this machine says nothing of the other hosts
+        if n_remote and isinstance(policy, str):
+            rt.make_policy(policy)  # a bad name is refused before the agents are waited for
+        devices = worker_devices(device, n_local) if isinstance(world_size, int) else []
         self.world_size = world_size
         self.model_name = model
+        self._n_local = n_local
         assert _cost_model_default is not None, "import gfdit registers it"
         cost_model = _cost_model_default(
             cost_model,
@@ -188,20 +290,8 @@ class Engine:
         )
         self.cost_model = cost_model
         self._closed = False
-        try:
-            self._loop = rt.EngineLoop(
-                world_size,
-                policy,
-                cost_model,
-                max_inflight_steps=max_inflight_steps,
-                task_timeout_s=float(task_timeout_s),
-                max_attempts=max_attempts,
-            )
-        except InvalidUsage as e:
-            if e.param is None:  # the policy's own message
-                raise
-            raise InvalidUsage(f"gfdit.Engine: {e.message}", param=e.param) from None
-        self.policy_name = policy if isinstance(policy, str) else policy.name()
+        deadline = time.monotonic() + start_timeout_s
+        # the workers' rendezvous: every interface, for workers on other hosts too
         self._store = dist.TCPStore(
             "127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
         )
@@ -211,25 +301,65 @@ class Engine:
             world_size,
             "127.0.0.1",
             self._store.port,
-            self._loop.queue_name,
+            "",
             model,
             model_path,
             timeout_s,
             heap_bytes,
             threads_per_worker,
         )
-        self._procs = [self._start_worker(w) for w in range(world_size)]
+        self._relay: Any = None
+        self._node_of: list[int] = [0] * world_size if isinstance(world_size, int) else []
+        if where is not None:
+            # see NOTE [node agents] in src/runtime/relay.cpp
+            self._relay = rt.NodeRelay(world_size, where[0], where[1], node_timeout_s())
+            try:
+                if on_listen is not None:
+                    on_listen(where[0], int(self._relay.port))
+                self._admit_nodes(n_remote, deadline, start_timeout_s)
+            except BaseException:
+                self._relay.close()
+                raise
         try:
+            self._loop = rt.EngineLoop(
+                world_size,
+                policy,
+                cost_model,
+                max_inflight_steps=max_inflight_steps,
+                task_timeout_s=float(task_timeout_s),
+                max_attempts=max_attempts,
+                node_of=self._node_of if n_remote else [],
+            )
+        except InvalidUsage as e:
+            if self._relay is not None:
+                self._relay.close()
+            if e.param is None:  # the policy's own message
+                raise
+            raise InvalidUsage(f"gfdit.Engine: {e.message}", param=e.param) from None
+        self.policy_name = policy if isinstance(policy, str) else policy.name()
+        self._config = dataclasses.replace(
+            self._config,
+            queue_name=self._loop.queue_name,
+            node_ids=tuple(self._node_of) if n_remote else None,
+        )
+        self._procs: list[Any] = []
+        try:
+            if self._relay is not None:
+                self._relay.start(self._loop.queue_name)
+                for w in range(n_local, world_size):
+                    self._loop.set_remote(w, self._relay)
+            self._procs = [self._start_worker(w) for w in range(n_local)]
+            self._procs += [RemoteProcess(self._relay, w) for w in range(n_local, world_size)]
             # the model the workers loaded (their hello), and the limits of its registry entry
-            self.model_info: Any = self._loop.await_workers(self.worker_pids, start_timeout_s)
+            self.model_info: Any = self._loop.await_workers(
+                self.worker_pids, max(1.0, deadline - time.monotonic())
+            )
             self._apply_limits(overrides)
         except Error as e:
-            self._kill_all()
-            self._loop.shutdown()  # the rings' name goes now, not when the loop is collected
+            self._abandon()
             raise RuntimeError(f"gfdit.Engine: {e.message}") from None
         except BaseException:
-            self._kill_all()
-            self._loop.shutdown()
+            self._abandon()
             raise
         self._handles: dict[int, RequestHandle] = {}
         self._listeners: list[Callable[[Any], None]] = []
@@ -248,6 +378,10 @@ class Engine:
             self._loop.set_replacing(True)
             self._supervisor = threading.Thread(target=self._supervise, name="gfdit-supervisor", daemon=True)
             self._supervisor.start()
+        self._nodes_thread: threading.Thread | None = None
+        if self._relay is not None:
+            self._nodes_thread = threading.Thread(target=self._admit_later, name="gfdit-nodes", daemon=True)
+            self._nodes_thread.start()
 
     # ---- public ----
 
@@ -307,11 +441,15 @@ class Engine:
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join(10.0)
-        self._loop.shutdown()
+        if self._nodes_thread is not None:
+            self._nodes_thread.join(10.0)
+        self._loop.shutdown()  # a SHUTDOWN task to every worker, those on other hosts through the relay
         deadline = time.monotonic() + timeout
         for p in self._procs:
             p.join(max(0.0, deadline - time.monotonic()))
         self._kill_all()
+        if self._relay is not None:
+            self._relay.close()  # the agents stop what is left of their workers and end
         self._thread.join(5.0)
         rt.unlink_outputs(rt.output_prefix(self._loop.queue_name))
         # a worker killed while its world formed left its region's name (gfdit/world.h)
@@ -343,8 +481,34 @@ class Engine:
 
     @property
     def worker_pids(self) -> list[int]:
-        """Process id of each worker."""
+        """Process id of each worker (a worker on another host: its pid there, 0 until its agent reported it)."""
         return [int(p.pid or 0) for p in self._procs]  # every worker is started
+
+    @property
+    def node_port(self) -> int | None:
+        """The port node agents connect to (``listen``), or None for an engine whose workers all run here."""
+        return None if self._relay is None else int(self._relay.port)
+
+    def nodes(self) -> list[dict]:
+        """The hosts of the workers that run elsewhere (NOTE [node agents] in src/runtime/relay.cpp): node index,
+        host, address, workers, connected, and why a lost one was lost."""
+        if self._relay is None:
+            return []
+        return [
+            {
+                "node": n.node,
+                "host": n.host,
+                "address": n.address,
+                "workers": list(n.workers),
+                "connected": n.connected,
+                "why": n.why,
+            }
+            for n in self._relay.nodes()
+        ]
+
+    def node_refusals(self) -> list[str]:
+        """Why each connection to the node port was refused so far (garbage, another version, no place for it)."""
+        return [] if self._relay is None else list(self._relay.refusals())
 
     def alive_workers(self) -> list[bool]:
         """Whether the control plane counts each worker as alive."""
@@ -354,11 +518,16 @@ class Engine:
         """Control-plane counters: tasks, policy calls, lookahead hits, regroups, migrations, recoveries, task
         timeouts, control_cpu_ns (CPU time of the control thread), requests not yet pruned; the workers: alive,
         joining, worker_deaths, replacements, restarting (workers whose replacement is under way: NOTE
-        [healing]) and restart_error (why the latest replacement failed, "" if none did)."""
+        [healing]), restart_error (why the latest replacement failed, "" if none did) and lost (workers of a host
+        that was lost, waiting for an agent to take them over)."""
         out = dict(self._loop.stats())
+        lost = {w for w, p in enumerate(self._procs) if isinstance(p, RemoteProcess) and not p.connected}
         with self._lock:
-            out["restarting"] = sorted(w for w in range(self.world_size) if not out["alive"][w])
+            out["restarting"] = sorted(
+                w for w in range(self.world_size) if not out["alive"][w] and w not in lost
+            )
             out["restart_error"] = self._restart_error
+        out["lost"] = sorted(w for w in lost if not out["alive"][w])
         return out
 
     @property
@@ -451,6 +620,7 @@ class Engine:
 
     def _look_after(self, w: int, live: bool) -> None:
         p = self._procs[w]
+        remote = isinstance(p, RemoteProcess)
         if live:
             if w in self._pending:  # joined
                 self._pending.discard(w)
@@ -459,10 +629,16 @@ class Engine:
             return
         if p.exitcode is None:  # a replacement loading its model (exitcode reaps a process that ended)
             return
+        if remote and not p.connected:  # its host is lost: an agent that connects again takes it over
+            self._pending.discard(w)
+            return
         now = time.monotonic()
         if w in self._pending:  # the replacement exited before it joined
             self._pending.discard(w)
-            reason = self._loop.take_replacement_error(w) or f"exited with code {p.exitcode} before joining"
+            reason = self._loop.take_replacement_error(w) or (
+                f"exited with code {p.exitcode} before joining"
+                + (f" ({p.state().why})" if remote and p.state().why else "")
+            )
             self._failures[w] += 1
             delay = min(REPLACE_BACKOFF_MAX_S, REPLACE_BACKOFF_S * 2 ** (self._failures[w] - 1))
             with self._lock:
@@ -479,8 +655,11 @@ class Engine:
         if self._next_try.get(w, 0.0) > now:
             return
         self._loop.prepare_replacement(w)
-        q = self._procs[w] = self._start_worker(w, worker.InheritedFd(self._loop.queue_fd))
-        self._loop.set_worker_pid(w, int(q.pid or 0))
+        if remote:  # its agent starts the new process (NOTE [node agents] in src/runtime/relay.cpp)
+            self._relay.start_worker(w)
+        else:
+            q = self._procs[w] = self._start_worker(w, worker.InheritedFd(self._loop.queue_fd))
+            self._loop.set_worker_pid(w, int(q.pid or 0))
         self._pending.add(w)
 
     def _start_worker(self, w: int, queue_fd: Any = None) -> Any:
@@ -498,4 +677,119 @@ class Engine:
         for p in self._procs:
             if p.is_alive():
                 p.kill()
+        for p in self._procs:
             p.join(5.0)
+
+    def _abandon(self) -> None:
+        """A start that failed: no worker, no agent and no name in /dev/shm is left."""
+        self._kill_all()
+        if self._relay is not None:
+            self._relay.close()
+        self._loop.shutdown()  # the rings' name goes now, not when the loop is collected
+
+    # ---- workers on other hosts (NOTE [node agents] in src/runtime/relay.cpp) ----
+
+    def _welcome(self, node: int, workers: list[int], joining: bool) -> Any:
+        c = self._config
+        w = rt.NodeWelcome()
+        w.node = node
+        w.workers = workers
+        w.joining = joining
+        w.world_size = self.world_size
+        w.node_of = self._node_of
+        w.model = c.model
+        w.model_path = c.model_path or ""
+        w.store_port = c.store_port
+        w.timeout_s = float(c.timeout_s)
+        w.heap_bytes = int(c.heap_bytes or 0)
+        w.threads = int(c.threads)
+        return w
+
+    def _admit_nodes(self, needed: int, deadline: float, start_timeout_s: float) -> None:
+        """Waits for agents that bring the `needed` workers that run elsewhere; then numbers them node by node after
+        this host's, and welcomes each agent with its workers."""
+        taken: list[Any] = []
+        count = 0
+        while count < needed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for p in taken:
+                    self._relay.refuse(p.id, "the engine did not get all its workers in time")
+                raise RuntimeError(
+                    f"gfdit.Engine: node agents brought {count} of the {needed} workers that run on other hosts "
+                    f"within {start_timeout_s} s (start them with: gfdit node-agent --engine HOST:{self._relay.port} "
+                    "--workers K)"
+                )
+            p = self._relay.accept(min(left, NODE_ACCEPT_S))
+            if p is None:
+                continue
+            k = p.hello.num_workers
+            if not 1 <= k <= needed - count:
+                self._relay.refuse(
+                    p.id, f"the agent offers {k} workers; the engine waits for {needed - count} more at most"
+                )
+                continue
+            taken.append(p)
+            count += k
+        first = self._n_local
+        plan = []
+        for node, p in enumerate(taken, start=1):
+            ids = list(range(first, first + p.hello.num_workers))
+            self._node_of[first : first + len(ids)] = [node] * len(ids)
+            plan.append((p, node, ids))
+            first += len(ids)
+        for p, node, ids in plan:
+            self._relay.admit(p.id, self._welcome(node, ids, joining=False))
+            log.warning(
+                "gfdit.Engine: node %d (host %s, %s) runs workers %s", node, p.hello.host, p.address, ids
+            )
+
+    def _admit_later(self) -> None:
+        """Answers the agents that connect to the running engine (NOTE [healing])."""
+        while not self._stopping.is_set():
+            try:
+                p = self._relay.accept(NODE_ACCEPT_S)
+                if p is not None and not self._stopping.is_set():
+                    self._take_over(p)
+            except Exception:  # shutting down under us, or the agent left: the next one is answered
+                if self._stopping.is_set():
+                    return
+                log.exception("gfdit.Engine: answering a node agent failed")
+
+    def _take_over(self, p: Any) -> None:
+        """An agent takes the workers of a lost host (once the control plane saw them dead) as replacements, or is
+        refused with the reason."""
+        if self._supervisor is None:
+            self._relay.refuse(p.id, "the engine does not replace workers (replace_workers=False)")
+            return
+        st = self._loop.stats()
+        lost: dict[int, list[int]] = {}
+        for w in range(self._n_local, self.world_size):
+            s = self._relay.worker_state(w)
+            if not s.connected and not st["alive"][w] and not st["joining"][w]:
+                lost.setdefault(s.node, []).append(w)
+        fits = [(node, ws) for node, ws in sorted(lost.items()) if len(ws) <= p.hello.num_workers]
+        if not fits:
+            why = (
+                "the engine has all its workers"
+                if not lost
+                else f"the agent offers {p.hello.num_workers} workers; a lost host had {min(map(len, lost.values()))}"
+            )
+            self._relay.refuse(p.id, why)
+            return
+        node, ws = fits[0]
+        for w in ws:
+            self._loop.prepare_replacement(w)
+        self._pending.update(ws)  # the supervisor logs their join
+        try:
+            self._relay.admit(p.id, self._welcome(node, ws, joining=True))
+        except Exception:
+            self._pending.difference_update(ws)
+            raise
+        log.warning(
+            "gfdit.Engine: host %s (%s) takes over workers %s of lost node %d",
+            p.hello.host,
+            p.address,
+            ws,
+            node,
+        )

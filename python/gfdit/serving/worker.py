@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import time
 import traceback
 from typing import Any
@@ -31,6 +32,7 @@ import torch
 from gfdit import comm, settings
 from gfdit._C import runtime as rt
 from gfdit.attention.spec import ParallelSpec
+from gfdit.comm.topology import NODE_IDS_ENV
 
 POLL_S = 1.0  # how often an idle worker checks that the engine still exists
 # NOTE [fault injection]: tests make a worker fail or hang on purpose with a prompt starting with
@@ -52,6 +54,8 @@ class WorkerConfig:
     timeout_s: float
     heap_bytes: int | None
     threads: int = 1  # torch's intra-op threads
+    # every worker's node where workers span hosts (None: all on this one): each world's GFDIT_NODE_IDS
+    node_ids: tuple[int, ...] | None = None
 
 
 class Worker:
@@ -84,6 +88,10 @@ class Worker:
     def _init_world(self, epoch: int, workers: list[int]) -> None:
         if comm.is_initialized():
             comm.destroy()
+        if self.config.node_ids is not None:
+            # the node of each of this world's ranks is where its worker runs (NOTE [node agents] in
+            # src/runtime/relay.cpp); a world re-created among the survivors has fewer ranks than the first
+            os.environ[NODE_IDS_ENV] = ",".join(str(self.config.node_ids[w]) for w in workers)
         old_rank_of = self.rank_of
         self.rank_of = {w: i for i, w in enumerate(workers)}
         if old_rank_of and self.states:

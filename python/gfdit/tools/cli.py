@@ -27,6 +27,10 @@ COMMANDS = {
         "gfdit.serving.server.main",
         "serve a model over HTTP (OpenAI-compatible /v1/images/generations)",
     ),
+    "node-agent": (
+        "gfdit.serving.agent",
+        "run some of an engine's workers on this host (the engine: gfdit serve --listen HOST:PORT)",
+    ),
     "bench": (
         "gfdit.tools.loadgen",
         "load a running server: replay a trace or Poisson arrivals (or a closed loop); latency, SLO, errors",

@@ -13,6 +13,9 @@ from typing import Any
 
 from gfdit.serving.server import defaults
 
+ENGINE_WAIT_S = 120.0  # how long the engine waits for its workers (gfdit.Engine's start_timeout_s)
+AGENT_WAIT_S = 300.0  # how long a node agent under torchrun keeps trying to reach the engine
+
 
 @contextlib.contextmanager
 def serving(app: Any, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0) -> Any:
@@ -53,7 +56,32 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
         "--model", default="tiny-qwen-image", help="tiny-wan, tiny-qwen-image, wan2.2, wan2.1, qwen-image"
     )
     p.add_argument("--path", default=None, help="local folder with the model's weights (real models)")
-    p.add_argument("--world-size", type=int, default=2, help="worker processes (ranks)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="worker processes (ranks) in all (default 2; under torchrun: --local-workers on each node)",
+    )
+    p.add_argument(
+        "--local-workers",
+        type=int,
+        default=None,
+        help="workers on this host (default: all of them); the others run on hosts whose node agents connect to "
+        "--listen (gfdit node-agent --engine HOST:PORT --workers K). Under torchrun: the workers on each node",
+    )
+    p.add_argument(
+        "--listen",
+        default=None,
+        help="HOST:PORT where node agents of other hosts connect (0.0.0.0:PORT: every interface); under torchrun: "
+        "0.0.0.0:0 unless given, published in the rendezvous for the other node ranks",
+    )
+    p.add_argument(
+        "--wait-s",
+        type=float,
+        default=None,
+        help="how long the engine waits for its workers, those of other hosts included (default 120), and, under "
+        "torchrun, how long a node agent keeps trying to reach the engine (default 300)",
+    )
     p.add_argument("--policy", default="fcfs", help="fcfs, srtf, edf, priority, static:D")
     p.add_argument(
         "--profile",
@@ -110,14 +138,56 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     )
 
 
+def _torchrun_plan(args: argparse.Namespace) -> tuple[int, int, int] | str:
+    """Under torchrun (``torchrun --nnodes N --nproc-per-node 1 --node-rank i --rdzv-endpoint HOST:PORT -m gfdit serve
+    ...``): (this node's rank, nodes, workers per node), or what is wrong. Node rank 0 serves; the others are node
+    agents (NOTE [node agents] in src/runtime/relay.cpp)."""
+    import os
+
+    per_host = int(os.environ["LOCAL_WORLD_SIZE"])
+    if per_host != 1:
+        return "under torchrun, start one gfdit serve per node (--nproc-per-node 1): it starts the node's workers"
+    nodes = int(os.environ["WORLD_SIZE"])
+    local = args.local_workers if args.local_workers is not None else 1
+    if local < 1:
+        return "--local-workers must be >= 1 under torchrun"
+    return int(os.environ["GROUP_RANK"]), nodes, local
+
+
 def run(args: argparse.Namespace, command: str) -> int:
     import uvicorn
 
     from gfdit._C import Error
     from gfdit.planning.cost import cost_model as make_cost_model
+    from gfdit.serving import agent
     from gfdit.serving.engine import Engine
     from gfdit.serving.server.app import create_app
 
+    publish = False
+    if agent.under_torchrun():
+        plan = _torchrun_plan(args)
+        if isinstance(plan, str):
+            print(f"gfdit serve: {plan}", file=sys.stderr)
+            return 2
+        node_rank, nodes, per_node = plan
+        if node_rank != 0:  # this node runs workers of node rank 0's engine
+            try:
+                where = agent.engine_from_rendezvous(args.wait_s or AGENT_WAIT_S)
+            except Exception as e:
+                print(
+                    f"gfdit serve: node rank {node_rank} found no engine in the rendezvous: {e}",
+                    file=sys.stderr,
+                )
+                return 2
+            return agent.serve_node(where, per_node, wait_s=args.wait_s or AGENT_WAIT_S)
+        args.local_workers = per_node
+        if args.world_size is None:
+            args.world_size = per_node * nodes
+        if args.listen is None and nodes > 1:
+            args.listen = "0.0.0.0:0"
+        publish = nodes > 1
+    if args.world_size is None:
+        args.world_size = 2
     if args.max_queue < 1:
         print("gfdit serve: --max-queue must be >= 1", file=sys.stderr)
         return 2
@@ -146,6 +216,12 @@ def run(args: argparse.Namespace, command: str) -> int:
             cost_model = False
         elif args.cluster is not None:
             cost_model = make_cost_model(args.model, args.cluster)
+        on_listen = None
+        if publish:  # the other node ranks' agents find the engine's node port in the rendezvous
+
+            def on_listen(host: str, port: int) -> None:
+                agent.publish_engine(port, host, args.wait_s or AGENT_WAIT_S)
+
         engine = Engine(
             model=args.model,
             model_path=args.path,
@@ -153,6 +229,10 @@ def run(args: argparse.Namespace, command: str) -> int:
             policy=args.policy,
             cost_model=cost_model,
             reprofile=args.reprofile,
+            local_workers=args.local_workers,
+            listen=args.listen,
+            start_timeout_s=args.wait_s or ENGINE_WAIT_S,
+            on_listen=on_listen,
         )
     except (Error, RuntimeError, ValueError, OSError) as e:
         print(f"gfdit serve: {e}", file=sys.stderr)

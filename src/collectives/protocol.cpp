@@ -210,8 +210,10 @@ void Engine::checkPeer(int peer, Clock::time_point now, Describe waiting_for) {
   core::PeerLiveness& l = liveness_[peer];
   if (!l.alive(now)) {
     std::ostringstream os;
-    os << "gfdit: rank " << peer << " (pid " << l.pid() << ") has died (" << l.reason() << "); rank " << rank_
-       << " was waiting for " << waiting_for();
+    os << "gfdit: rank " << peer;
+    if (static_cast<size_t>(peer) < hosts_.size()) os << " on " << hosts_[peer];
+    os << " (pid " << l.pid() << ") has died (" << l.reason() << "); rank " << rank_ << " was waiting for "
+       << waiting_for();
     fail(ErrorCode::kRemoteError, os.str());
   }
 }

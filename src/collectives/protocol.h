@@ -173,6 +173,8 @@ class Engine {
   void watchAbort(const uint64_t* word);
   /// How peers' liveness is judged (NOTE [liveness]); one entry per rank (own ignored).
   void setLiveness(std::vector<core::PeerLiveness> peers) { liveness_ = std::move(peers); }
+  /// Every rank's host (World::hostOf), named when a peer dies; empty: hosts are not named.
+  void setHosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }
   WorldStats stats() const { return stats_; }
   bool usable() const { return !broken_; }
   /// Throws InvalidUsage naming the earlier error when the world broke.
@@ -253,6 +255,7 @@ class Engine {
   std::chrono::milliseconds timeout_;
   core::SpinPolicy spin_;
   std::vector<core::PeerLiveness> liveness_;
+  std::vector<std::string> hosts_;
 
   // Edge counters, indexed by peer rank. See NOTE [edge sequence numbers].
   uint64_t send_seq_[kMaxRanks] = {};

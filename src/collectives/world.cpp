@@ -365,6 +365,7 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   if (impl->net != nullptr) impl->net->connect(remotes, host);
   impl->engine = std::make_unique<protocol::Engine>(rank, std::move(host), impl->options.timeout, spin);
   impl->engine->setLiveness(std::move(liveness));
+  impl->engine->setHosts(impl->hosts);
   impl->engine->setRemote(impl->net.get());
   impl->cpu = std::make_unique<CpuTransport>(rank, std::move(bases), staging_off, slot_bytes, num_slots, heap_off,
                                              heap_bytes, copier);

@@ -93,7 +93,7 @@ test-cpp:
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ctest --test-dir $(CPP_BUILD) --output-on-failure --timeout 600
 
 test-python:
-	$(PY) -m pytest tests/python -q
+	$(PY) -m pytest tests/python -q --durations=25
 
 # The checked-in type stubs of the extension (python/gfdit/_C/*.pyi), as pybind11-stubgen writes them from the
 # built module and ruff formats them; `make lint` fails when they no longer match the bindings.

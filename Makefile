@@ -21,6 +21,8 @@ TOOL_DEPS := matplotlib==3.10.9 ruff==0.16.9 clang-format==23.1.3 mypy==1.20.2 p
   schemathesis==4.32.5
 # gfdit serve: the HTTP front end, PNG and H.264 MP4 encoding, metrics; httpx (FastAPI's TestClient and gfdit bench's client), tqdm (gfdit bench's progress bar) and the openai client for its tests.
 SERVE_DEPS := fastapi==0.163.2 uvicorn==0.54.0 pillow==13.0.0 prometheus-client==0.26.0 av==18.1.0 httpx==0.28.1 tqdm==4.70.1 openai==3.51.0
+# gfdit serve --ray and its test (tests/python/test_ray_nodes.py): Ray, optional at run time (pip install 'gfdit[ray]').
+RAY_DEPS := ray==2.40.0
 CXX_SOURCES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
 .PHONY: serve build venv system-deps python-package cpp nvshmem test test-cpp test-python test-fast test-cpp-fast test-python-fast bench experiments lint format stubs clean
@@ -48,6 +50,7 @@ $(VENV)/.stamp-deps: Makefile
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja "cmake>=3.20" numpy pytest
 	$(PIP) install -q torch==$(TORCH_VERSION) $(MODEL_DEPS) $(TOOL_DEPS) $(SERVE_DEPS) $(BACKEND_TEST_DEPS) $(CACHE_TEST_DEPS)
+	$(PIP) install -q $(RAY_DEPS)
 	touch $@
 
 venv: $(VENV)/.stamp-deps

@@ -136,6 +136,33 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
         default=30.0,
         help="on SIGTERM/SIGINT, seconds to let requests in flight finish before they are cancelled",
     )
+    ray = p.add_argument_group(
+        "Ray", "workers on the nodes of a running Ray cluster (gfdit.serving.ray_launcher; needs gfdit[ray])"
+    )
+    ray.add_argument(
+        "--ray",
+        action="store_true",
+        help="place a node agent on each other node of a Ray cluster (one placement group, STRICT_SPREAD); this "
+        "process stays the engine and runs this node's workers",
+    )
+    ray.add_argument(
+        "--ray-address",
+        default="auto",
+        help="the Ray cluster to join (ray.init's address; default 'auto': the one this node belongs to)",
+    )
+    ray.add_argument(
+        "--workers-per-node",
+        type=int,
+        default=1,
+        help="with --ray: workers on every node, the engine's included (default 1); the nodes: --world-size / this, "
+        "or every alive Ray node without --world-size",
+    )
+    ray.add_argument(
+        "--ray-resources",
+        default=None,
+        help="with --ray: a JSON object of resources each node's bundle also asks for, e.g. '{\"accel\": 1}' "
+        "(default: a CPU per worker, and a GPU per worker where GFDIT_DEVICE says cuda)",
+    )
 
 
 def _torchrun_plan(args: argparse.Namespace) -> tuple[int, int, int] | str:
@@ -154,7 +181,61 @@ def _torchrun_plan(args: argparse.Namespace) -> tuple[int, int, int] | str:
     return int(os.environ["GROUP_RANK"]), nodes, local
 
 
+def _open_ray(args: argparse.Namespace) -> Any:
+    """``gfdit serve --ray``: the launcher of the agents, with ``args`` set for the engine's node, or the exit
+    status of a refusal."""
+    from gfdit.serving import agent, ray_launcher
+
+    if not ray_launcher.ray_available():
+        print(f"gfdit serve: {ray_launcher.RAY_MISSING}", file=sys.stderr)
+        return 2
+    if agent.under_torchrun():
+        print(
+            "gfdit serve: --ray is not for torchrun: start gfdit serve once, on a node of the Ray cluster",
+            file=sys.stderr,
+        )
+        return 2
+    if args.local_workers is not None:
+        print(
+            "gfdit serve: with --ray every node runs --workers-per-node workers: not --local-workers",
+            file=sys.stderr,
+        )
+        return 2
+    resources = ray_launcher.parse_resources(args.ray_resources)
+    if isinstance(resources, str):
+        print(f"gfdit serve: {resources}", file=sys.stderr)
+        return 2
+    try:
+        launcher = ray_launcher.RayLauncher.open(
+            args.ray_address,
+            args.workers_per_node,
+            args.world_size,
+            resources,
+            args.wait_s or ENGINE_WAIT_S,
+        )
+    except Exception as e:  # not connected, not placed: nothing was left in the cluster
+        print(f"gfdit serve: --ray: {e}", file=sys.stderr)
+        return 2
+    args.world_size = launcher.world_size
+    args.local_workers = args.workers_per_node
+    if launcher.nodes > 1 and args.listen is None:
+        args.listen = launcher.listen
+    return launcher
+
+
 def run(args: argparse.Namespace, command: str) -> int:
+    if not getattr(args, "ray", False):
+        return _serve(args, None)
+    launcher = _open_ray(args)
+    if isinstance(launcher, int):
+        return launcher
+    try:
+        return _serve(args, launcher)
+    finally:
+        launcher.close()  # the agents, their actors and the placement group
+
+
+def _serve(args: argparse.Namespace, launcher: Any) -> int:
     import uvicorn
 
     from gfdit._C import Error
@@ -221,6 +302,9 @@ def run(args: argparse.Namespace, command: str) -> int:
 
             def on_listen(host: str, port: int) -> None:
                 agent.publish_engine(port, host, args.wait_s or AGENT_WAIT_S)
+
+        elif launcher is not None and launcher.nodes > 1:  # --ray: an agent on every other node of the group
+            on_listen = launcher.start_agents
 
         engine = Engine(
             model=args.model,

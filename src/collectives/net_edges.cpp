@@ -58,8 +58,8 @@ enum FrameType : uint32_t { kPublish = 1, kAck = 2, kPut = 3, kHeartbeat = 4, kF
 struct FrameHead {
   uint32_t type;
   uint32_t head_bytes;
-  uint64_t a;  // PUBLISH: seq; PUT: heap offset
-  uint64_t b;  // PUBLISH: region offset of the bytes; PUT: the put count
+  uint64_t a;    // PUBLISH: seq; PUT: heap offset
+  uint64_t b;    // PUBLISH: region offset of the bytes; PUT: the put count
   uint64_t ack;  // every frame: the last of the receiver's messages the sender consumed (0: nothing new)
   uint64_t payload_bytes;
 };

@@ -12,7 +12,9 @@ Sections, each one function that returns a ``Section`` (``SECTIONS`` lists them 
 - ``regroup_section``: the same sweeps with the group-formation cost of NCCL, of GF-DiT's collectives and
   gfdit's own.
 - ``layout_section``: long Wan 2.2 videos (720p x 121 frames) on h20x16 under the layout variants of the
-  dynamic policies (``POLICY:layout=usp|swift|torus|auto``).
+  dynamic policies (``POLICY:layout=usp|swift|torus|auto``); with ``--links PROFILE`` the cluster's inter-node
+  terms are scaled by the links the profile measured (NOTE [inter-node calibration] in src/runtime/cost.cpp), and
+  the section says what that changed.
 - ``priority_section``: one long video and a stream of short images with priority 1, with and without
   step-boundary preemption.
 - ``caching_section``: image-steady and mixed-steady with every request using cache-dit's published FBCache
@@ -30,7 +32,7 @@ Policies and simulator options are looked up by name in the runtime when the exp
 build lacks is skipped with a printed note (also in the report), so new policies join the tables as soon as
 they are built in.
 
-    python bench/experiments.py [--quick] [--skip-real] [--only KEY,...] [--out-dir bench/results]
+    python bench/experiments.py [--quick] [--skip-real] [--only KEY,...] [--links PROFILE] [--out-dir bench/results]
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ class Scenario:
     cluster: str = "h20x8"
     requests: int = 4000  # expected requests per trace, whatever the rate
     shape: tuple[int, int, int, int] | None = None  # every request this (h, w, frames, steps), not the menus
+    # a profile of measured links (`gfdit profile --network`) that scales the cluster's inter-node terms (NOTE
+    # [inter-node calibration] in src/runtime/cost.cpp); None: the datasheet's terms
+    profile: str | None = None
 
 
 SCENARIOS = (
@@ -167,12 +172,13 @@ class Section:
 class Lab:
     """Runs and caches simulations; remembers what this build lacks (notes for the report)."""
 
-    def __init__(self, out_dir: str, quick: bool) -> None:
+    def __init__(self, out_dir: str, quick: bool, links: str | None = None) -> None:
         self.out_dir = out_dir
+        self.links = links  # section (b): a profile of measured links that scales h20x16's inter-node terms
         self.fig_dir = os.path.join(out_dir, "experiments")
         self.quick = quick
         self.notes: list[str] = []
-        self._pricers: dict[str, workload.Pricer] = {}
+        self._pricers: dict[tuple[str, str | None], workload.Pricer] = {}
         self._capacity: dict[tuple[Any, ...], float] = {}
         self._traces: dict[tuple[Any, ...], list[TraceRequest]] = {}
         self._points: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -185,16 +191,16 @@ class Lab:
             self.notes.append(text)
             print(f"note: {text}", flush=True)
 
-    def pricer(self, cluster: str) -> workload.Pricer:
-        if cluster not in self._pricers:
-            self._pricers[cluster] = workload.Pricer(cluster)
-        return self._pricers[cluster]
+    def pricer(self, cluster: str, profile: str | None = None) -> workload.Pricer:
+        if (cluster, profile) not in self._pricers:
+            self._pricers[(cluster, profile)] = workload.Pricer(cluster, profile=profile)
+        return self._pricers[(cluster, profile)]
 
     def capacity(self, sc: Scenario) -> float:
         """Requests/s the cluster completes with every rank busy at each request's most efficient degree."""
-        key = (sc.workload, sc.model, sc.cluster, sc.shape)
+        key = (sc.workload, sc.model, sc.cluster, sc.shape, sc.profile)
         if key not in self._capacity:
-            pricer = self.pricer(sc.cluster)
+            pricer = self.pricer(sc.cluster, sc.profile)
             if sc.shape is not None:
                 cap = pricer.cluster.num_ranks / pricer.rank_seconds(sc.model, *sc.shape)
             else:
@@ -211,7 +217,7 @@ class Lab:
             rate = load * self.capacity(sc)
             duration = self.requests_per_trace(sc) / rate
             if sc.shape is not None:
-                self._traces[key] = fixed_shape_trace(self.pricer(sc.cluster), sc, rate, duration)
+                self._traces[key] = fixed_shape_trace(self.pricer(sc.cluster, sc.profile), sc, rate, duration)
                 return self._traces[key]
             self._traces[key] = workload.generate(
                 sc.workload,
@@ -221,7 +227,7 @@ class Lab:
                 SLO_SCALE,
                 SEED,
                 model=sc.model,
-                pricer=self.pricer(sc.cluster),
+                pricer=self.pricer(sc.cluster, sc.profile),
             )
         return self._traces[key]
 
@@ -246,6 +252,8 @@ class Lab:
         reqs = requests if requests is not None else self.trace(sc, load)
         t0 = time.perf_counter()
         try:
+            if sc.profile is not None:
+                sim["profile"] = sc.profile
             replay = simulate.simulate_trace(reqs, model=sc.model, cluster=sc.cluster, policy=policy, **sim)
         except GfditError as e:  # refused, or failed inside the runtime: recorded, the sweep goes on
             point = {"load": load, "rate_rps": load * self.capacity(sc), "error": e.message}
@@ -1006,7 +1014,7 @@ def layout_steps(sc: Scenario) -> list[dict[str, Any]]:
     """Predicted seconds of one step per layout family, for long videos on one and two nodes."""
     from gfdit.planning import cost
 
-    cm = cost.cost_model(sc.model, sc.cluster)
+    cm = cost.cost_model(sc.model, sc.cluster, profile=sc.profile)
     families = {f: getattr(rt.LayoutFamily, f.upper()) for f in LAYOUTS}
     rows = []
     for frames in (121, 81):
@@ -1029,13 +1037,93 @@ def layout_steps(sc: Scenario) -> list[dict[str, Any]]:
     return rows
 
 
+def inter_node_calibration(sc: Scenario, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the measured links (``sc.profile``) change in section (b): h20x16's inter-node terms before and after
+    (NOTE [inter-node calibration] in src/runtime/cost.cpp), and each layout family's predicted step with the
+    datasheet's terms beside the scaled ones (``steps``)."""
+    from gfdit.planning import cost
+
+    prof = cost.load_profile(sc.profile)
+    before = cost.cluster(sc.cluster)
+    after = cost.calibrated_cluster(before, prof, transfer=True)
+    datasheet = layout_steps(dataclasses.replace(sc, profile=None))
+    h, w, f, n = sc.shape or (720, 1280, 121, 40)
+    pricers = (workload.Pricer(sc.cluster), workload.Pricer(sc.cluster, profile=sc.profile))
+    alone = [pr.alone_latency(sc.model, h, w, f, n) for pr in pricers]
+    decode = [
+        pr.cost_model(sc.model).seconds(
+            cost.Stage.DECODE, h, w, f, num_steps=n, guidance_scale=4.0, degree=16, num_nodes=2
+        )
+        for pr in pricers
+    ]
+    links = [
+        {k: getattr(lk, k) for k in cost.LINK_FIELDS} for lk in prof.links
+    ]  # what was measured, for the JSON
+    rows = []
+    changes = []
+    for old, new in zip(datasheet, steps):
+        cells = [str(new["frames"]), str(new["degree"]), str(new["nodes"])]
+        for f in LAYOUTS:
+            change = new[f]["step_s"] / old[f]["step_s"] - 1
+            changes.append(change)
+            same = "" if new[f]["layout"] == old[f]["layout"] else f", was {old[f]['layout']}"
+            delta_ms = (new[f]["step_s"] - old[f]["step_s"]) * 1e3
+            cells.append(f"{old[f]['step_s']:.3f} -> {new[f]['step_s']:.3f} ({delta_ms:+.2f} ms{same})")
+        rows.append(cells)
+    lk = prof.links[0]
+    md = (
+        f"**Inter-node terms scaled by measured links** (`--links {os.path.basename(sc.profile)}`: "
+        f"`gfdit profile --network` on an emulated cluster of {prof.world_size // max(1, lk.ranks_per_node)} nodes "
+        f"x {lk.ranks_per_node} ranks, `bench/bench_layouts_net.py`). The transport moved "
+        f"{lk.concurrent_bytes_per_s / 1e6:.1f} MB/s of a {lk.line_bytes_per_s / 1e6:.0f} MB/s link with every "
+        f"rank of a node crossing at once ({lk.concurrent_bytes_per_s / lk.line_bytes_per_s:.2f} of the line rate; "
+        f"the datasheet model assumes 1.00), and a 4-byte all-to-all across nodes took {lk.collective_s * 1e6:.1f} us "
+        f"against {lk.intra_collective_s * 1e6:.1f} us inside one ({lk.collective_s / lk.intra_collective_s:.2f}x; "
+        f"the model assumes {before.hw.inter_node_latency_s / before.hw.collective_latency_s:.2f}x). Scaled by "
+        f"those ratios, h20x16's inter_node_bw goes from {before.hw.inter_node_bw / 1e9:.1f} to "
+        f"{after.hw.inter_node_bw / 1e9:.1f} GB/s per rank and inter_node_latency_s from "
+        f"{before.hw.inter_node_latency_s * 1e6:.0f} to {after.hw.inter_node_latency_s * 1e6:.0f} us; everything "
+        "inside a node stays the datasheet's. The efficiency of the transport carries over from a TCP link of one "
+        "machine's namespaces to the H20s' 400 Gb/s NICs only as a what-if: it is what gfdit's network edges "
+        "achieve over sockets, not what RDMA would. Every number below uses the scaled terms.\n\n"
+        "Predicted step (s) per layout family, datasheet -> scaled terms (change; the layout the family picks, "
+        "where it changed):\n\n"
+        + table(["frames", "ranks", "nodes"] + list(LAYOUTS), rows)
+        + f"\n\nLargest change of a family's best step: {max(abs(c) for c in changes):.4%}: these layouts are "
+        "compute-bound (seconds of attention per step against milliseconds of all-to-all across the NICs, the "
+        "CFG-parallel ones exchanging one latent between the halves). What moves more is what is latency-bound or "
+        f"crosses with every peer: the decode on 16 ranks over both nodes (its halo exchanges) goes from "
+        f"{decode[0]:.3f} to {decode[1]:.3f} s, and a request's latency alone at the best static degree (Ulysses "
+        f"over contiguous ranks, which sets the deadlines) from {alone[0]:.1f} to {alone[1]:.1f} s "
+        f"({alone[1] / alone[0] - 1:+.2%}); the tables below differ from the datasheet run only through such "
+        "changes.\n"
+    )
+    return {
+        "markdown": md,
+        "links": links,
+        "inter_node_bw": [before.hw.inter_node_bw, after.hw.inter_node_bw],
+        "inter_node_latency_s": [before.hw.inter_node_latency_s, after.hw.inter_node_latency_s],
+        "datasheet_step_s": datasheet,
+        "largest_step_change": max(abs(c) for c in changes),
+        "alone_latency_s": alone,
+        "decode_16_ranks_2_nodes_s": decode,
+    }
+
+
 def layout_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     """Long Wan 2.2 videos (720p x 121 frames, 40 steps) on two nodes: the layout variants."""
     shape = (720, 1280, 121, 40)
     sc = Scenario(
-        "long-video-h20x16", "video", "wan2.2", "poisson", cluster="h20x16", requests=200, shape=shape
+        "long-video-h20x16",
+        "video",
+        "wan2.2",
+        "poisson",
+        cluster="h20x16",
+        requests=200,
+        shape=shape,
+        profile=lab.links,
     )
-    pricer = lab.pricer(sc.cluster)
+    pricer = lab.pricer(sc.cluster, sc.profile)
     capacity = lab.capacity(sc)
     loads = (0.25, 0.5, 0.75, 1.0) if not lab.quick else (0.25, 0.75)
     variants = [f"{base}:layout={layout}" for base in DYNAMIC for layout in LAYOUTS]
@@ -1045,7 +1133,9 @@ def layout_section(lab: Lab, ctx: dict[str, Any]) -> Section:
     fig = plot_sweep(lab, sc, sw, policies, "layouts.png")
     missing = [v for v in variants if v not in policies]
     steps = layout_steps(sc)
-    md = [
+    calibration = inter_node_calibration(sc, steps) if sc.profile else None
+    md = [calibration["markdown"]] if calibration else []
+    md += [
         "One step of a Wan 2.2 720x1280 video, as the analytic cost model predicts it for each layout family "
         "(`gfdit._C.runtime.best_layout`; ulysses x ring, USP or Torus, which axis stays inside a node):\n\n"
         + table(
@@ -1074,6 +1164,8 @@ def layout_section(lab: Lab, ctx: dict[str, Any]) -> Section:
             f"\nNot run (not in this build yet): {', '.join(missing)}. They join this table by name once built in."
         )
     data = {"capacity_rps": capacity, "shape": shape, "step_s": steps, **sw, "missing": missing}
+    if calibration:
+        data["calibration"] = {k: v for k, v in calibration.items() if k != "markdown"}
     return Section("layouts", TITLES["layouts"], "\n".join(md), data, [fig])
 
 
@@ -1664,6 +1756,12 @@ def main() -> int:
         help="leave out the real CPU runs (they keep the previous report's)",
     )
     ap.add_argument(
+        "--links",
+        metavar="PROFILE",
+        help="section (b): scale h20x16's inter-node terms by the links a `gfdit profile --network` profile measured "
+        "(NOTE [inter-node calibration]; bench/bench_layouts_net.py writes one)",
+    )
+    ap.add_argument(
         "--only",
         metavar="KEY,...",
         help=f"run only these sections ({', '.join(SECTION_KEYS)}); the others keep the previous report's",
@@ -1683,7 +1781,7 @@ def main() -> int:
         only.discard("real")
     os.makedirs(args.out_dir, exist_ok=True)
     previous = previous_sections(args.out_dir)
-    lab = Lab(args.out_dir, args.quick)
+    lab = Lab(args.out_dir, args.quick, links=args.links)
     t0 = time.perf_counter()
     ctx: dict[str, Any] = {}
     sections: dict[str, Section] = {}

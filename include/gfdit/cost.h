@@ -221,6 +221,32 @@ struct ProfileEntry {
   int32_t samples = 0;    ///< measurements the median is of (0: not recorded)
 };
 
+/// What `gfdit profile --network` measured of the link between two nodes of a world, with the world's own
+/// collectives between ranks of the two (NOTE [inter-node calibration] in src/runtime/cost.cpp).
+struct LinkMeasurement {
+  int32_t node_a = 0;
+  int32_t node_b = 1;
+  int32_t ranks_per_node = 1;         ///< ranks on each of the two nodes (each sent to its counterpart at once)
+  double stream_bytes_per_s = 0;      ///< one large send/recv from one rank to one rank
+  double concurrent_bytes_per_s = 0;  ///< every rank of one node to its counterpart at once, all of them together
+  double round_trip_s = 0;            ///< a small send/recv and back, one rank to one rank
+  double collective_s = 0;            ///< a small all_to_all of two members, one on each node
+  double intra_collective_s = 0;      ///< the same with both members on one node (0: not measured)
+  double line_bytes_per_s = 0;        ///< the link's nominal rate per direction, as its owner states it (0: unknown)
+};
+
+/// `cluster` with the inter-node terms its hardware takes from `links` (NOTE [inter-node calibration] in
+/// src/runtime/cost.cpp): inter_node_bw and inter_node_latency_s, and the ranks per node of the world measured.
+/// No links: `cluster` unchanged. A measurement that is not positive where the fit needs it throws InvalidUsage.
+Cluster calibratedCluster(const Cluster& cluster, const std::vector<LinkMeasurement>& links);
+
+/// `cluster` (another network than the one measured) with its inter-node terms scaled by how `links` compare
+/// with what the analytic model assumes of a link (NOTE [inter-node calibration]): inter_node_bw times the
+/// measured share of the line rate, inter_node_latency_s the intra-node latency times the measured ratio of a
+/// collective across nodes to one inside. No links: `cluster` unchanged. A link without a line rate or an
+/// intra-node collective throws InvalidUsage.
+Cluster transferredCluster(const Cluster& cluster, const std::vector<LinkMeasurement>& links);
+
 /// Measured stage times for one model on one machine.
 struct Profile {
   std::string model;
@@ -238,6 +264,8 @@ struct Profile {
   /// (0: not measured; the model's block count then prices it, as cost::cachedStepFraction).
   double fbcache_step_ratio = 0;
   double teacache_step_ratio = 0;
+  /// The links between the nodes of the world measured (`gfdit profile --network`; empty: one node).
+  std::vector<LinkMeasurement> links;
 };
 
 /// A cost model that interpolates `profile` (piecewise linear in tokens between measured shapes of the same

@@ -393,6 +393,35 @@ void register_cost(py::module_& m) {
                std::to_string(e.seconds) + " s>";
       });
 
+  py::class_<cost::LinkMeasurement>(c, "LinkMeasurement",
+                                    "the link between two nodes as gfdit profile --network measured it")
+      .def(py::init<>())
+      .def_readwrite("node_a", &cost::LinkMeasurement::node_a)
+      .def_readwrite("node_b", &cost::LinkMeasurement::node_b)
+      .def_readwrite("ranks_per_node", &cost::LinkMeasurement::ranks_per_node,
+                     "ranks on each of the two nodes (each sent to its counterpart at once)")
+      .def_readwrite("stream_bytes_per_s", &cost::LinkMeasurement::stream_bytes_per_s,
+                     "one large send/recv from one rank to one rank")
+      .def_readwrite("concurrent_bytes_per_s", &cost::LinkMeasurement::concurrent_bytes_per_s,
+                     "every rank of one node to its counterpart at once, all of them together")
+      .def_readwrite("round_trip_s", &cost::LinkMeasurement::round_trip_s, "a small send/recv and back")
+      .def_readwrite("collective_s", &cost::LinkMeasurement::collective_s,
+                     "a small all_to_all of two members, one on each node")
+      .def_readwrite("intra_collective_s", &cost::LinkMeasurement::intra_collective_s,
+                     "the same with both members on one node (0: not measured)")
+      .def_readwrite("line_bytes_per_s", &cost::LinkMeasurement::line_bytes_per_s,
+                     "the link's nominal rate per direction, as its owner states it (0: unknown)")
+      .def("__repr__", [](const cost::LinkMeasurement& l) {
+        return "<gfdit._C.cost.LinkMeasurement nodes " + std::to_string(l.node_a) + "-" + std::to_string(l.node_b) +
+               ", " + std::to_string(l.concurrent_bytes_per_s / 1e6) + " MB/s concurrent, " +
+               std::to_string(l.collective_s * 1e6) + " us a collective>";
+      });
+  c.def("calibrated_cluster", &cost::calibratedCluster, py::arg("cluster"), py::arg("links"),
+        "the cluster with the inter-node terms fitted to measured links (NOTE [inter-node calibration])");
+  c.def("transferred_cluster", &cost::transferredCluster, py::arg("cluster"), py::arg("links"),
+        "another cluster with its inter-node terms scaled by how measured links compare with the model's "
+        "assumptions (NOTE [inter-node calibration])");
+
   py::class_<Profile>(c, "Profile", "measured stage times of one model on one machine")
       .def(py::init<>())
       .def_readwrite("model", &Profile::model)
@@ -408,7 +437,9 @@ void register_cost(py::module_& m) {
       .def_readwrite("fbcache_step_ratio", &Profile::fbcache_step_ratio,
                      "a step whose passes all reuse fbcache over a full step (0: not measured)")
       .def_readwrite("teacache_step_ratio", &Profile::teacache_step_ratio,
-                     "a step whose passes all reuse teacache over a full step (0: not measured)");
+                     "a step whose passes all reuse teacache over a full step (0: not measured)")
+      .def_readwrite("links", &Profile::links,
+                     "the links between the nodes measured (gfdit profile --network; a list, empty: one node)");
   c.def("with_skip_curves", &cost::withSkipCurves, py::arg("model"), py::arg("curves"),
         "`model` with other skip curves (a list of SkipCurve, one per kind): a what-if for a model without one");
   c.def(

@@ -595,6 +595,97 @@ Cluster cluster(const std::string& name, int32_t num_ranks) {
   return c;
 }
 
+// NOTE [inter-node calibration]
+// The analytic model prices what crosses nodes with two terms of its hardware (NOTE [hardware figures]):
+// inter_node_bw, the bytes per second one rank moves across per direction while the layout's collectives cross
+// at once, and inter_node_latency_s, the fixed cost of one collective that crosses. Datasheets give neither for a
+// cluster at hand (a NIC's line rate says nothing about how many ranks share it or what a collective costs on
+// top of the wire), so `gfdit profile --network` measures them with the world's own collectives
+// (LinkMeasurement). Two uses:
+// - calibratedCluster: the cluster measured. Each term is fitted to one measured quantity:
+//   - inter_node_bw = concurrent_bytes_per_s / ranks_per_node: every rank of a node sending to its counterpart
+//     on the other node at once is what a layout's all-to-alls and ring rounds across nodes do, so each rank's
+//     share of that total is the per-rank rate the step model divides by. It is the stream rate where every
+//     rank has a link of its own, and a fraction of it where the ranks share one (the emulated cluster's one
+//     veth per node);
+//   - inter_node_latency_s = collective_s: a collective of two members on two nodes that moves almost nothing
+//     (4 bytes each way) costs that fixed time, the link's round trip and the protocol's work on both ends
+//     included.
+//   The ranks per node follow the world measured, so num_nodes and the placement of Ulysses and Ring are the
+//   measured ones. The round trip and the single stream stay in the profile as the link's own figures; the fit
+//   does not use them.
+// - transferredCluster: another cluster, whose wire was not measured (experiment (b)'s datasheet h20x16). Only
+//   what belongs to the transport and not to the wire carries over, as a ratio of measured to assumed:
+//   - bandwidth: the model assumes that the ranks of a node together move the line rate (a NIC's datasheet
+//     rate). The measured share, concurrent_bytes_per_s / line_bytes_per_s (framing, TCP, ranks contending for
+//     one link), multiplies inter_node_bw;
+//   - latency: the model assumes a ratio of inter_node_latency_s to collective_latency_s (2 on the GPUs: 60 us
+//     over 30 us). The measured ratio collective_s / intra_collective_s replaces it, so inter_node_latency_s =
+//     collective_latency_s x that ratio, and not below 1: a collective that crosses nodes does not cost less
+//     than one that stays, and a smaller measurement is the noise of a shared machine.
+//   The line rate is the owner's statement (`gfdit profile --network --line-rate`), not a measurement; a link
+//   measured without one, or without the intra-node collective, cannot be transferred.
+// With several pairs of nodes the worst figure of each kind is taken (a layout waits for its slowest member).
+namespace {
+
+void checkLink(const LinkMeasurement& l, size_t i) {
+  GFDIT_CHECK(l.ranks_per_node >= 1 && l.concurrent_bytes_per_s > 0 && l.collective_s > 0 &&
+              std::isfinite(l.concurrent_bytes_per_s) && std::isfinite(l.collective_s))
+      << "link " << i << " (nodes " << l.node_a << "-" << l.node_b
+      << "): calibrating needs ranks_per_node >= 1 and positive concurrent_bytes_per_s and collective_s, got "
+      << l.ranks_per_node << ", " << l.concurrent_bytes_per_s << ", " << l.collective_s;
+}
+
+}  // namespace
+
+Cluster calibratedCluster(const Cluster& cluster, const std::vector<LinkMeasurement>& links) {
+  if (links.empty()) return cluster;
+  Cluster c = cluster;
+  double bw = 0;
+  double latency = 0;
+  int32_t per_node = 0;
+  for (size_t i = 0; i < links.size(); ++i) {
+    const LinkMeasurement& l = links[i];
+    checkLink(l, i);
+    GFDIT_CHECK(per_node == 0 || per_node == l.ranks_per_node)
+        << "links measured with " << per_node << " and " << l.ranks_per_node << " ranks per node";
+    per_node = l.ranks_per_node;
+    const double share = l.concurrent_bytes_per_s / l.ranks_per_node;
+    bw = i == 0 ? share : std::min(bw, share);
+    latency = std::max(latency, l.collective_s);
+  }
+  c.hw.inter_node_bw = bw;
+  c.hw.inter_node_latency_s = latency;
+  c.ranks_per_node = per_node;
+  c.hw.ranks_per_node = per_node;
+  c.name = cluster.name + " (links measured)";
+  return c;
+}
+
+Cluster transferredCluster(const Cluster& cluster, const std::vector<LinkMeasurement>& links) {
+  if (links.empty()) return cluster;
+  double bw_share = 0;
+  double latency_ratio = 1;
+  for (size_t i = 0; i < links.size(); ++i) {
+    const LinkMeasurement& l = links[i];
+    checkLink(l, i);
+    GFDIT_CHECK(l.line_bytes_per_s > 0 && std::isfinite(l.line_bytes_per_s) && l.intra_collective_s > 0 &&
+                std::isfinite(l.intra_collective_s))
+        << "link " << i << " (nodes " << l.node_a << "-" << l.node_b
+        << "): transferring needs its line rate and an intra-node collective, got line_bytes_per_s "
+        << l.line_bytes_per_s << " and intra_collective_s " << l.intra_collective_s;
+    const double share = l.concurrent_bytes_per_s / l.line_bytes_per_s;
+    bw_share = i == 0 ? share : std::min(bw_share, share);
+    latency_ratio = std::max(latency_ratio, l.collective_s / l.intra_collective_s);
+  }
+  Cluster c = cluster;
+  const Hardware& hw = cluster.hw;
+  c.hw.inter_node_bw = (hw.inter_node_bw > 0 ? hw.inter_node_bw : hw.link_bw) * bw_share;
+  c.hw.inter_node_latency_s = hw.collective_latency_s * latency_ratio;
+  c.name = cluster.name + " (inter-node terms scaled by measured links)";
+  return c;
+}
+
 namespace {
 
 // NOTE [analytic step model]

@@ -11,6 +11,7 @@ __all__: list[str] = [
     "Cluster",
     "CostModel",
     "Hardware",
+    "LinkMeasurement",
     "ModelArch",
     "Profile",
     "ProfileEntry",
@@ -19,6 +20,7 @@ __all__: list[str] = [
     "analytic",
     "best_decode_degree",
     "cached_step_fraction",
+    "calibrated_cluster",
     "cluster",
     "cluster_names",
     "hardware",
@@ -31,6 +33,7 @@ __all__: list[str] = [
     "published_skip_curve",
     "stage_from_name",
     "stage_name",
+    "transferred_cluster",
     "with_skip_curves",
 ]
 
@@ -153,6 +156,70 @@ class Hardware:
     def ranks_per_node(self) -> int: ...
     @property
     def regroup_s(self) -> float: ...
+
+class LinkMeasurement:
+    """
+    the link between two nodes as gfdit profile --network measured it
+    """
+    def __init__(self) -> None: ...
+    def __repr__(self) -> str: ...
+    @property
+    def collective_s(self) -> float:
+        """
+        a small all_to_all of two members, one on each node
+        """
+    @collective_s.setter
+    def collective_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def concurrent_bytes_per_s(self) -> float:
+        """
+        every rank of one node to its counterpart at once, all of them together
+        """
+    @concurrent_bytes_per_s.setter
+    def concurrent_bytes_per_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def intra_collective_s(self) -> float:
+        """
+        the same with both members on one node (0: not measured)
+        """
+    @intra_collective_s.setter
+    def intra_collective_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def line_bytes_per_s(self) -> float:
+        """
+        the link's nominal rate per direction, as its owner states it (0: unknown)
+        """
+    @line_bytes_per_s.setter
+    def line_bytes_per_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def node_a(self) -> int: ...
+    @node_a.setter
+    def node_a(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def node_b(self) -> int: ...
+    @node_b.setter
+    def node_b(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def ranks_per_node(self) -> int:
+        """
+        ranks on each of the two nodes (each sent to its counterpart at once)
+        """
+    @ranks_per_node.setter
+    def ranks_per_node(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def round_trip_s(self) -> float:
+        """
+        a small send/recv and back
+        """
+    @round_trip_s.setter
+    def round_trip_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def stream_bytes_per_s(self) -> float:
+        """
+        one large send/recv from one rank to one rank
+        """
+    @stream_bytes_per_s.setter
+    def stream_bytes_per_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
 
 class ModelArch:
     """
@@ -282,6 +349,13 @@ class Profile:
         """
     @fbcache_step_ratio.setter
     def fbcache_step_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def links(self) -> list[LinkMeasurement]:
+        """
+        the links between the nodes measured (gfdit profile --network; a list, empty: one node)
+        """
+    @links.setter
+    def links(self, arg0: collections.abc.Sequence[LinkMeasurement]) -> None: ...
     @property
     def num_cores(self) -> int: ...
     @num_cores.setter
@@ -494,6 +568,11 @@ def cached_step_fraction(model: ModelArch, kind: typing.Any) -> float:
     the share of a full step a step whose passes all reuse a cache takes, from the model's blocks alone
     """
 
+def calibrated_cluster(cluster: Cluster, links: collections.abc.Sequence[LinkMeasurement]) -> Cluster:
+    """
+    the cluster with the inter-node terms fitted to measured links (NOTE [inter-node calibration])
+    """
+
 def cluster(name: str, num_ranks: typing.SupportsInt | typing.SupportsIndex = 0) -> Cluster:
     """
     a known cluster; num_ranks > 0 overrides its rank count (needed for 'cpu')
@@ -561,6 +640,11 @@ def stage_from_name(name: str) -> Stage:
 def stage_name(stage: Stage) -> str:
     """
     name of a stage: encode, denoise, migrate, decode, gather
+    """
+
+def transferred_cluster(cluster: Cluster, links: collections.abc.Sequence[LinkMeasurement]) -> Cluster:
+    """
+    another cluster with its inter-node terms scaled by how measured links compare with the model's assumptions (NOTE [inter-node calibration])
     """
 
 def with_skip_curves(

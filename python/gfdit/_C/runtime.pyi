@@ -9,6 +9,8 @@ import gfdit._C.cost
 import typing
 
 __all__: list[str] = [
+    "AgentRelay",
+    "AgentRequest",
     "CacheKind",
     "CacheSpec",
     "Decision",
@@ -22,10 +24,19 @@ __all__: list[str] = [
     "MappedOutput",
     "ModelDefaults",
     "ModelInfo",
+    "NODE_PROTOCOL_VERSION",
+    "NODE_TIMEOUT_S",
+    "NodeHello",
+    "NodeRelay",
+    "NodeState",
+    "NodeWelcome",
     "OutputRef",
+    "PendingNode",
     "Placement",
     "Policy",
     "ProbeSample",
+    "RemoteWorkerState",
+    "RemoteWorkers",
     "RequestCost",
     "RequestLimits",
     "RequestProgress",
@@ -65,6 +76,112 @@ __all__: list[str] = [
     "unlink_outputs",
     "world_shm_prefix",
 ]
+
+class AgentRelay:
+    """
+    A node agent's end of its connection to the engine (include/gfdit/relay.h).
+    """
+    def __init__(
+        self,
+        host: str,
+        port: typing.SupportsInt | typing.SupportsIndex,
+        hello: NodeHello,
+        timeout_s: typing.SupportsFloat | typing.SupportsIndex,
+        node_timeout_s: typing.SupportsFloat | typing.SupportsIndex = 10.0,
+    ) -> None:
+        """
+        Connects and says hello; raises with the engine's reason when it refuses this node.
+        """
+    def close(self) -> None:
+        """
+        Says goodbye and removes every name this node made in /dev/shm.
+        """
+    def next(
+        self, timeout_s: typing.SupportsFloat | typing.SupportsIndex
+    ) -> gfdit._C.runtime.AgentRequest | None:
+        """
+        The engine's next request (an AgentRequest), or None after timeout_s.
+        """
+    def start(self) -> str:
+        """
+        Makes this host's rings and starts relaying; returns their name for the workers.
+        """
+    def worker_died(
+        self,
+        worker: typing.SupportsInt | typing.SupportsIndex,
+        exit_code: typing.SupportsInt | typing.SupportsIndex,
+        why: str,
+    ) -> None: ...
+    def worker_started(
+        self,
+        worker: typing.SupportsInt | typing.SupportsIndex,
+        pid: typing.SupportsInt | typing.SupportsIndex,
+    ) -> None: ...
+    @property
+    def engine_address(self) -> str: ...
+    @property
+    def lost(self) -> bool: ...
+    @property
+    def queue_fd(self) -> int: ...
+    @property
+    def welcome(self) -> NodeWelcome: ...
+    @property
+    def why(self) -> str: ...
+
+class AgentRequest:
+    """
+    What the engine asks of a node agent.
+    """
+    class Kind:
+        """
+        Members:
+
+          KILL
+
+          START
+
+          END
+        """
+
+        END: typing.ClassVar[AgentRequest.Kind]  # value = <Kind.END: 3>
+        KILL: typing.ClassVar[AgentRequest.Kind]  # value = <Kind.KILL: 1>
+        START: typing.ClassVar[AgentRequest.Kind]  # value = <Kind.START: 2>
+        __members__: typing.ClassVar[
+            dict[str, AgentRequest.Kind]
+        ]  # value = {'KILL': <Kind.KILL: 1>, 'START': <Kind.START: 2>, 'END': <Kind.END: 3>}
+        @typing.overload
+        def __eq__(self, other: AgentRequest.Kind) -> bool: ...
+        @typing.overload
+        def __eq__(self, other: typing.SupportsInt | typing.SupportsIndex) -> bool: ...
+        @typing.overload
+        def __eq__(self, other: typing.Any) -> bool: ...
+        def __getstate__(self) -> int: ...
+        def __hash__(self) -> int: ...
+        def __index__(self) -> int: ...
+        def __init__(self, value: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+        def __int__(self) -> int: ...
+        @typing.overload
+        def __ne__(self, other: AgentRequest.Kind) -> bool: ...
+        @typing.overload
+        def __ne__(self, other: typing.SupportsInt | typing.SupportsIndex) -> bool: ...
+        @typing.overload
+        def __ne__(self, other: typing.Any) -> bool: ...
+        def __repr__(self) -> str: ...
+        def __setstate__(self, state: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+        def __str__(self) -> str: ...
+        @property
+        def name(self) -> str: ...
+        @property
+        def value(self) -> int: ...
+
+    @property
+    def kind(self) -> AgentRequest.Kind: ...
+    @property
+    def orderly(self) -> bool: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def worker(self) -> int: ...
 
 class CacheKind:
     """
@@ -251,6 +368,10 @@ class EngineLoop:
     def prepare_replacement(self, worker: typing.SupportsInt | typing.SupportsIndex) -> None:
         """
         Readies a dead worker's rings for its replacement.
+        """
+    def set_remote(self, worker: typing.SupportsInt | typing.SupportsIndex, host: RemoteWorkers) -> None:
+        """
+        The worker runs on another host behind this relay (a NodeRelay): liveness, kill and abort go through it.
         """
     def set_replacing(self, on: bool, reason: str = "") -> None:
         """
@@ -554,6 +675,132 @@ class ModelInfo:
     @vae_stride_t.setter
     def vae_stride_t(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
 
+class NodeHello:
+    """
+    What a node agent says of itself when it connects to an engine.
+    """
+
+    host: str
+    @staticmethod
+    def decode(data: bytes) -> NodeHello: ...
+    def __init__(self) -> None: ...
+    def encode(self) -> bytes: ...
+    @property
+    def num_workers(self) -> int: ...
+    @num_workers.setter
+    def num_workers(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def pid(self) -> int: ...
+    @pid.setter
+    def pid(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+
+class NodeRelay(RemoteWorkers):
+    """
+    The engine's end of the node agents' connections (include/gfdit/relay.h).
+    """
+    def __init__(
+        self,
+        num_workers: typing.SupportsInt | typing.SupportsIndex,
+        address: str,
+        port: typing.SupportsInt | typing.SupportsIndex,
+        node_timeout_s: typing.SupportsFloat | typing.SupportsIndex = 10.0,
+    ) -> None: ...
+    def accept(
+        self, timeout_s: typing.SupportsFloat | typing.SupportsIndex
+    ) -> gfdit._C.runtime.PendingNode | None:
+        """
+        The next node agent that said a valid hello (a PendingNode), or None after timeout_s.
+        """
+    def admit(self, id: typing.SupportsInt | typing.SupportsIndex, welcome: NodeWelcome) -> None:
+        """
+        Takes a pending agent for the welcome's workers and sends it the welcome.
+        """
+    def close(self) -> None: ...
+    def kill(self, worker: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def nodes(self) -> list[NodeState]: ...
+    def refusals(self) -> list[str]:
+        """
+        Why each refused connection was refused, oldest first.
+        """
+    def refuse(self, id: typing.SupportsInt | typing.SupportsIndex, reason: str) -> None: ...
+    def start(self, queue_name: str) -> None:
+        """
+        Relays between the admitted nodes and the engine's rings.
+        """
+    def start_worker(self, worker: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Asks the worker's agent to start a new process for it (its rings here were reset).
+        """
+    def worker_state(self, worker: typing.SupportsInt | typing.SupportsIndex) -> RemoteWorkerState: ...
+    @property
+    def port(self) -> int: ...
+
+class NodeState:
+    @property
+    def address(self) -> str: ...
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def node(self) -> int: ...
+    @property
+    def why(self) -> str: ...
+    @property
+    def workers(self) -> list[int]: ...
+
+class NodeWelcome:
+    """
+    The engine's answer to a node agent it takes: its workers and their start.
+    """
+
+    model: str
+    model_path: str
+    store_host: str
+    @staticmethod
+    def decode(data: bytes) -> NodeWelcome: ...
+    def __init__(self) -> None: ...
+    def encode(self) -> bytes: ...
+    @property
+    def heap_bytes(self) -> int: ...
+    @heap_bytes.setter
+    def heap_bytes(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def joining(self) -> bool:
+        """
+        they replace workers of a lost node: they join the world at its next REINIT
+        """
+    @joining.setter
+    def joining(self, arg0: bool) -> None: ...
+    @property
+    def node(self) -> int: ...
+    @node.setter
+    def node(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def node_of(self) -> list[int]: ...
+    @node_of.setter
+    def node_of(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None: ...
+    @property
+    def store_port(self) -> int: ...
+    @store_port.setter
+    def store_port(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def threads(self) -> int: ...
+    @threads.setter
+    def threads(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @timeout_s.setter
+    def timeout_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def workers(self) -> list[int]: ...
+    @workers.setter
+    def workers(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None: ...
+    @property
+    def world_size(self) -> int: ...
+    @world_size.setter
+    def world_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+
 class OutputRef:
     def __init__(self) -> None: ...
     @property
@@ -564,6 +811,17 @@ class OutputRef:
     def name(self) -> str: ...
     @property
     def shape(self) -> list[int]: ...
+
+class PendingNode:
+    """
+    A node agent that said a valid hello and waits for the engine's answer.
+    """
+    @property
+    def address(self) -> str: ...
+    @property
+    def hello(self) -> NodeHello: ...
+    @property
+    def id(self) -> int: ...
 
 class Placement:
     """
@@ -624,6 +882,28 @@ class ProbeSample:
     def seen_ns(self) -> int: ...
     @property
     def start_ns(self) -> int: ...
+
+class RemoteWorkerState:
+    """
+    A remote worker as its node agent last reported it.
+    """
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def exit_code(self) -> int: ...
+    @property
+    def node(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def why(self) -> str: ...
+
+class RemoteWorkers:
+    """
+    Workers on other hosts, as the engine loop sees them (EngineLoop.set_remote).
+    """
 
 class RequestCost:
     def __repr__(self) -> str: ...
@@ -1369,3 +1649,5 @@ def world_shm_prefix(queue_name: str) -> str: ...
 
 LIVENESS_INTERVAL_S: float = 0.1
 MAX_PAYLOAD_BYTES: int = 65536
+NODE_PROTOCOL_VERSION: int = 1
+NODE_TIMEOUT_S: float = 10.0

@@ -28,6 +28,7 @@ CostModel = _C.CostModel
 ModelArch = _C.ModelArch
 Hardware = _C.Hardware
 Cluster = _C.Cluster
+LinkMeasurement = _C.LinkMeasurement
 
 model_arch = _C.model_arch
 model_names = _C.model_names
@@ -54,6 +55,10 @@ MODES: dict[str, Any] = {layout_mode_name(m): m for m in LayoutMode.__members__.
 # measured of each step cache (NOTE [step caches] in include/gfdit/step_cache.h): {"fbcache": {"step_ratio": a
 # cached step over a full one, "skip": [[threshold, probability a pass past its warm-up reuses it], ...],
 # "source": how}, "teacache": ...}; a profile without it predicts from the model's published figures, if any.
+# An optional "links" list holds what `gfdit profile --network` measured between the nodes of a world (LinkMeasurement's
+# fields by name, LINK_FIELDS; intra_collective_s and line_bytes_per_s may be left out); a profile with links may
+# have no entries, and then prices every stage of any model with the analytic model on the cluster the links
+# calibrate (cost_model, calibrated_cluster; NOTE [inter-node calibration] in src/runtime/cost.cpp).
 PROFILE_FORMAT = "gfdit-profile/2"
 _CACHE_KINDS = ("fbcache", "teacache")
 _STAGES_OF_FORMAT: dict[str, dict[str, Any]] = {
@@ -141,6 +146,22 @@ _ENTRY_FIELDS: dict[str, tuple[Any, str]] = {
 }
 
 
+# A link's fields in a profile file, each with what it must be (LinkMeasurement's fields).
+LINK_FIELDS: dict[str, str] = {
+    "node_a": "an integer >= 0",
+    "node_b": "an integer >= 0",
+    "ranks_per_node": "a positive integer",
+    "stream_bytes_per_s": "a positive number",
+    "concurrent_bytes_per_s": "a positive number",
+    "round_trip_s": "a positive number",
+    "collective_s": "a positive number",
+    "intra_collective_s": "a number >= 0",
+    "line_bytes_per_s": "a number >= 0",
+}
+# Fields a link may leave out (0: not measured, or not stated).
+_OPTIONAL_LINK_FIELDS = ("intra_collective_s", "line_bytes_per_s")
+
+
 def _checked(value: Any, kind: str, where: str) -> Any:
     """``value`` when it is ``kind`` (as _ENTRY_FIELDS names kinds), else InvalidUsage naming ``where``."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -186,9 +207,25 @@ def load_profile(path: str | Path) -> Profile:
     p.num_cores = int(data.get("num_cores", 0) or 0)
     for key, default in (("dispatch_s", 0.0), ("completion_s", 0.0), ("collective_efficiency", 1.0)):
         setattr(p, key, float(_checked(data.get(key, default), "a number >= 0", f"profile {path}: {key}")))
+    links = data.get("links", [])
+    if not isinstance(links, list):
+        raise InvalidUsage(f"gfdit.planning.cost: profile {path}: links must be a list")
+    measured = []
+    for i, lk in enumerate(links):
+        where = f"profile {path}: link {i}"
+        if not isinstance(lk, dict):
+            raise InvalidUsage(f"gfdit.planning.cost: {where} must be an object")
+        m = LinkMeasurement()
+        for key, kind in LINK_FIELDS.items():
+            value = lk.get(key, 0.0) if key in _OPTIONAL_LINK_FIELDS else lk.get(key)
+            setattr(m, key, _checked(value, kind, f"{where}: {key}"))
+        measured.append(m)
+    p.links = measured
     entries = data.get("entries")
-    if not isinstance(entries, list) or not entries:
-        raise InvalidUsage(f"gfdit.planning.cost: profile {path}: entries must be a non-empty list")
+    if not isinstance(entries, list) or not (entries or measured):
+        raise InvalidUsage(
+            f"gfdit.planning.cost: profile {path}: entries must be a non-empty list (or empty beside links)"
+        )
     out = []
     for i, e in enumerate(entries):
         where = f"profile {path}: entry {i}"
@@ -244,21 +281,32 @@ def load_profile(path: str | Path) -> Profile:
 def profile_to_json(profile: Profile) -> dict[str, Any]:
     """``profile`` as the JSON object of a profile file (format PROFILE_FORMAT): every field of the Profile
     and of each ProfileEntry, stage and mode by name."""
-    return {
-        "format": PROFILE_FORMAT,
-        "model": profile.model,
-        "hardware": profile.hardware,
-        "world_size": profile.world_size,
-        "num_cores": profile.num_cores,
-        "dispatch_s": profile.dispatch_s,
-        "completion_s": profile.completion_s,
-        "collective_efficiency": profile.collective_efficiency,
-        "entries": [
-            {"stage": stage_name(e.stage), "mode": layout_mode_name(e.mode)}
-            | {k: getattr(e, k) for k in _ENTRY_FIELDS}
-            for e in profile.entries
-        ],
-    } | _caches_json(profile)
+    return (
+        {
+            "format": PROFILE_FORMAT,
+            "model": profile.model,
+            "hardware": profile.hardware,
+            "world_size": profile.world_size,
+            "num_cores": profile.num_cores,
+            "dispatch_s": profile.dispatch_s,
+            "completion_s": profile.completion_s,
+            "collective_efficiency": profile.collective_efficiency,
+            "entries": [
+                {"stage": stage_name(e.stage), "mode": layout_mode_name(e.mode)}
+                | {k: getattr(e, k) for k in _ENTRY_FIELDS}
+                for e in profile.entries
+            ],
+        }
+        | _caches_json(profile)
+        | _links_json(profile)
+    )
+
+
+def _links_json(profile: Profile) -> dict[str, Any]:
+    """The "links" key of a profile file (see PROFILE_FORMAT), or nothing when the profile has none."""
+    if not profile.links:
+        return {}
+    return {"links": [{k: getattr(lk, k) for k in LINK_FIELDS} for lk in profile.links]}
 
 
 def _caches_json(profile: Profile) -> dict[str, Any]:
@@ -289,15 +337,46 @@ def write_profile(path: str | Path, profile: Profile, extra: dict[str, Any] | No
         f.write("\n")
 
 
+def calibrated_cluster(cluster: str | Cluster, links: Any, transfer: bool | None = None) -> Cluster:
+    """``cluster`` (a name or a Cluster; "cpu" gets as many ranks as the links' world) with its inter-node terms
+    taken from ``links``: a list of LinkMeasurement, a Profile or a profile file (NOTE [inter-node calibration]
+    in src/runtime/cost.cpp). ``transfer`` False: the terms fitted to the links (the cluster measured); True: the
+    cluster's own terms scaled by how the links compare with the model's assumptions (another cluster); None:
+    fitted when the cluster's hardware is the one the profile was measured on (a bare list: fitted), scaled
+    otherwise."""
+    if isinstance(links, (str, Path)):
+        links = load_profile(links)
+    world = 0
+    measured_on = None
+    if isinstance(links, Profile):
+        world = links.world_size
+        measured_on = links.hardware
+        links = list(links.links)
+    if not isinstance(cluster, Cluster):
+        cluster = _C.cluster(cluster, world if cluster == "cpu" else 0)
+    if transfer is None:
+        transfer = measured_on is not None and measured_on != cluster.hw.name
+    if transfer:
+        return _C.transferred_cluster(cluster, list(links))
+    return _C.calibrated_cluster(cluster, list(links))
+
+
 def cost_model(
     model: str, cluster: str | Cluster = "h20x8", profile: str | Path | Profile | None = None
 ) -> CostModel:
-    """The profiled model when `profile` is given (a Profile or a file), else the analytic one on `cluster`."""
+    """The profiled model when `profile` (a Profile or a file) has stage entries; the analytic one on `cluster`
+    otherwise, its inter-node terms calibrated by the profile's links if it has some (``calibrated_cluster``:
+    fitted on the hardware measured, scaled on another). A profile of links alone describes the network, not a
+    model, so any model may use it."""
     if profile is not None:
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
-        if prof.model != model:
+        if prof.entries and prof.model != model:
             raise InvalidUsage(f"gfdit.planning.cost: the profile is of {prof.model!r}, not {model!r}")
-        return _C.profiled(prof)
+        if prof.entries:
+            return _C.profiled(prof)
+        if not prof.links:
+            raise InvalidUsage("gfdit.planning.cost: the profile has neither entries nor links")
+        return _C.analytic(model, calibrated_cluster(cluster, prof))
     cl = cluster if isinstance(cluster, Cluster) else _C.cluster(cluster)
     return _C.analytic(model, cl)
 

@@ -609,6 +609,28 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     )
     parser.add_argument("--device", type=int, default=0, help="--collectives: the CUDA device (default 0)")
     parser.add_argument(
+        "--network",
+        action="store_true",
+        help="instead: run as one rank of a world that spans nodes (torchrun's RANK, WORLD_SIZE, MASTER_ADDR, "
+        "MASTER_PORT) and measure the links between the nodes and each layout of --model across them "
+        "(gfdit.tools.profile_network); rank 0 writes --out, a profile whose links calibrate the cost model",
+    )
+    parser.add_argument("--links-only", action="store_true", help="--network: the links alone, no layouts")
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=0.0,
+        help="--network: per shape, run more rounds of the layouts than --repeats (up to 10 x) while they fit in "
+        "this many seconds (default 0: --repeats rounds)",
+    )
+    parser.add_argument(
+        "--line-gbit",
+        type=float,
+        default=0.0,
+        help="--network: the nominal rate of each node's link per direction, Gbit/s (a NIC's datasheet rate; "
+        "kept in the profile so that it can also scale another cluster's inter-node terms; default: unknown)",
+    )
+    parser.add_argument(
         "--shapes",
         help="HxWxF,... to measure (default: an image model's default size up to the largest its limits allow, "
         "3 sizes; a video model's images and short videos up to ~4x the default's tokens)",
@@ -673,6 +695,8 @@ def run(args: argparse.Namespace, command: str) -> int:
                 json.dump(table, f, indent=1, default=str)
                 f.write("\n")
         return 0
+    if args.network:
+        return _run_network(args, command)
     missing = [n for n in ("model", "world_size", "out") if getattr(args, n) is None]
     if missing:
         print(
@@ -709,4 +733,38 @@ def run(args: argparse.Namespace, command: str) -> int:
     cost.write_profile(args.out, profile)
     print(format_table(profile))
     print(f"wrote {args.out} ({len(profile.entries)} entries)")
+    return 0
+
+
+def _run_network(args: argparse.Namespace, command: str) -> int:
+    """``gfdit profile --network`` on one rank (gfdit.tools.profile_network); 2 for bad input."""
+    from gfdit.tools import profile_network
+
+    missing = [n for n in ("model", "out") if getattr(args, n) is None]
+    if missing:
+        print(f"gfdit {command} --network: --{', --'.join(missing)} required", file=sys.stderr)
+        return 2
+    if not args.line_gbit >= 0:
+        print(f"gfdit {command} --network: --line-gbit must be >= 0, got {args.line_gbit}", file=sys.stderr)
+        return 2
+    try:
+        shapes = parse_shapes(args.shapes) if args.shapes else None
+        got = profile_network.measure(
+            args.model,
+            shapes,
+            repeats=args.repeats,
+            log=lambda s: print(s, flush=True),
+            links_only=args.links_only,
+            line_bytes_per_s=args.line_gbit * 1e9 / 8,
+            min_seconds=args.min_seconds,
+        )
+    except InvalidUsage as e:
+        print(f"gfdit {command}: {e.message}", file=sys.stderr)
+        return 2
+    if got is None:  # not rank 0
+        return 0
+    prof, records = got
+    cost.write_profile(args.out, prof, {"layouts": records} if records else None)
+    print(profile_network.format_tables(prof, records))
+    print(f"wrote {args.out} ({len(prof.links)} links, {len(records)} layout measurements)")
     return 0

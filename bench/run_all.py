@@ -25,6 +25,8 @@
      end): results/batch.json
  16. bench_cache.py (step caches: FBCache's denoise time at about 40% of the passes reused vs uncached on one and
      two ranks, and the quality cost of FBCache and TeaCache on deep tiny models): results/cache.json
+ 17. bench_net.py (network edges across an emulated 1 Gbit/s link between two nodes vs a plain socket in the same
+     run: bandwidth, round trips, group formation; needs root, else records the skip): results/net.json
 
 and ends with a summary of every target. Defaults take about 25 minutes on 2 cores; --quick is a smoke
 test. Exit status 0 when every benchmark ran (missed targets are reported, not an error) unless --strict.
@@ -211,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         ("batch_model", "bench_batch_model.py", "batch_model.json", 600, []),
         ("batch", "bench_batch.py", "batch.json", 600, []),
         ("cache", "bench_cache.py", "cache.json", 2400, []),
+        ("net", "bench_net.py", "net.json", 900, []),
     ):
         if key in skip:
             continue

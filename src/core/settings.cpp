@@ -90,7 +90,8 @@ const std::vector<Setting>& table() {
       {"GFDIT_NODE_IDS", "", "string",
        "The node id of every rank, e.g. \"0,0,1,1\" (commas or spaces between), in place of the nodes a world "
        "derives from its ranks' hosts; unset or empty: derived. Parallel layouts place Ring and Ulysses by the "
-       "nodes (World::nodeOf, gfdit.comm.topology)."},
+       "nodes (World::nodeOf, gfdit.comm.topology). Under torchrun with GFDIT_NET_EDGES=nodes and this unset, "
+       "gfdit.init() sets it from every rank's GROUP_RANK (two torchrun nodes on one host)."},
       {"GFDIT_FAULT_INJECTION", "0", "bool",
        "1 lets tests make a worker fail or hang on purpose with a prompt starting \"gfdit-fault:\" "
        "(\"gfdit-fault:raise\", \"gfdit-fault:sleep=30\"); off otherwise (Python, NOTE [fault injection])."},

@@ -156,6 +156,11 @@ def _rank_main(rank: int, world_size: int, conn, opts: dict) -> None:
             conn.send(("closed", None, 0.0))
         except (OSError, EOFError, BrokenPipeError):
             pass
+    # what had to end in order has ended: skip the interpreter's finalization (a second or more with torch and
+    # diffusers loaded, as for gfdit.serving.worker)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class World:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import sys
 import time
 import traceback
 from typing import Any
@@ -279,3 +280,12 @@ def main(
         Worker(worker_id, config, device, None if queue_fd is None else queue_fd.fd).run()
     except KeyboardInterrupt:
         pass
+    # The engine said SHUTDOWN (or is gone): leave the world in order (its goodbye to peers on other hosts), then
+    # end without the interpreter's finalization, which tears down every module of torch and diffusers one by one
+    # and took 2 s of a 4-worker engine's shutdown on 2 cores. Nothing else of a worker needs a destructor: its
+    # rings and outputs belong to the engine, and the kernel closes its sockets.
+    if comm.is_initialized():
+        comm.destroy()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

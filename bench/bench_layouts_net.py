@@ -24,7 +24,8 @@ within 10% of the best), and SwiftFusion's claim in miniature (its placement, US
 inside).
 
 The profile the ranks wrote is kept beside the results (layouts_net_profile.json): `python bench/experiments.py
---only layouts --links bench/results/layouts_net_profile.json` scales the h20x16 cluster's inter-node terms by it.
+--only layouts --links bench/results/layouts_net_profile.json` scales the h20x16 cluster's inter-node terms by it
+(the report's own copy is bench/results/experiments/measured_links.json, experiments.py's default).
 
     python bench/bench_layouts_net.py                 # every size, >= 5 rounds (about 6 minutes on 2 cores)
     python bench/bench_layouts_net.py --quick         # 1k and 4k tokens, 3 rounds

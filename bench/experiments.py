@@ -91,6 +91,9 @@ CACHE_EXTRA_LOADS = (1.5, 2.0, 3.0, 4.0)  # x the uncached capacity
 # deep tiny Wan (24 blocks in diffusers' default initialisation, whose first block changes 5-11% a step as trained
 # models' do: NOTE [deep tiny models] in gfdit.models.tiny), kept beside the report
 CACHE_STANDIN_PROFILE = os.path.join(HERE, "results", "experiments", "deep_tiny_wan_caches.json")
+# the links bench/bench_layouts_net.py measured on the emulated 2 x 2 cluster, kept beside the report: section (b)'s
+# inter-node terms are scaled by them unless --links names another profile ("" leaves the datasheet's)
+MEASURED_LINKS_PROFILE = os.path.join(HERE, "results", "experiments", "measured_links.json")
 # Real CPU runs (real_section; see bench/real_runs.py): tiny-wan on this machine.
 REAL_WORLDS = (2, 4)
 REAL_MIXED_REQUESTS = 24
@@ -1758,8 +1761,10 @@ def main() -> int:
     ap.add_argument(
         "--links",
         metavar="PROFILE",
+        default=MEASURED_LINKS_PROFILE,
         help="section (b): scale h20x16's inter-node terms by the links a `gfdit profile --network` profile measured "
-        "(NOTE [inter-node calibration]; bench/bench_layouts_net.py writes one)",
+        "(NOTE [inter-node calibration]; bench/bench_layouts_net.py writes one); default: "
+        "results/experiments/measured_links.json; '' for the datasheet's terms",
     )
     ap.add_argument(
         "--only",
@@ -1781,7 +1786,7 @@ def main() -> int:
         only.discard("real")
     os.makedirs(args.out_dir, exist_ok=True)
     previous = previous_sections(args.out_dir)
-    lab = Lab(args.out_dir, args.quick, links=args.links)
+    lab = Lab(args.out_dir, args.quick, links=args.links or None)
     t0 = time.perf_counter()
     ctx: dict[str, Any] = {}
     sections: dict[str, Section] = {}

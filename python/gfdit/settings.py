@@ -41,3 +41,15 @@ def get_int(name: str) -> int:
         return int(text, 0)
     except ValueError:
         raise InvalidUsage(f"gfdit: {name}={text!r} is not an integer") from None
+
+
+def get_seconds(name: str) -> float:
+    """A positive duration in seconds; anything else raises InvalidUsage naming the variable."""
+    text = get(name).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidUsage(f"gfdit: {name}={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise InvalidUsage(f"gfdit: {name}={text!r} must be a positive number of seconds")
+    return value

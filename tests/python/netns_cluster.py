@@ -398,6 +398,13 @@ def echo_once(node: Node, host: str, port: int, timeout_s: float = 0.5) -> Echo:
     return Echo(**json.loads(out))
 
 
+def free_port() -> int:
+    """A TCP port of this host's loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def program(name: str, *args: str) -> list[str]:
     """argv of a program of this module (-I -S: it needs the standard library only)."""
     return [sys.executable, "-I", "-S", os.path.abspath(__file__), name, *args]
@@ -464,6 +471,10 @@ class Node:
     def shm_names(self) -> set[str]:
         """What is in this node's /dev/shm now."""
         return set(os.listdir(self._shm_dir()))
+
+    def gfdit_shm(self) -> set[str]:
+        """What gfdit has in this node's /dev/shm now."""
+        return {n for n in self.shm_names() if n.startswith("gfdit")}
 
     def cut_link(self) -> None:
         """Takes this node off the network: its end of its link goes down."""

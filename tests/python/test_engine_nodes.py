@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,10 +25,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "engine_nodes_driver.py")
 NODE_TIMEOUT_S = "3"  # how long a silent node lasts: a lost one is noticed quickly
 START_S = 240.0  # an engine of four workers on two shared cores: tens of seconds, more on a busy machine
-
-
-def _gfdit_shm(node: nc.Node) -> set[str]:
-    return {n for n in node.shm_names() if n.startswith("gfdit")}
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +149,7 @@ def test_workers_on_two_nodes_give_the_one_host_outputs_and_survive_the_loss_of_
 ):
     n0, n1 = cluster.node(0), cluster.node(1)
     env = {**cluster.world_env([0, 0, 1, 1]), "GFDIT_NODE_TIMEOUT_S": NODE_TIMEOUT_S}
-    shm_before = (_gfdit_shm(n0), _gfdit_shm(n1))
+    shm_before = (n0.gfdit_shm(), n1.gfdit_shm())
     eng = Driven(n0, str(tmp_path), env, 4, 2, str(tmp_path / "engine.log"))
     where = f"{n0.address}:{eng.port}"
     agent = _agent(n1, where, 2, env, str(tmp_path / "agent.log"), "--wait-s", "60", "--rejoin")
@@ -202,7 +197,7 @@ def test_workers_on_two_nodes_give_the_one_host_outputs_and_survive_the_loss_of_
         for k, ref in enumerate(reference["long"]):
             out = torch.load(tmp_path / f"cut-{k}.pt")
             assert float((out.double() - ref.double()).norm() / ref.double().norm()) <= 1e-4
-        _wait(lambda: _gfdit_shm(n1) == set(), 60, "node 1's agent removed what it made in /dev/shm")
+        _wait(lambda: n1.gfdit_shm() == set(), 60, "node 1's agent removed what it made in /dev/shm")
         n1.restore_link()
         _wait(lambda: all(eng.stats()["stats"]["alive"]), START_S, "node 1's new workers joined")
         st = eng.stats()
@@ -226,18 +221,18 @@ def test_workers_on_two_nodes_give_the_one_host_outputs_and_survive_the_loss_of_
     assert st["stats"]["lost"] == [2, 3] and not st["nodes"][-1]["connected"], st
     assert agent.poll() is not None
     eng.quit()
-    assert _gfdit_shm(n0) <= shm_before[0], _gfdit_shm(n0) - shm_before[0]
-    assert _gfdit_shm(n1) <= shm_before[1], _gfdit_shm(n1) - shm_before[1]
+    assert n0.gfdit_shm() <= shm_before[0], n0.gfdit_shm() - shm_before[0]
+    assert n1.gfdit_shm() <= shm_before[1], n1.gfdit_shm() - shm_before[1]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_gfdit_serve_with_a_worker_on_each_node_answers_an_image_request(tmp_path):
-    http = _free_port()
+    http = nc.free_port()
     with nc.LocalNodes(nodes=2) as cluster:
         n0, n1 = cluster.node(0), cluster.node(1)
         env = {**cluster.world_env([0, 1]), "GFDIT_NODE_TIMEOUT_S": NODE_TIMEOUT_S}
-        node_port = _free_port()
+        node_port = nc.free_port()
         serve = n0.run(
             [
                 sys.executable,
@@ -276,12 +271,6 @@ def test_gfdit_serve_with_a_worker_on_each_node_answers_an_image_request(tmp_pat
         serve.terminate()  # drains, stops the workers and says goodbye to the agent
         assert serve.wait(60) == 0
         assert agent.wait(60) == 0  # an orderly end
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _healthy(url: str) -> bool:

@@ -14,23 +14,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 from gfdit._C import InvalidUsage
 from gfdit.planning import cost
+from netns_cluster import free_port
 
 NODE_IDS = [0, 0, 1, 1]
 START_S = 120.0  # four interpreters importing torch on 2 cores, then the measurement (a few seconds)
 LINE_BYTES_PER_S = 1e9 / 8  # the netns mode's link, as tc shapes it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_links_only(cluster, out: str) -> list[int]:

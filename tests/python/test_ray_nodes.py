@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import uuid
 import pytest
 from gfdit.serving import ray_launcher
 from gfdit.tools import cli
+from netns_cluster import free_port
 
 NODE_RESOURCE = "gfdit_test_node"  # one unit on each Ray node; every bundle asks for one
 START_S = 120.0  # the Ray actor, the agent and two workers on two shared cores
@@ -81,12 +81,6 @@ def test_ray_flag_with_local_workers_is_refused(capsys):
     assert "not --local-workers" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _healthy(url: str) -> bool:
     import httpx
 
@@ -138,7 +132,7 @@ def test_serve_ray_places_a_worker_on_each_ray_node_and_leaves_nothing(tmp_path,
         cluster.wait_for_nodes()
         node_ids = {n.node_id for n in cluster.list_all_nodes()}
         assert len(node_ids) == 2
-        http = _free_port()
+        http = free_port()
         log_path = tmp_path / "serve.log"
         argv = [
             sys.executable, "-m", "gfdit", "serve", "--ray", "--ray-address", cluster.address,

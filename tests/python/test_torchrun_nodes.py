@@ -21,13 +21,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import uuid
 
 import cluster_ranks
 import pytest
+from netns_cluster import free_port
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_ranks.py")
 NPROC = 2
@@ -82,12 +82,6 @@ def stop(proc: subprocess.Popen) -> None:
                 pass
         proc.kill()
     proc.wait(timeout=10)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -17,7 +17,8 @@ import subprocess
 import sys
 
 import pytest
-from test_torchrun_nodes import free_port, stop, torchrun
+from netns_cluster import free_port
+from test_torchrun_nodes import stop, torchrun
 
 START_S = 180.0  # two torchruns, an engine, an agent and two workers on two shared cores
 
@@ -54,10 +55,6 @@ images = [len(d.get("b64_json") or "") for d in answer.get("data", [])]
 print(json.dumps({"status": status, "images": images, "answer": answer if status != 200 else None,
                   "health": get("/health")}))
 """
-
-
-def _gfdit_shm(node) -> set[str]:
-    return {n for n in node.shm_names() if n.startswith("gfdit")}
 
 
 def serve_argv(cluster, node: int, master_port: int, http_port: int) -> list[str]:
@@ -108,7 +105,7 @@ def test_gfdit_serve_under_torchrun_on_two_nodes_answers_and_stops_cleanly(clust
     master_port = 29500 if cluster.isolated else free_port()
     http = 8000 if cluster.isolated else free_port()
     env = {**cluster.world_env([0, 1]), "PYTHONWARNINGS": "ignore", "GFDIT_NODE_TIMEOUT_S": "10"}
-    shm_before = [_gfdit_shm(cluster.node(i)) for i in range(2)]
+    shm_before = [cluster.node(i).gfdit_shm() for i in range(2)]
     procs: list[subprocess.Popen] = []
     logs = [tmp_path / f"node{i}.log" for i in range(2)]
 
@@ -145,4 +142,4 @@ def test_gfdit_serve_under_torchrun_on_two_nodes_answers_and_stops_cleanly(clust
         for p in procs:
             stop(p)
     for i in range(2):
-        assert _gfdit_shm(cluster.node(i)) <= shm_before[i], _gfdit_shm(cluster.node(i)) - shm_before[i]
+        assert cluster.node(i).gfdit_shm() <= shm_before[i], cluster.node(i).gfdit_shm() - shm_before[i]

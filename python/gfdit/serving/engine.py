@@ -133,14 +133,7 @@ def parse_address(text: Any, what: str) -> tuple[str, int]:
 
 def node_timeout_s() -> float:
     """GFDIT_NODE_TIMEOUT_S: how long a silent connection between an engine and a node agent lasts."""
-    text = settings.get("GFDIT_NODE_TIMEOUT_S").strip()
-    try:
-        value = float(text)
-    except ValueError:
-        raise InvalidUsage(f"gfdit: GFDIT_NODE_TIMEOUT_S={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise InvalidUsage(f"gfdit: GFDIT_NODE_TIMEOUT_S={text!r} must be a positive number of seconds")
-    return value
+    return settings.get_seconds("GFDIT_NODE_TIMEOUT_S")
 
 
 class RemoteProcess:

@@ -102,6 +102,9 @@ class World {
 
   /// The device of this world's device transport, or -1.
   int device() const;
+  /// WorldOptions::device of a world that spans hosts, or -1. Such a world has no device transport (device() is
+  /// -1): collectives take host pointers only, and the Python layer stages device tensors through host memory.
+  int stagedDevice() const;
   /// The node rank `rank` runs on (0 .. numNodes - 1, in the order of first appearance): ranks whose hosts share
   /// memory share a node, unless GFDIT_NODE_IDS says otherwise.
   int nodeOf(int rank) const;

@@ -160,6 +160,7 @@ struct World::Impl {
   std::unique_ptr<net::NetEdges> net;            // destroyed first: its threads write into the mirrors
   std::vector<int> node_of;
   std::vector<std::string> hosts;
+  int staged_device = -1;  // WorldOptions::device of a world across hosts (no device transport)
 
   Transport& transport(void* stream) {
     if (stream == nullptr) return *cpu;
@@ -297,9 +298,9 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
     remote[p] = p != rank && (keys[p] != keys[rank] || (by_node && impl->node_of[p] != impl->node_of[rank]));
     any_remote = any_remote || remote[p];
   }
-  GFDIT_CHECK(!any_remote || options.device < 0)
-      << "gfdit: a world with a device (WorldOptions::device) spans hosts here, but device collectives across hosts "
-         "are not built yet (NVSHMEM puts and staging through the host are future work): make a host world";
+  // A device world across hosts has no device transport (CUDA IPC maps only a host's own GPUs): its device
+  // tensors go through host memory (NOTE [device tensors across hosts] in gfdit.comm.devices).
+  if (any_remote && options.device >= 0) impl->staged_device = options.device;
   // nodes emulated on one host (GFDIT_NET_EDGES=nodes) talk over loopback; other hosts over an interface
   bool only_this_host = true;
   for (int p = 0; p < world_size; ++p) only_this_host = only_this_host && (!remote[p] || keys[p] == keys[rank]);
@@ -369,7 +370,7 @@ std::unique_ptr<World> World::create(int rank, int world_size, Store& store, con
   impl->engine->setRemote(impl->net.get());
   impl->cpu = std::make_unique<CpuTransport>(rank, std::move(bases), staging_off, slot_bytes, num_slots, heap_off,
                                              heap_bytes, copier);
-  if (options.device >= 0) {
+  if (options.device >= 0 && impl->staged_device < 0) {
     DeviceTransportArgs args;
     args.rank = rank;
     args.world_size = world_size;
@@ -418,6 +419,7 @@ uint32_t World::messageTag() const { return impl_->engine->messageTag(); }
 bool World::usable() const { return impl_->engine->usable(); }
 void World::watchAbort(const uint64_t* word) { impl_->engine->watchAbort(word); }
 int World::device() const { return impl_->device != nullptr ? impl_->options.device : -1; }
+int World::stagedDevice() const { return impl_->staged_device; }
 int World::nodeOf(int rank) const {
   GFDIT_CHECK(rank >= 0 && rank < impl_->size) << "rank " << rank << " is outside [0, " << impl_->size << ")";
   return impl_->node_of[rank];

@@ -161,6 +161,8 @@ void register_world(py::module_& m) {
           py::arg("slot_bytes") = 0, py::arg("num_slots") = 0, py::arg("spin_us") = -1, py::arg("key_prefix") = "gfdit",
           py::arg("device") = -1, py::arg("shm_prefix") = "gfdit")
       .def_property_readonly("device", &World::device, "The CUDA device of the device transport, or -1.")
+      .def_property_readonly("staged_device", &World::stagedDevice,
+                             "The device asked for by a world that spans hosts (staged through host memory), or -1.")
       .def("check", &World::checkDevice, py::call_guard<py::gil_scoped_release>(),
            "Raises an error a device transport found asynchronously (a device-side wait that expired).")
       .def_property_readonly("rank", &World::rank)

@@ -14,6 +14,7 @@
 
 #include "rank_harness.h"
 #include "scoped_env.h"
+#include "transport.h"
 
 using namespace gfdit;
 using gfdit::testing::runRanks;
@@ -85,6 +86,37 @@ TEST(NetEdges, NodesFollowGfditNodeIdsAndOnlyOtherNodesTalkOverTheNetwork) {
                 },
                 options()),
             "");
+}
+
+// Stands in for the CUDA library's factory: a world that asks it for a transport fails naming it.
+std::unique_ptr<Transport> refusingDeviceFactory(const DeviceTransportArgs& args) {
+  GFDIT_THROW(kInvalidUsage) << "the stand-in device factory was asked for device " << args.device;
+}
+
+TEST(NetEdges, ADeviceWorldAcrossNodesHasNoDeviceTransportAndRecordsItsDevice) {
+  ASSERT_FALSE(hasDeviceTransport()) << "this test binary registers no device transport of its own";
+  registerDeviceTransport(&refusingDeviceFactory);
+  WorldOptions o = options();
+  o.device = 0;
+  {
+    // across nodes: no device transport is made (the factory would throw), the device is recorded as staged
+    ScopedEnv ids("GFDIT_NODE_IDS", "a,a,b,b");
+    ScopedEnv net("GFDIT_NET_EDGES", "nodes");
+    EXPECT_EQ(runRanks(
+                  4,
+                  [](World& w) {
+                    RANK_CHECK(w.device() == -1 && w.stagedDevice() == 0);
+                    std::vector<int64_t> in(100, w.rank()), out(400);
+                    w.allGather(w.worldGroup(), in.data(), out.data(), in.size() * 8);
+                    for (int i = 0; i < 400; ++i) RANK_CHECK(out[i] == i / 100);
+                  },
+                  o),
+              "");
+  }
+  // one host: the device transport is asked for, as before
+  std::string err = runRanks(2, [](World&) {}, o);
+  registerDeviceTransport(nullptr);
+  EXPECT_NE(err.find("the stand-in device factory was asked for device 0"), std::string::npos) << err;
 }
 
 TEST(NetEdges, NodesDefaultToTheHostsAndABadSettingIsRefusedNamingIt) {

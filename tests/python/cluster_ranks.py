@@ -192,6 +192,38 @@ def collective_checks(ctx: Any) -> tuple[int, list[str]]:
     return checks, failures
 
 
+def staged_checks(ctx: Any) -> tuple[int, list[str]]:
+    """The path of a device world across hosts (NOTE [device tensors across hosts]) with CPU tensors standing in
+    for the device ones: every collective runs on host copies and copies its outputs back; (checks, mismatches)."""
+    import cases_collectives as cc
+    import gfdit
+
+    world = gfdit.get_world()
+    world._stage_cpu_tensors = True
+    checks, failures = 0, []
+    try:
+        for i, ranks in enumerate([None, [0, 2], [3, 1, 2]]):
+            for fn, args, kwargs in (
+                (cc.case_all_gather, ("float32",), {}),
+                (cc.case_all_to_all_single, ("bfloat16",), {"split": "uneven"}),
+                (cc.case_reduce_scatter, ("float32",), {"op": "sum"}),
+                (cc.case_all_reduce, ("int64",), {"op": "max"}),
+                (cc.case_broadcast, ("float16", (ranks or [0, 1, 2, 3])[-1]), {}),
+                (cc.case_all_to_all_4d, ("float32",), {}),
+            ):
+                try:
+                    checks += fn(ctx, 70 + i, *args, ranks=ranks, **kwargs)
+                except AssertionError as exc:
+                    failures.append(f"staged {fn.__name__}{args}{kwargs} on {ranks}: {exc}")
+        try:
+            checks += cc.case_send_recv(ctx, 75, "float32", [(0, 2), (3, 1), (2, 3)])
+        except AssertionError as exc:
+            failures.append(f"staged case_send_recv: {exc}")
+    finally:
+        world._stage_cpu_tensors = False
+    return checks, failures
+
+
 # ---- attention and a model step -----------------------------------------------------------------------------
 
 
@@ -344,6 +376,29 @@ def program_world(args: argparse.Namespace, result: dict) -> None:
     if "collectives" in sections:
         result["collectives"], result["failures"]["collectives"] = collective_checks(ctx)
         result["seconds"]["collectives"] = time.perf_counter() - started
+    if "staged" in sections:
+        t = time.perf_counter()
+        result["staged"], result["failures"]["staged"] = staged_checks(ctx)
+        # USP across the nodes on host copies, as a device world across hosts runs it
+        if "attention" in sections:
+            import attn_harness
+            import mp_harness
+
+            world = gfdit.get_world()
+            world._stage_cpu_tensors = True
+            try:
+                names = ("usp-2x2-ulysses-low", "usp-2x2-ring-low-uneven", "usp-ring4", "ulysses-pair-across")
+                cases = [c for c in attention_cases() if c["name"] in names]
+                reports = mp_harness.run_batch(ctx, cases, attn_harness.run_case)
+            finally:
+                world._stage_cpu_tensors = False
+            result["staged_layouts"] = len(reports)
+            result["failures"]["staged"] += [
+                f"staged {r['name']}: {r.get('error') or r}"
+                for r in reports
+                if not r["ok"] or r.get("warnings")
+            ]
+        result["seconds"]["staged"] = time.perf_counter() - t
     if "attention" in sections or "model" in sections:
         t = time.perf_counter()
         with auto_placements(result):

@@ -147,8 +147,9 @@ def test_the_cases_cross_the_nodes_as_they_say():
 @pytest.mark.timeout(300)
 def test_collectives_layouts_and_the_torch_backend_across_nodes(cluster, tmp_path):
     """One world, every check: the nodes it found, the collectives on groups across, inside and over the nodes,
-    every attention layout and a tiny Wan step against one process, torch.distributed on "gfdit" against gloo."""
-    sections = ["collectives", "attention", "torch_backend"]
+    the same through host copies (the path of a device world across hosts, CPU tensors standing in), every
+    attention layout and a tiny Wan step against one process, torch.distributed on "gfdit" against gloo."""
+    sections = ["collectives", "staged", "attention", "torch_backend"]
     if cluster.isolated or nc.namespace_support() is not None:
         sections.append(
             "model"
@@ -164,8 +165,11 @@ def test_collectives_layouts_and_the_torch_backend_across_nodes(cluster, tmp_pat
         assert codes[r] == 0 and "exception" not in res, why
     for res in results:
         check_world_info(cluster, res["world"])
-        assert res["failures"] == {"collectives": [], "layouts": [], "torch_backend": []}, res["failures"]
+        assert res["failures"] == {"collectives": [], "staged": [], "layouts": [], "torch_backend": []}, res[
+            "failures"
+        ]
         assert res["collectives"] > 500 and res["layouts"] > 20, res
+        assert res["staged"] > 50 and res["staged_layouts"] >= 3, res  # device tensors across hosts, on CPU
         assert res["model_steps"] == (len(cluster_ranks.model_cases()) if "model" in sections else 0), res
         # "auto" inside the attention calls: the nodes the world found, Ring inside them on the world's order
         auto = {(tuple(ranks), tuple(nodes), placement) for ranks, nodes, placement in res["auto_calls"]}

@@ -333,8 +333,11 @@ def test_world_passes_the_device_to_the_core(monkeypatch):
     create(device=), torch's current device is set, and a host-only world calls create as before."""
     calls = []
 
+    spans_hosts = []  # a world across hosts: the core keeps the device as staged, with no device transport
+
     class FakeCoreWorld:
-        device = property(lambda self: self._device)
+        device = property(lambda self: -1 if spans_hosts else self._device)
+        staged_device = property(lambda self: self._device if spans_hosts else -1)
 
         def __init__(self, device):
             self._device = device
@@ -366,6 +369,16 @@ def test_world_passes_the_device_to_the_core(monkeypatch):
     assert calls[-1][1] == {} and host.device is None
     with pytest.raises(gfdit.InvalidUsage, match="does not exist"):
         comm.World(0, 4, object(), device="cuda:5")
+    assert not w.stages_device_tensors and not host.stages_device_tensors
+    # across hosts (NOTE [device tensors across hosts]): the device is the world's, its tensors are staged, and
+    # what needs a device heap or a device stream is refused naming why
+    spans_hosts.append(True)
+    across = comm.World(1, 4, object(), device="cuda")
+    assert across.device == torch.device("cuda", 1) and across.stages_device_tensors
+    with pytest.raises(gfdit.InvalidUsage, match="spans hosts and has no device heap"):
+        across.symmetric_empty((4,), device="cuda")
+    with pytest.raises(gfdit.InvalidUsage, match="spans hosts and has no device transport"):
+        across.wait_signal(0, stream=object())
 
 
 # ------------------------------------------------------------------------------------- the extension

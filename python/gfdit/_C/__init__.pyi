@@ -372,6 +372,11 @@ class World:
     @property
     def slot_bytes(self) -> int: ...
     @property
+    def staged_device(self) -> int:
+        """
+        The device asked for by a world that spans hosts (staged through host memory), or -1.
+        """
+    @property
     def timeout_s(self) -> float: ...
     @property
     def usable(self) -> bool:

@@ -160,6 +160,10 @@ def torus(
     total = num_c * (fwd_chunk + out_chunk) + _PAD
 
     on_cuda = _uses_streams(q)
+    if (
+        on_cuda and world.stages_device_tensors
+    ):  # no device heap to put into (NOTE [device tensors across hosts])
+        return usp(call, q, k, v, joint)
     # One workspace at the same heap offset on every member (NOTE [symmetric allocation]); the allocation's
     # exchange is also the host side's start barrier (on CUDA the ready puts order the devices). Only a heap too
     # full for it on some member makes every member run USP instead (they all see the same outcome).

@@ -14,6 +14,20 @@ surface at the next collective or at ``World.check()``. Host collectives on a de
 (gfdit.attention's metadata exchange is one). The build must have the CUDA transport
 (``cuda_transport_available()``); without it every path that needs a device raises gfdit.InvalidUsage and
 CPU behaviour is unchanged.
+
+NOTE [device tensors across hosts]
+The CUDA transport maps its peers' device memory with CUDA IPC, which reaches only the GPUs of one host, and
+gfdit's NVSHMEM build is not wired to a transport yet. So a world made with ``device=`` whose ranks span
+hosts (the C++ World reports ``staged_device``) has no device transport and no device heap: every
+collective on CUDA tensors runs on host copies (``World._via_host``): the inputs are copied to pinned host
+tensors (a synchronous copy, after what the current stream queued), the host collective runs (shared memory
+inside a host, the network edges across), and the outputs are copied back on the current stream. Placement
+is checked as on any device world. What does not stage is refused with gfdit.InvalidUsage: one-sided puts of
+CUDA tensors and stream waits (``put_with_signal``, ``wait_signal(stream=)``) and ``symmetric_empty`` on
+the device; ``empty(device=)`` gives a plain CUDA tensor. gfdit.attention's Torus therefore runs USP on
+such a world (torus.py). Every group pays the two copies, also a group inside one host: its peers' device
+memory is not mapped. This path has been tested with CPU tensors standing in for the device ones (the same
+copies and calls); it has not run on GPUs.
 """
 
 from __future__ import annotations

@@ -151,6 +151,11 @@ def _placement(world: World, op: str, named: Sequence[tuple[str, torch.Tensor]])
             f"gfdit backend: {op}: {what} is on {t.device}, but this process group's world has no device; "
             "pass device_id=torch.device('cuda', local_rank) to dist.init_process_group('gfdit', ...)"
         )
+    if world.stages_device_tensors:
+        raise InvalidUsage(
+            f"gfdit backend: {op}: this process group's world spans hosts, where the backend takes CPU tensors "
+            "only (gfdit.comm's own collectives stage CUDA tensors there: NOTE [device tensors across hosts])"
+        )
     index = check_placement(f"gfdit backend: {op}", [(w, t.device) for w, t in named], world._device_index)
     return torch.cuda.current_stream(index)
 

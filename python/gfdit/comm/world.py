@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from gfdit.comm.dtypes import TORCH_TO_DTYPE as _DTYPES
 _OPS = {"sum": _C.ReduceOp.sum, "max": _C.ReduceOp.max, "min": _C.ReduceOp.min, "prod": _C.ReduceOp.prod}
 
 View = tuple  # (address, rows, row_bytes, stride)
+_staging = threading.local()  # .now: a collective of this thread runs on host copies (World._via_host)
 
 
 def _reduce_op(op: Any) -> Any:
@@ -220,9 +222,12 @@ class World:
         else:
             torch.cuda.set_device(index)
             self._w = _C.World.create(*args, device=index, **extra)
-            if int(self._w.device) != index:
-                raise InvalidUsage(f"gfdit: asked for device {index}, the world reports {self._w.device}")
+            reported = int(self._w.device) if int(self._w.staged_device) < 0 else int(self._w.staged_device)
+            if reported != index:
+                raise InvalidUsage(f"gfdit: asked for device {index}, the world reports {reported}")
         self._device_index = index
+        # a device world across hosts: its CUDA tensors go through host memory (NOTE [device tensors across hosts])
+        self._staged = index is not None and int(self._w.staged_device) >= 0
         self._whole = Group(self, self._w.world_group())
         self.rank = rank
         self.world_size = world_size
@@ -253,6 +258,51 @@ class World:
     def device(self) -> torch.device | None:
         """This rank's GPU (None: host only)."""
         return None if self._device_index is None else torch.device("cuda", self._device_index)
+
+    @property
+    def stages_device_tensors(self) -> bool:
+        """Whether this world's CUDA tensors go through host memory: a world with a device that spans hosts
+        (NOTE [device tensors across hosts] in gfdit.comm.devices)."""
+        return self._staged
+
+    # Tests set this on a host-only world to run the staging path of a device world across hosts with CPU
+    # tensors (every collective then copies its tensors out to fresh host tensors and back).
+    _stage_cpu_tensors = False
+
+    def _stages(self, *tensors: Any) -> bool:
+        if self._stage_cpu_tensors:
+            return not getattr(_staging, "now", False)
+        return self._staged and any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors)
+
+    def _via_host(
+        self,
+        what: str,
+        call: Any,
+        tensors: dict[str, torch.Tensor],
+        written: Sequence[str],
+        fresh: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> None:
+        """Runs collective ``call`` on host copies of ``tensors`` (keyword arguments), then copies the
+        ``written`` ones back; ``fresh`` ones are outputs whose earlier contents the collective does not read.
+        NOTE [device tensors across hosts]."""
+        for n, t in tensors.items():
+            _check(t, n)
+        if not self._stage_cpu_tensors:
+            check_placement(what, [(n, t.device) for n, t in tensors.items()], self._device_index)
+        host: dict[str, torch.Tensor] = {}
+        for n, t in tensors.items():
+            h = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            if n not in fresh:
+                h.copy_(t)  # device to host: waits for the work the current stream queued before
+            host[n] = h
+        _staging.now = True
+        try:
+            call(**host, **kwargs)
+        finally:
+            _staging.now = False
+        for n in written:
+            tensors[n].copy_(host[n])
 
     def check(self) -> None:
         """Raises the error a device found since the last collective (a bounded device-side wait that timed
@@ -302,7 +352,8 @@ class World:
 
         device None or "cpu": the host heap (shared memory). "cuda" (or the world's device): the device heap
         of a world made with ``device=``; its blocks are freed when the tensor is, so use them in the order
-        of one stream, as the caching allocator's tensors (NOTE [device tensors])."""
+        of one stream, as the caching allocator's tensors (NOTE [device tensors]). A device world across hosts
+        has no device heap: a plain CUDA tensor (NOTE [device tensors across hosts])."""
         shape, nbytes = _shape_bytes(shape, dtype)
         parsed = parse_device(device)
         if parsed is not None:
@@ -341,6 +392,11 @@ class World:
             raise InvalidUsage(
                 f"gfdit: {what}(device={device!r}): this world is host only; pass device= to gfdit.init"
             )
+        if self._staged:
+            raise InvalidUsage(
+                f"gfdit: {what}(device={device!r}): this world spans hosts and has no device heap (its CUDA "
+                "tensors go through host memory: NOTE [device tensors across hosts])"
+            )
         if parsed != "cuda" and parsed != index:
             raise InvalidUsage(
                 f"gfdit: {what}(device={device!r}): this world's device heap is on cuda:{index}"
@@ -350,6 +406,10 @@ class World:
     def _device_empty(
         self, parsed: int | str, device: Any, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int
     ) -> torch.Tensor:
+        staged = self._device_index if self._staged else None
+        if staged is not None and parsed in ("cuda", staged):
+            # no device heap across hosts; every collective stages its CUDA tensors anyway
+            return torch.empty(shape, dtype=dtype, device=torch.device("cuda", staged))
         index = self._device_heap_index(parsed, device, "empty")
         block = self._w.heap_alloc(max(nbytes, 1), device=True)
         raw = _device_block_tensor(block, max(nbytes, 1), index)  # holds `block`, which frees on release
@@ -364,6 +424,11 @@ class World:
     def all_gather_into_tensor(
         self, out: torch.Tensor, inp: torch.Tensor, group: Group | None = None
     ) -> None:
+        if self._stages(out, inp):
+            fn = self.all_gather_into_tensor
+            return self._via_host(
+                "all_gather_into_tensor", fn, {"out": out, "inp": inp}, ("out",), ("out",), group=group
+            )
         g = self._group(group)
         stream = self._operands("all_gather_into_tensor", out, inp)
         _whole_of_parts("all_gather_into_tensor", ("out", out), inp, g.size())
@@ -377,6 +442,17 @@ class World:
         input_split_sizes: Sequence[int] | None = None,
         group: Group | None = None,
     ) -> None:
+        if self._stages(out, inp):
+            return self._via_host(
+                "all_to_all_single",
+                self.all_to_all_single,
+                {"out": out, "inp": inp},
+                ("out",),
+                ("out",),
+                output_split_sizes=output_split_sizes,
+                input_split_sizes=input_split_sizes,
+                group=group,
+            )
         g = self._group(group)
         stream = self._operands("all_to_all_single", out, inp)
         n = g.size()
@@ -441,6 +517,19 @@ class World:
         ``even_head_splits(H, n)`` is the split gfdit.attention uses: the first ``H % n`` members hold one
         more head.
         """
+        if self._stages(out, inp):
+            return self._via_host(
+                "all_to_all_4d",
+                self.all_to_all_4d,
+                {"out": out, "inp": inp},
+                ("out",),
+                ("out",),
+                scatter_dim=scatter_dim,
+                gather_dim=gather_dim,
+                group=group,
+                seq_splits=seq_splits,
+                head_splits=head_splits,
+            )
         g = self._group(group)
         stream = self._operands("all_to_all_4d", out, inp)
         if inp.dim() != 4 or out.dim() != 4:
@@ -543,6 +632,11 @@ class World:
     def reduce_scatter_tensor(
         self, out: torch.Tensor, inp: torch.Tensor, op: Any = "sum", group: Group | None = None
     ) -> None:
+        if self._stages(out, inp):
+            fn = self.reduce_scatter_tensor
+            return self._via_host(
+                "reduce_scatter_tensor", fn, {"out": out, "inp": inp}, ("out",), ("out",), op=op, group=group
+            )
         g = self._group(group)
         stream = self._operands("reduce_scatter_tensor", out, inp)
         _whole_of_parts("reduce_scatter_tensor", ("inp", inp), out, g.size())
@@ -557,6 +651,10 @@ class World:
         )
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = "sum", group: Group | None = None) -> None:
+        if self._stages(tensor):
+            return self._via_host(
+                "all_reduce", self.all_reduce, {"tensor": tensor}, ("tensor",), op=op, group=group
+            )
         g = self._group(group)
         _check(tensor, "tensor")
         stream = self._stream("all_reduce", ("tensor", tensor)) if tensor.is_cuda else 0
@@ -565,6 +663,10 @@ class World:
         )
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Group | None = None) -> None:
+        if self._stages(tensor):
+            return self._via_host(
+                "broadcast", self.broadcast, {"tensor": tensor}, ("tensor",), src=src, group=group
+            )
         g = self._group(group)
         _check(tensor, "tensor")
         stream = self._stream("broadcast", ("tensor", tensor)) if tensor.is_cuda else 0
@@ -573,11 +675,15 @@ class World:
         self._w.broadcast(g._g, tensor.data_ptr(), _nbytes(tensor), int(src), stream)
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
+        if self._stages(tensor):
+            return self._via_host("send", self.send, {"tensor": tensor}, (), dst=dst)
         _check(tensor, "tensor")
         stream = self._stream("send", ("tensor", tensor)) if tensor.is_cuda else 0
         self._w.send(tensor.data_ptr(), _nbytes(tensor), int(dst), stream)
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
+        if self._stages(tensor):
+            return self._via_host("recv", self.recv, {"tensor": tensor}, ("tensor",), ("tensor",), src=src)
         _check(tensor, "tensor")
         stream = self._stream("recv", ("tensor", tensor)) if tensor.is_cuda else 0
         self._w.recv(tensor.data_ptr(), _nbytes(tensor), int(src), stream)
@@ -589,6 +695,11 @@ class World:
         """Writes src into `peer`'s heap at the offset of the local heap tensor dst, then signals the peer."""
         _check(src, "src")
         _check(dst, "dst")
+        if self._staged and (src.is_cuda or dst.is_cuda):
+            raise InvalidUsage(
+                "gfdit: put_with_signal: one-sided puts of CUDA tensors need the device heap, which a world "
+                "across hosts does not have (NOTE [device tensors across hosts]); put CPU tensors"
+            )
         stream = (
             self._stream("put_with_signal", ("src", src), ("dst", dst)) if src.is_cuda or dst.is_cuda else 0
         )
@@ -612,8 +723,15 @@ class World:
             self._w.wait_signal(int(peer), int(count))
             return
         _require_cuda_transport("wait_signal(stream=...)")
-        if self._device_index is None:
-            raise InvalidUsage("gfdit: wait_signal(stream=...): this world is host only")
+        if self._device_index is None or self._staged:
+            raise InvalidUsage(
+                "gfdit: wait_signal(stream=...): this world "
+                + (
+                    "is host only"
+                    if self._device_index is None
+                    else "spans hosts and has no device transport"
+                )
+            )
         self._w.wait_signal(int(peer), int(count), stream=_stream_handle(stream))
 
     def stats(self) -> Any:

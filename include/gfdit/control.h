@@ -154,7 +154,7 @@ class ControlPlane {
   void startRecovery();
   bool paused() const { return recovering_ || rejoin_; }
   void tryReinit();
-  void reinitDone();
+  void reinitDone(const std::vector<int>& members);
   void checkDeadlines(int64_t now);
   void expectNext(int worker, int64_t now);
   int inflightLimit(const Request& r) const;

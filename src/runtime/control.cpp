@@ -1063,7 +1063,7 @@ void ControlPlane::applyDone(Task& t) {
   if (t.kind == TaskKind::kReinit) {
     if (t.error == TaskError::kOk) {
       reinit_failures_ = 0;
-      reinitDone();
+      reinitDone(t.members);
     } else if (t.error != TaskError::kWorkerDied && ++reinit_failures_ >= kMaxReinitFailures) {
       recovering_ = rejoin_ = false;
       finishAll("could not re-create the collectives world: " + t.message, true);
@@ -1296,7 +1296,8 @@ void ControlPlane::startRecovery() {
 // alive, a replacing plane keeps the requests (to start again from their beginning, as any request whose every
 // copy died) and waits for a joiner, where a plane that does not replace fails them. A REINIT that fails
 // (a joiner that died during the rendezvous leaves its peers to time out) is retried, kMaxReinitFailures times
-// in a row at most.
+// in a row at most. A joiner whose hello arrives while a REINIT is under way waits for the next one: only the
+// REINIT's own members are in the world it made.
 void ControlPlane::setReplacing(bool on, const std::string& reason) {
   replacing_ = on;
   if (on) return;
@@ -1343,11 +1344,15 @@ void ControlPlane::tryReinit() {
   dispatch(nullptr, TaskKind::kReinit, members, Layout(), 0, 0, -1, &payload);
 }
 
-void ControlPlane::reinitDone() {
+void ControlPlane::reinitDone(const std::vector<int>& members) {
   recovering_ = false;
   rejoin_ = false;
   for (int w = 0; w < config_.world_size; ++w) {
     if (!joining_[w]) continue;
+    if (std::find(members.begin(), members.end(), w) == members.end()) {
+      rejoin_ = true;  // it joined while this world was being made: the next REINIT takes it in
+      continue;
+    }
     joining_[w] = false;
     alive_[w] = true;
     rank_busy_[w] = false;

@@ -346,6 +346,44 @@ TEST(ControlPlane, AReplacementJoinsAtAStepBoundaryAndIsScheduledAgain) {
   EXPECT_TRUE(on_replacement);
 }
 
+TEST(ControlPlane, AReplacementThatSaysHelloDuringARecoveryWaitsForTheNextReinit) {
+  Fixture f(2, "fcfs");
+  f.cp->setReplacing(true);
+  uint64_t id = f.cp->submit(spec(6));
+  f.cp->poll();
+  f.exec.queues[1].clear();
+  f.cp->onWorkerDeath(1);
+  failUpToReinit(f, 0);
+  f.cp->poll();
+  ASSERT_EQ(static_cast<TaskKind>(f.exec.sent.back().d.kind), TaskKind::kReinit);
+  ASSERT_EQ(f.exec.sent.back().workers, (std::vector<int>{0}));  // the survivors' world, under way
+  const size_t survivors = f.exec.sent.size() - 1;
+  f.cp->onWorkerJoin(1);          // a replacement's hello arrives meanwhile
+  f.exec.completeHead(*f.cp, 0);  // the world of worker 0 alone is made
+  f.cp->poll();
+  // worker 1 is not in that world: it stays a joiner, and once what went out to worker 0 is done, the next
+  // REINIT takes it in
+  EXPECT_FALSE(f.cp->alive(1));
+  EXPECT_TRUE(f.cp->joining(1));
+  for (int i = 0; i < 10 && static_cast<TaskKind>(f.exec.sent.back().d.kind) != TaskKind::kReinit; ++i) {
+    ASSERT_FALSE(f.exec.queues[0].empty());
+    f.exec.completeHead(*f.cp, 0);
+    f.cp->poll();
+  }
+  ASSERT_EQ(static_cast<TaskKind>(f.exec.sent.back().d.kind), TaskKind::kReinit);
+  EXPECT_EQ(f.exec.sent.back().workers, (std::vector<int>{0, 1}));
+  const size_t reinit = f.exec.sent.size() - 1;
+  f.exec.drain(*f.cp);
+  EXPECT_TRUE(f.cp->alive(1));
+  EXPECT_EQ(f.cp->stats().replacements, 1u);
+  ASSERT_NE(f.result(id), nullptr);
+  EXPECT_EQ(f.result(id)->state, RequestState::kDone) << f.result(id)->reason;
+  for (size_t i = survivors; i < reinit; ++i) {  // nothing named worker 1 between the two worlds
+    const auto& w = f.exec.sent[i].workers;
+    EXPECT_EQ(std::find(w.begin(), w.end(), 1), w.end()) << "task " << i << " names worker 1 before its REINIT";
+  }
+}
+
 TEST(ControlPlane, TheOnlyWorkerDiesAndItsReplacementRunsTheRequestsFromTheirBeginning) {
   for (bool replacing : {false, true}) {
     Fixture f(1, "fcfs");

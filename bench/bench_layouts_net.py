@@ -75,26 +75,10 @@ def where(r: dict[str, Any]) -> str:
 def datasheet_predictions(records: list[dict[str, Any]]) -> list[float]:
     """The analytic model's step for each record with the "cpu" hardware's own inter-node terms (not measured)."""
     from gfdit.planning import cost
+    from gfdit.tools import profile_network
 
-    cm = cost.cost_model(MODEL, cost.cluster("cpu", len(NODE_IDS)))
-    arch = cost.model_arch(MODEL)
-    return [
-        cm.seconds(
-            cost.Stage.DENOISE,
-            r["height"],
-            r["width"],
-            r["num_frames"],
-            num_steps=int(arch.default_steps),
-            guidance_scale=float(arch.default_guidance),
-            degree=r["ulysses"] * r["ring"],
-            ulysses=r["ulysses"],
-            ring=r["ring"],
-            mode=r["mode"],
-            placement=r["placement"],
-            num_nodes=r["num_nodes"],
-        )
-        for r in records
-    ]
+    cluster = cost.cluster("cpu", len(NODE_IDS))
+    return [r["predicted_s"] for r in profile_network.predictions(MODEL, cluster, records)]
 
 
 def run_profile(

@@ -139,6 +139,8 @@ class NodeRelay : public RemoteWorkers {
   void lose(Node& node, const std::string& why);
   void post(Node& node, uint32_t type, int worker, uint64_t aux);
   void noteRefusal(const std::string& why);
+  /// Removes and returns the agent `id` waiting for an answer (nullptr: none); mu_ held.
+  std::unique_ptr<Pending> takePendingLocked(int id);
 
   const int num_workers_;
   const int64_t timeout_ns_;

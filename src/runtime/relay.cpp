@@ -125,30 +125,30 @@ int waitFd(int fd, short events, int64_t until_ns) {
   }
 }
 
-// Reads exactly n bytes; fails when nothing arrives for `idle_ns`, at the stream's end or on an error (`why`).
-bool recvAll(int fd, void* dst, size_t n, int64_t idle_ns, std::string* why) {
-  auto* p = static_cast<uint8_t*>(dst);
+// Moves exactly n bytes (receiving into p, or sending from it); fails when nothing moves for `idle_ns`, at the
+// stream's end or on an error (`why`).
+bool moveAll(int fd, uint8_t* p, size_t n, bool receiving, int64_t idle_ns, std::string* why) {
   int64_t until = nowNs() + idle_ns;
   while (n > 0) {
-    ssize_t r = ::recv(fd, p, n, 0);
-    if (r > 0) {
-      p += r;
-      n -= static_cast<size_t>(r);
+    ssize_t k = receiving ? ::recv(fd, p, n, 0) : ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k > 0) {
+      p += k;
+      n -= static_cast<size_t>(k);
       until = nowNs() + idle_ns;
       continue;
     }
-    if (r == 0) {
+    if (k == 0) {  // only a receive ends so: the stream did
       *why = "the connection was closed";
       return false;
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      *why = "receive failed: " + errnoText(errno);
+      *why = std::string(receiving ? "receive" : "send") + " failed: " + errnoText(errno);
       return false;
     }
-    int rc = waitFd(fd, POLLIN, until);
+    int rc = waitFd(fd, receiving ? POLLIN : POLLOUT, until);
     if (rc == 0) {
-      *why = "nothing arrived for " + secondsText(idle_ns) + " s";
+      *why = (receiving ? "nothing arrived for " : "the peer took nothing for ") + secondsText(idle_ns) + " s";
       return false;
     }
     if (rc < 0) {
@@ -159,34 +159,13 @@ bool recvAll(int fd, void* dst, size_t n, int64_t idle_ns, std::string* why) {
   return true;
 }
 
-// Writes exactly n bytes; fails when none can be written for `idle_ns` or on an error (`why`).
+bool recvAll(int fd, void* dst, size_t n, int64_t idle_ns, std::string* why) {
+  return moveAll(fd, static_cast<uint8_t*>(dst), n, true, idle_ns, why);
+}
+
 bool sendAll(int fd, const void* src, size_t n, int64_t idle_ns, std::string* why) {
-  const auto* p = static_cast<const uint8_t*>(src);
-  int64_t until = nowNs() + idle_ns;
-  while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w > 0) {
-      p += w;
-      n -= static_cast<size_t>(w);
-      until = nowNs() + idle_ns;
-      continue;
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-      *why = "send failed: " + errnoText(errno);
-      return false;
-    }
-    int rc = waitFd(fd, POLLOUT, until);
-    if (rc == 0) {
-      *why = "the peer took nothing for " + secondsText(idle_ns) + " s";
-      return false;
-    }
-    if (rc < 0) {
-      *why = "poll failed: " + errnoText(errno);
-      return false;
-    }
-  }
-  return true;
+  // send only reads the bytes
+  return moveAll(fd, const_cast<uint8_t*>(static_cast<const uint8_t*>(src)), n, false, idle_ns, why);
 }
 
 // Reads and drops n bytes (the rest of a frame nobody wants).
@@ -506,17 +485,22 @@ std::optional<PendingNode> NodeRelay::accept(double timeout_s) {
   return PendingNode{p->id, p->hello, p->address};
 }
 
+std::unique_ptr<NodeRelay::Pending> NodeRelay::takePendingLocked(int id) {
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if ((*it)->id == id) {
+      std::unique_ptr<Pending> p = std::move(*it);
+      pending_.erase(it);
+      return p;
+    }
+  }
+  return nullptr;
+}
+
 void NodeRelay::refuse(int id, const std::string& reason) {
   std::unique_ptr<Pending> p;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
-      if ((*it)->id == id) {
-        p = std::move(*it);
-        pending_.erase(it);
-        break;
-      }
-    }
+    p = takePendingLocked(id);
   }
   GFDIT_CHECK(p != nullptr).param("id") << "no node agent " << id << " waits for an answer";
   Greeting g = greeting(1, reason);
@@ -537,13 +521,7 @@ void NodeRelay::admit(int id, const NodeWelcome& welcome) {
       GFDIT_CHECK(s.node == nullptr || s.node->lost.load()).param("workers")
           << "worker " << w << " runs on " << s.node->describe() << " already";
     }
-    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
-      if ((*it)->id == id) {
-        p = std::move(*it);
-        pending_.erase(it);
-        break;
-      }
-    }
+    p = takePendingLocked(id);
   }
   GFDIT_CHECK(p != nullptr).param("id") << "no node agent " << id << " waits for an answer";
   const std::string message = welcome.encode();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "error_of.h"
 #include "gfdit/cost.h"
 #include "gfdit/error.h"
 
@@ -17,16 +18,7 @@ namespace gfdit {
 namespace cost {
 namespace {
 
-std::string errorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidUsage);
-    return e.what();
-  }
-  ADD_FAILURE() << "no gfdit::Error thrown";
-  return "";
-}
+using gfdit::testing::errorOf;
 
 // A link as the emulated cluster measures it: two ranks per node sharing a 1 Gbit/s link, drawn around the
 // figures of a real run so that no test depends on one set of numbers.

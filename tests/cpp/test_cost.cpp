@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "error_of.h"
 #include "gfdit/cost.h"
 #include "gfdit/error.h"
 
@@ -30,16 +31,7 @@ StageQuery query(const ModelArch& m, int32_t h, int32_t w, int32_t f, int32_t u 
   return q;
 }
 
-std::string errorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidUsage);
-    return e.what();
-  }
-  ADD_FAILURE() << "no gfdit::Error thrown";
-  return "";
-}
+using gfdit::testing::errorOf;
 
 TEST(CostRegistry, TokensFollowStridesAndPatches) {
   const ModelArch& q = modelArch("qwen-image");

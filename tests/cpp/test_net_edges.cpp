@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "loopback.h"
 #include "rank_harness.h"
 #include "scoped_env.h"
 #include "transport.h"
@@ -34,17 +35,7 @@ WorldOptions options() {
 // What rank `peer`'s network edges answer to `bytes` sent to their port: the reply's text (after its 16-byte
 // head), or "" when nothing came back.
 std::string replyTo(int port, const std::string& bytes) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "cannot connect";
-  }
+  int fd = gfdit::testing::dialLoopback(port);
   ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
   ::shutdown(fd, SHUT_WR);  // a short HELLO: the edge refuses it when the stream ends
   std::string got;

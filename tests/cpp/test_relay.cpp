@@ -19,6 +19,7 @@
 #include "gfdit/error.h"
 #include "gfdit/outputs.h"
 #include "gfdit/relay.h"
+#include "loopback.h"
 #include "relay_wire.h"
 
 using namespace gfdit;
@@ -56,19 +57,6 @@ NodeWelcome welcomeFor(std::vector<int32_t> workers, int world_size, int node) {
   return w;
 }
 
-// A raw TCP connection to the relay's port on loopback.
-int dial(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  return fd;
-}
-
 void sendBytes(int fd, const void* p, size_t n) { ASSERT_EQ(::send(fd, p, n, MSG_NOSIGNAL), static_cast<ssize_t>(n)); }
 
 bool recvBytes(int fd, void* p, size_t n) {
@@ -91,7 +79,7 @@ relay_wire::Greeting greetingOf(uint32_t version) {
 
 // What the relay answers to a greeting (and a hello frame when given): its status and message.
 std::pair<int, std::string> answerTo(int port, const relay_wire::Greeting& g, const std::string& hello = "") {
-  int fd = dial(port);
+  int fd = gfdit::testing::dialLoopback(port);
   sendBytes(fd, &g, sizeof(g));
   if (!hello.empty()) {
     relay_wire::FrameHead h{relay_wire::kHello, -1, hello.size(), 0};
@@ -329,7 +317,7 @@ TEST(Relay, ASilentOrGarbledNodeIsLostAndTheEngineGoesOn) {
   relay.start(engine->name());
   // a hand-made agent that says hello, takes its welcome, then says nothing
   auto handshake = [&](int worker) {
-    int fd = dial(relay.port());
+    int fd = gfdit::testing::dialLoopback(relay.port());
     relay_wire::Greeting g = greetingOf(kNodeProtocolVersion);
     sendBytes(fd, &g, sizeof(g));
     const std::string hello = helloOf(1).encode();
